@@ -1,0 +1,465 @@
+"""Load a transformer safely and wrap it in a `ModelHandle`.
+
+Safety is part of loading: `trust_remote_code=False` always, safetensors only, local folders only
+under configured roots, and a parameter-count limit checked from the config (on the meta device)
+before any weight is read. Every failure is a `ModelLoadError` whose message is meant for a user.
+
+Analyses that change a shared model (hooks, attention functions, cache surgery) do it inside
+`handle.patch()`, which holds the model's lock and undoes every change in `finally`. Plain forwards
+use `handle.session()` (the same lock, no patches) so they never observe another session's patch.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal
+
+import torch
+
+from analysis.results import Result
+
+ZOO_DIR = Path(__file__).resolve().parent / "zoo" / "models"
+DEFAULT_MAX_PARAMS = 3_000_000_000
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,95})(?:/[A-Za-z0-9](?:[A-Za-z0-9._-]{0,95}))?$")
+REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+Source = Literal["zoo", "hub", "local"]
+Kind = Literal["causal_lm", "vlm"]
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded; the message says why, in words for the user."""
+
+
+@dataclass(frozen=True)
+class ModelSpec(Result):
+    source: str = "zoo"  # "zoo" | "hub" | "local"
+    name: str = "shapes-lm"  # zoo name, hub id or local path
+    revision: str | None = None
+    dtype: str = "float32"
+
+    @property
+    def label(self) -> str:
+        rev = f"@{self.revision}" if self.revision else ""
+        return f"{self.source}:{self.name}{rev}"
+
+    @classmethod
+    def parse(cls, text: str) -> "ModelSpec":
+        """Parse 'source:name[@revision]' (the form used in URLs and the CLI); bare names are zoo."""
+        source, sep, rest = text.partition(":")
+        if not sep or source not in ("zoo", "hub", "local"):
+            source, rest = "zoo", text
+        name, _, revision = rest.partition("@") if source == "hub" else (rest, "", "")
+        return cls(source=source, name=name, revision=revision or None)
+
+
+@dataclass
+class ModelInfo(Result):
+    architecture: str
+    model_type: str
+    kind: str
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    parameters: int
+    dtype: str
+    max_positions: int | None
+    image_tokens: int | None = None
+    image_size: int | None = None
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) pairs for an info card."""
+        rows = [
+            ("Architecture", self.architecture),
+            ("Kind", {"causal_lm": "causal language model", "vlm": "vision-language model"}[self.kind]),
+            ("Parameters", f"{self.parameters:,}"),
+            ("Layers", str(self.layers)),
+            ("Attention heads (query / key-value)", f"{self.heads} / {self.kv_heads}"),
+            ("Head dim / hidden size", f"{self.head_dim} / {self.hidden_size}"),
+            ("Vocabulary", f"{self.vocab_size:,}"),
+            ("Max positions", str(self.max_positions) if self.max_positions else "unknown"),
+            ("Dtype", self.dtype),
+        ]
+        if self.kind == "vlm":
+            rows.append(("Image", f"{self.image_size} px, {self.image_tokens} image tokens"))
+        return rows
+
+
+@dataclass
+class ModelHandle:
+    """A loaded model plus what every panel needs to use it safely."""
+
+    spec: ModelSpec
+    model: torch.nn.Module
+    kind: str
+    info: ModelInfo
+    language_model: torch.nn.Module  # a causal LM (with lm_head); for a VLM it shares its weights
+    tokenizer: Any
+    processor: Any = None
+    path: str = ""
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator["ModelHandle"]:
+        """Hold the model's lock for unpatched use (so no concurrent patch is observed)."""
+        with self.lock, torch.no_grad():
+            yield self
+
+    @contextlib.contextmanager
+    def patch(self) -> Iterator["Patch"]:
+        """Hold the lock and collect temporary changes; all are undone on exit, even on error."""
+        with self.lock:
+            patch = Patch()
+            try:
+                yield patch
+            finally:
+                patch.restore()
+
+
+class Patch:
+    """Temporary changes to a model, undone in reverse order by `restore()`."""
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+
+    def hook(self, module: torch.nn.Module, fn: Callable, *, pre: bool = False, with_kwargs: bool = False) -> None:
+        register = module.register_forward_pre_hook if pre else module.register_forward_hook
+        handle = register(fn, with_kwargs=with_kwargs)
+        self._undo.append(handle.remove)
+
+    def setattr(self, obj: Any, name: str, value: Any) -> None:
+        missing = object()
+        old = getattr(obj, name, missing)
+        setattr(obj, name, value)
+
+        def undo() -> None:
+            if old is missing:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+        self._undo.append(undo)
+
+    def attn_implementation(self, model: torch.nn.Module, name: str) -> None:
+        """Switch the attention function of every sub-config of `model` to `name`."""
+        configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}
+        for cfg in configs.values():
+            for sub in _all_configs(cfg):
+                self.setattr(sub, "_attn_implementation", name)
+
+    def call_on_exit(self, fn: Callable[[], None]) -> None:
+        self._undo.append(fn)
+
+    def restore(self) -> None:
+        errors = []
+        while self._undo:
+            try:
+                self._undo.pop()()
+            except Exception as exc:  # keep undoing the rest; report the first failure
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+def _all_configs(cfg: Any) -> list[Any]:
+    out = [cfg]
+    for key in ("text_config", "vision_config"):
+        sub = getattr(cfg, key, None)
+        if sub is not None and sub is not cfg:
+            out.append(sub)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolving a spec to a local folder, with the safety checks
+
+
+def allowed_roots() -> list[Path]:
+    """Folders a local model may live under: $MODEL_INSPECTOR_ROOTS (os.pathsep list) or zoo + cwd."""
+    env = os.environ.get("MODEL_INSPECTOR_ROOTS")
+    roots = [Path(p) for p in env.split(os.pathsep) if p] if env else [ZOO_DIR, Path.cwd()]
+    return [r.expanduser().resolve() for r in roots]
+
+
+def max_params() -> int:
+    try:
+        return int(float(os.environ.get("MODEL_INSPECTOR_MAX_PARAMS", DEFAULT_MAX_PARAMS)))
+    except ValueError:
+        return DEFAULT_MAX_PARAMS
+
+
+def zoo_models() -> list[str]:
+    """Names of the demo models that are present (a folder with config.json under the zoo)."""
+    if not ZOO_DIR.is_dir():
+        return []
+    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def resolve_folder(spec: ModelSpec) -> Path:
+    if spec.source == "zoo":
+        names = zoo_models()
+        if spec.name not in names:
+            listed = ", ".join(names) or "none are installed"
+            raise ModelLoadError(f"'{spec.name}' is not a demo-zoo model (available: {listed}).")
+        return ZOO_DIR / spec.name
+    if spec.source == "local":
+        return _check_local(spec.name)
+    if spec.source == "hub":
+        return _fetch_hub(spec.name, spec.revision)
+    raise ModelLoadError(f"Unknown model source '{spec.source}' (use zoo, hub or local).")
+
+
+def _check_local(text: str) -> Path:
+    if not text.strip():
+        raise ModelLoadError("Enter the path of a local model folder.")
+    path = Path(text.strip()).expanduser().resolve()
+    roots = allowed_roots()
+    if not any(path == r or r in path.parents for r in roots):
+        shown = ", ".join(str(r) for r in roots)
+        raise ModelLoadError(
+            f"'{path}' is outside the folders models may be loaded from ({shown}). "
+            "Set MODEL_INSPECTOR_ROOTS to allow another folder."
+        )
+    if not path.exists():
+        raise ModelLoadError(f"No such folder: '{path}'.")
+    if not path.is_dir():
+        raise ModelLoadError(f"'{path}' is a file; choose the model's folder (save_pretrained layout).")
+    return path
+
+
+def _fetch_hub(repo_id: str, revision: str | None) -> Path:
+    repo_id = repo_id.strip()
+    if not HUB_ID_RE.match(repo_id) or ".." in repo_id:
+        raise ModelLoadError(
+            f"'{repo_id}' is not a valid Hugging Face model id (expected 'name' or 'owner/name')."
+        )
+    if revision is not None and not REVISION_RE.match(revision):
+        raise ModelLoadError(f"'{revision}' is not a valid revision (branch, tag or commit).")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+    try:
+        # Configuration and tokenizer first: the parameter limit is checked before any weights.
+        folder = snapshot_download(
+            repo_id, revision=revision, allow_patterns=[p for p in patterns if p != "*.safetensors"],
+            local_files_only=offline,
+        )
+        _check_config(Path(folder))
+        folder = snapshot_download(
+            repo_id, revision=revision, allow_patterns=patterns, local_files_only=offline
+        )
+    except LocalEntryNotFoundError as exc:
+        raise ModelLoadError(
+            f"'{repo_id}' is not in the local Hugging Face cache and the Hub cannot be reached "
+            "(offline). Download it on a connected machine, or pick a demo-zoo model."
+        ) from exc
+    except (RepositoryNotFoundError, GatedRepoError) as exc:
+        raise ModelLoadError(f"No accessible model '{repo_id}' on the Hugging Face Hub.") from exc
+    except RevisionNotFoundError as exc:
+        raise ModelLoadError(f"Model '{repo_id}' has no revision '{revision}'.") from exc
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # network errors and the like
+        raise ModelLoadError(f"Could not fetch '{repo_id}' from the Hub: {type(exc).__name__}: {exc}") from exc
+    return Path(folder)
+
+
+def _read_config(folder: Path):
+    from transformers import AutoConfig
+
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise ModelLoadError(f"'{folder}' has no config.json, so it is not a Hugging Face model folder.")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"config.json in '{folder}' is not valid JSON: {exc}") from exc
+    if "auto_map" in raw:
+        raise ModelLoadError(
+            "This model needs custom code from its repository (config has 'auto_map'); "
+            "Model Inspector never runs remote code (trust_remote_code=False)."
+        )
+    try:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except Exception as exc:
+        raise ModelLoadError(f"Unsupported model configuration: {exc}") from exc
+
+
+def _model_kind(config) -> Kind:
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+
+    if type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING and hasattr(config, "vision_config"):
+        return "vlm"
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return "causal_lm"
+    raise ModelLoadError(
+        f"Model type '{config.model_type}' is neither a causal language model nor a "
+        "vision-language (image-text-to-text) model, so no panel can use it."
+    )
+
+
+def count_parameters(config) -> int:
+    """Parameter count of the architecture, built on the meta device (no memory, no weights)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if _model_kind(config) == "vlm" else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _check_config(folder: Path):
+    config = _read_config(folder)
+    n = count_parameters(config)
+    if n > max_params():
+        raise ModelLoadError(
+            f"The model has about {n / 1e9:.2f} B parameters, above this server's limit of "
+            f"{max_params() / 1e9:.2f} B (MODEL_INSPECTOR_MAX_PARAMS)."
+        )
+    return config, n
+
+
+def _check_weights(folder: Path) -> None:
+    files = [p.name for p in folder.iterdir() if p.is_file()]
+    if any(f.endswith(".safetensors") for f in files):
+        return
+    if any(f.endswith(PICKLE_SUFFIXES) for f in files):
+        raise ModelLoadError(
+            "This checkpoint has only pickle weights (.bin/.pt), which can run arbitrary code when "
+            "loaded. Model Inspector loads safetensors only: convert it with save_pretrained(..., "
+            "safe_serialization=True)."
+        )
+    raise ModelLoadError(f"'{folder}' has no weights (*.safetensors).")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_model(spec: ModelSpec) -> ModelHandle:
+    """Resolve, check and load a model. Raises ModelLoadError with a user-facing message."""
+    folder = resolve_folder(spec)
+    config, n_params = _check_config(folder)
+    _check_weights(folder)
+    kind = _model_kind(config)
+    if spec.dtype not in DTYPES:
+        raise ModelLoadError(f"Unknown dtype '{spec.dtype}' (use one of {', '.join(DTYPES)}).")
+    kwargs: dict[str, Any] = dict(
+        trust_remote_code=False, use_safetensors=True, attn_implementation="eager", dtype=DTYPES[spec.dtype]
+    )
+    if torch.cuda.is_available():
+        kwargs["device_map"] = "auto"
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    try:
+        if kind == "vlm":
+            model = AutoModelForImageTextToText.from_pretrained(folder, **kwargs)
+            processor = AutoProcessor.from_pretrained(folder, trust_remote_code=False)
+            tokenizer = processor.tokenizer
+            language_model = causal_lm_view(model)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+            processor = None
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+            language_model = model
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"Loading failed: {type(exc).__name__}: {exc}") from exc
+    model.eval()
+    info = describe(model, kind, n_params, processor)
+    return ModelHandle(
+        spec=spec, model=model, kind=kind, info=info, language_model=language_model,
+        tokenizer=tokenizer, processor=processor, path=str(folder),
+    )
+
+
+def causal_lm_view(vlm: torch.nn.Module) -> torch.nn.Module:
+    """A `*ForCausalLM` whose decoder and lm_head are the VLM's own modules (shared weights)."""
+    from transformers import AutoModelForCausalLM
+
+    text_config = vlm.config.get_text_config()
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(text_config, attn_implementation="eager")
+    lm.model = vlm.model.language_model
+    lm.lm_head = vlm.lm_head
+    lm.config = text_config
+    lm.generation_config = vlm.generation_config
+    return lm.eval()
+
+
+def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, processor: Any = None) -> ModelInfo:
+    cfg = model.config
+    text = cfg.get_text_config()
+    heads = int(text.num_attention_heads)
+    hidden = int(text.hidden_size)
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    max_pos = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    image_size = image_tokens = None
+    if kind == "vlm":
+        vc = cfg.vision_config
+        image_size = int(vc.image_size)
+        image_tokens = (image_size // int(vc.patch_size)) ** 2
+    return ModelInfo(
+        architecture=(cfg.architectures or [type(model).__name__])[0],
+        model_type=cfg.model_type,
+        kind=kind,
+        layers=int(text.num_hidden_layers),
+        heads=heads,
+        kv_heads=int(kv_heads),
+        head_dim=int(head_dim),
+        hidden_size=hidden,
+        vocab_size=int(text.vocab_size),
+        parameters=int(n_params if n_params is not None else sum(p.numel() for p in model.parameters())),
+        dtype=str(next(model.parameters()).dtype).replace("torch.", ""),
+        max_positions=int(max_pos) if max_pos else None,
+        image_tokens=image_tokens,
+        image_size=image_size,
+    )
+
+
+def require_kind(handle: ModelHandle, *kinds: str, panel: str) -> None:
+    """Raise a user-facing error when a panel gets a model kind it cannot use."""
+    if handle.kind not in kinds:
+        wanted = " or ".join({"causal_lm": "a causal language model", "vlm": "a vision-language model"}[k] for k in kinds)
+        raise ModelLoadError(f"The {panel} panel needs {wanted}; '{handle.spec.label}' is a {handle.info.kind}.")
+
+
+def cli(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m analysis info", description="Describe a model.")
+    parser.add_argument("--model", default="zoo:shapes-lm", help="zoo:NAME, hub:ID[@REV] or local:PATH")
+    parser.add_argument("--json", action="store_true", help="print the info as JSON")
+    args = parser.parse_args(argv)
+    handle = load_model(ModelSpec.parse(args.model))
+    if args.json:
+        print(json.dumps({"spec": handle.spec.to_dict(), "info": handle.info.to_dict()}, indent=2))
+    else:
+        for label, value in handle.info.rows():
+            print(f"{label:38s} {value}")
+    return 0

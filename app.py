@@ -1,0 +1,16 @@
+"""Model Inspector: entry point (page config, model picker, navigation)."""
+from __future__ import annotations
+
+import streamlit as st
+
+from components.model_picker import render_sidebar
+from components.registry import PANELS
+
+st.set_page_config(page_title="Model Inspector", page_icon=":material/biotech:", layout="wide")
+
+pages = [st.Page("pages/overview.py", title="Home", icon=":material/home:", url_path="home", default=True)]
+pages += [st.Page(f"pages/{p.page}", title=p.title, icon=p.icon, url_path=p.url_path)
+          for p in PANELS if p.available]
+render_sidebar()
+nav = st.navigation(pages)
+nav.run()

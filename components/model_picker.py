@@ -1,0 +1,99 @@
+"""Sidebar model picker: demo zoo (default), Hugging Face Hub id, or a local folder.
+
+The loaded model lives in `st.cache_resource` (bounded), keyed on its spec; the session only keeps
+the spec. A failed load shows `st.error` and leaves the previous model in place.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from analysis.models import ModelHandle, ModelLoadError, ModelSpec, load_model, zoo_models
+
+SOURCES = {"zoo": "Demo zoo", "hub": "Hugging Face Hub", "local": "Local folder"}
+STATE_KEY = "model_spec"
+
+
+@st.cache_resource(max_entries=2, show_spinner=False)
+def _load_cached(spec: ModelSpec) -> ModelHandle:
+    return load_model(spec)
+
+
+def default_spec() -> ModelSpec | None:
+    names = zoo_models()
+    if not names:
+        return None
+    return ModelSpec("zoo", "shapes-lm" if "shapes-lm" in names else names[0])
+
+
+def _spec_from_url() -> ModelSpec | None:
+    text = st.query_params.get("model")
+    if not text:
+        return None
+    try:
+        return ModelSpec.parse(text)
+    except Exception:
+        return None
+
+
+def try_load(spec: ModelSpec) -> ModelHandle | None:
+    """Load (or fetch from cache) and make it the session's model; on failure keep the old one."""
+    try:
+        with st.spinner(f"Loading {spec.label} ..."):
+            handle = _load_cached(spec)
+    except ModelLoadError as exc:
+        st.error(f"Could not load {spec.label}: {exc}")
+        return None
+    st.session_state[STATE_KEY] = spec
+    st.query_params["model"] = spec.label
+    return handle
+
+
+def current_handle() -> ModelHandle | None:
+    """The session's model: from session state, else the URL, else the zoo default."""
+    spec = st.session_state.get(STATE_KEY)
+    if spec is None:
+        spec = _spec_from_url() or default_spec()
+        if spec is None:
+            return None
+        handle = try_load(spec)
+        if handle is None and spec != default_spec() and default_spec() is not None:
+            handle = try_load(default_spec())
+        return handle
+    try:
+        return _load_cached(spec)
+    except ModelLoadError as exc:  # evicted from cache and no longer loadable
+        st.error(f"Could not reload {spec.label}: {exc}")
+        return None
+
+
+def render_sidebar() -> ModelHandle | None:
+    """Draw the picker in the sidebar and return the session's current model (or None)."""
+    with st.sidebar:
+        st.subheader("Model")
+        source = st.radio("Source", list(SOURCES), format_func=SOURCES.get, key="picker_source",
+                          horizontal=True)
+        spec = None
+        if source == "zoo":
+            names = zoo_models()
+            if not names:
+                st.warning("No demo models are installed. Build them with `python -m analysis.zoo build`.")
+            else:
+                name = st.selectbox("Demo model", names, key="picker_zoo")
+                spec = ModelSpec("zoo", name)
+        elif source == "hub":
+            repo = st.text_input("Model id", placeholder="owner/name", key="picker_hub")
+            rev = st.text_input("Revision (optional)", placeholder="main", key="picker_rev")
+            spec = ModelSpec("hub", repo.strip(), rev.strip() or None)
+        else:
+            path = st.text_input("Folder (save_pretrained layout)", key="picker_local")
+            spec = ModelSpec("local", path.strip())
+        if st.button("Load model", key="picker_load", type="primary", disabled=spec is None):
+            if spec.source != "zoo" and not spec.name:
+                st.error("Enter a model id or folder first.")
+            else:
+                try_load(spec)
+        handle = current_handle()
+        if handle is not None:
+            st.caption(f"Loaded: **{handle.spec.label}** · {handle.info.architecture} · "
+                       f"{handle.info.parameters:,} parameters")
+    return handle

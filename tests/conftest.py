@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny random-weight models (real HF classes) saved under a temp root."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from analysis import tiny_models  # noqa: E402
+from analysis.models import ZOO_DIR, ModelSpec, load_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    os.environ["MODEL_INSPECTOR_ROOTS"] = os.pathsep.join([str(root), str(ZOO_DIR)])
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(model_root) -> Path:
+    return tiny_models.save_tiny_llama(model_root / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(model_root) -> Path:
+    return tiny_models.save_tiny_gpt2(model_root / "tiny-gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_dir(model_root) -> Path:
+    return tiny_models.save_tiny_llava(model_root / "tiny-llava")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_llama_dir):
+    return load_model(ModelSpec("local", str(tiny_llama_dir)))
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tiny_gpt2_dir):
+    return load_model(ModelSpec("local", str(tiny_gpt2_dir)))
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tiny_llava_dir):
+    return load_model(ModelSpec("local", str(tiny_llava_dir)))
+
+
+def app_with_model(spec: ModelSpec | None, page: str | None = None, query: dict | None = None,
+                   timeout: float = 60):
+    """An AppTest of the whole app with `spec` as the session's model, switched to `page`.
+
+    `page` is a file under pages/ (e.g. "pages/kv_cache.py"); `query` pre-fills st.query_params.
+    """
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout)
+    if spec is not None:
+        at.session_state["model_spec"] = spec
+    for key, value in (query or {}).items():
+        at.query_params[key] = value
+    at.run()
+    if page is not None:
+        at.switch_page(page)
+        at.run()
+    return at

@@ -1,0 +1,69 @@
+"""AppTest: the shell starts, the home page shows the model, bad picker inputs keep the old model."""
+from __future__ import annotations
+
+import pytest
+
+from analysis.models import ModelSpec
+from conftest import app_with_model
+
+
+def _table_values(at) -> list[str]:
+    df = at.table[0].value
+    return [str(v) for v in df["value"].tolist()]
+
+
+def test_home_renders_info_of_loaded_model(tiny_llama_dir):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)))
+    assert not at.exception
+    assert at.title[0].value == "Model Inspector"
+    values = _table_values(at)
+    assert "LlamaForCausalLM" in values and "4 / 2" in values
+
+
+def _load_via_picker(at, source: str, **fields):
+    at.sidebar.radio(key="picker_source").set_value(source).run()
+    for key, value in fields.items():
+        at.sidebar.text_input(key=key).set_value(value).run()
+    at.sidebar.button(key="picker_load").click().run()
+    return at
+
+
+@pytest.mark.parametrize("source,fields,message", [
+    ("local", {"picker_local": "/definitely/not/here"}, "outside the folders"),
+    ("hub", {"picker_hub": "bad id with spaces"}, "not a valid Hugging Face model id"),
+    ("hub", {"picker_hub": "someone/not-cached-model-xyz"}, "not in the local Hugging Face cache"),
+    ("local", {"picker_local": ""}, "Enter a model id or folder first"),
+])
+def test_bad_picker_input_shows_error_and_keeps_model(tiny_llama_dir, source, fields, message):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)))
+    _load_via_picker(at, source, **fields)
+    assert not at.exception
+    errors = " ".join(e.value for e in at.error)
+    assert message in errors
+    assert at.session_state["model_spec"] == ModelSpec("local", str(tiny_llama_dir))
+    assert "LlamaForCausalLM" in _table_values(at)
+
+
+def test_pickle_only_folder_refused_in_picker(tiny_llama_dir, model_root):
+    import shutil
+
+    import torch
+
+    folder = model_root / "pickle-only-ui"
+    if not folder.exists():
+        shutil.copytree(tiny_llama_dir, folder)
+        for f in folder.glob("*.safetensors"):
+            f.unlink()
+        torch.save({}, folder / "pytorch_model.bin")
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)))
+    _load_via_picker(at, "local", picker_local=str(folder))
+    assert "pickle" in " ".join(e.value for e in at.error)
+    assert "LlamaForCausalLM" in _table_values(at)
+
+
+def test_loading_a_second_model_switches(tiny_llama_dir, tiny_gpt2_dir):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)))
+    _load_via_picker(at, "local", picker_local=str(tiny_gpt2_dir))
+    assert not at.error
+    assert "GPT2LMHeadModel" in _table_values(at)
+    assert at.query_params["model"] == [f"local:{tiny_gpt2_dir}"] or at.query_params["model"] == f"local:{tiny_gpt2_dir}"
