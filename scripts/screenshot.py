@@ -1,0 +1,97 @@
+"""Screenshot app pages in headless Chromium (Debian's /usr/bin/chromium) via Playwright.
+
+    python scripts/screenshot.py --out shots "home" "attention-sharpness?model=zoo:shapes-lm&n=32"
+
+Starts the app on a free local port (unless --url is given), opens each path, waits until
+Streamlit has finished running the script, and saves a full-page PNG per path.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(port: int, env: dict | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+           "--server.address", "127.0.0.1", "--server.headless", "true"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
+            return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("the app did not start within 90 s")
+
+
+def wait_rendered(page, timeout_ms: int = 180_000) -> None:
+    page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=timeout_ms)
+    page.wait_for_timeout(1500)  # let plotly finish drawing
+    page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=timeout_ms)
+
+
+def shoot(base: str, paths: list[str], out: Path, width: int = 1400) -> list[Path]:
+    from playwright.sync_api import sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        for path in paths:
+            url_path = "" if path in ("home", "/") else path.lstrip("/")  # the default page lives at /
+            page.goto(f"{base}/{url_path}")
+            wait_rendered(page)
+            name = re.sub(r"[^A-Za-z0-9_-]+", "_", path.split("?")[0] or "home").strip("_") or "home"
+            target = out / f"{name}.png"
+            page.screenshot(path=str(target), full_page=True)
+            files.append(target)
+        browser.close()
+    return files
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("paths", nargs="+")
+    ap.add_argument("--out", default="test-artifacts/screenshots")
+    ap.add_argument("--url", default=None, help="use a running app instead of starting one")
+    ap.add_argument("--width", type=int, default=1400)
+    args = ap.parse_args()
+    proc = None
+    base = args.url
+    if base is None:
+        port = free_port()
+        proc = start_app(port)
+        base = f"http://127.0.0.1:{port}"
+    try:
+        for f in shoot(base, args.paths, Path(args.out), args.width):
+            print(f)
+    finally:
+        if proc is not None:
+            proc.terminate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
