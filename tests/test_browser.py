@@ -1,0 +1,58 @@
+"""Real browser: Debian's headless Chromium, driven by Playwright, opens every page of the app."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from components.registry import PANELS
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import screenshot  # noqa: E402
+
+ARTIFACTS = ROOT / "test-artifacts" / "screenshots"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+pytestmark = pytest.mark.skipif(not shutil.which(CHROMIUM), reason="Debian chromium is not installed")
+
+PAGES = [("home", None)] + [(p.url_path, p) for p in PANELS if p.available]
+
+
+@pytest.fixture(scope="module")
+def browser_page(tmp_path_factory):
+    from playwright.sync_api import sync_playwright
+
+    port = screenshot.free_port()
+    store = tmp_path_factory.mktemp("store") / "analyses.db"
+    proc = screenshot.start_app(port, env={"MODEL_INSPECTOR_STORE": str(store),
+                                           "MODEL_INSPECTOR_ROOTS": str(ROOT / "analysis" / "zoo" / "models")})
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            yield f"http://127.0.0.1:{port}", page
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("url_path,panel", PAGES, ids=[p[0] for p in PAGES])
+def test_page_renders_in_browser(browser_page, url_path, panel):
+    base, page = browser_page
+    query = "?model=zoo:shapes-vlm" if panel is not None and "causal_lm" not in panel.kinds else ""
+    page.goto(f"{base}/" if url_path == "home" else f"{base}/{url_path}{query}")
+    screenshot.wait_rendered(page)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{url_path}.png"), full_page=True)
+    assert page.locator("[data-testid='stException']").count() == 0
+    assert page.locator("h1").first.inner_text().strip() != ""
+    from analysis.models import zoo_models
+
+    if panel is not None and panel.page != "saved_analyses.py" and zoo_models():
+        # every panel shows at least one chart on the default demo model
+        assert page.locator("[data-testid='stPlotlyChart']").count() >= 1
