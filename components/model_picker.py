@@ -94,6 +94,8 @@ def render_sidebar() -> ModelHandle | None:
                 try_load(spec)
         handle = current_handle()
         if handle is not None:
+            if st.query_params.get("model") != handle.spec.label:
+                st.query_params["model"] = handle.spec.label  # keep the view's link complete
             st.caption(f"Loaded: **{handle.spec.label}** · {handle.info.architecture} · "
                        f"{handle.info.parameters:,} parameters")
     return handle
