@@ -1,0 +1,781 @@
+"""Caption hallucination correction: decompose, verify each claim alone, rewrite (CapMAS, ICML 2025).
+
+Three agents, each a small object behind one method and looked up by a stable name:
+
+- a decomposer turns a caption into atomic claims;
+- a verifier asks the vision-language model a yes/no question about one claim at a time and reads
+  p_True and p_False off its next-token distribution;
+- a rewriter turns (caption, true claims, false claims) into a caption without the false content.
+
+A claim u is flagged when H(u) = -log max(p_T - p_F, eps) exceeds the threshold pi (CapMAS, sec. 3).
+Grounding attributes each verification answer to image patches with Captum's Integrated
+Gradients. On Shapes World the ground truth is known, so factuality, coverage, CHAIR and
+POPE-style verifier scores are exact.
+"""
+from __future__ import annotations
+
+import difflib
+import io
+import math
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+
+from analysis.models import ModelHandle, ModelLoadError, ModelSpec, load_model, require_kind
+from analysis.results import Result
+
+Progress = Callable[[float, str], None]
+
+DEFAULT_PI = 1.0
+DEFAULT_EPS = 1e-4
+MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+GENERIC_CAPTION_PROMPT = "Describe this image in detail."
+
+
+class CaptionError(Exception):
+    """Bad input for the caption panel; the message is meant for a user."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Params and results
+
+
+@dataclass
+class CorrectionParams(Result):
+    caption: str = ""
+    pi: float = DEFAULT_PI  # flag a claim when H(u) > pi
+    eps: float = DEFAULT_EPS
+    decomposer: str = "auto"
+    verifier: str = "auto"
+    rewriter: str = "auto"
+    ground: bool = True  # Captum heatmap per claim
+    ig_steps: int = 8
+    scene_seed: int | None = None  # a Shapes World scene: enables ground truth
+
+
+@dataclass
+class ClaimVerdict(Result):
+    claim: str
+    p_true: float
+    p_false: float
+    score: float  # H(u)
+    flagged: bool
+    truth: bool | None = None  # ground truth when the scene is known
+    heatmap: list[list[float]] | None = None  # patch grid, signed attribution of the answer
+
+
+@dataclass
+class CaptionMetrics(Result):
+    claims: int
+    true_claims: int
+    factuality: float  # share of the caption's claims that are true
+    facts: int
+    facts_stated: int
+    coverage: float  # share of the scene's facts the caption states
+    objects_mentioned: int
+    objects_hallucinated: int
+    chair_i: float  # share of mentioned objects not in the scene (CHAIR_i)
+    chair_s: float  # 1.0 if any mentioned object is not in the scene (CHAIR_s for one caption)
+
+
+@dataclass
+class PopeMetrics(Result):
+    n: int
+    accuracy: float
+    precision: float
+    recall: float
+    f1: float
+    yes_ratio: float
+
+
+@dataclass
+class SweepPoint(Result):
+    pi: float
+    kept: int
+    factuality: float | None  # of the kept claims (None without ground truth)
+    coverage: float | None
+
+
+@dataclass
+class DiffSpan(Result):
+    op: str  # "same" | "removed" | "added"
+    text: str
+
+
+@dataclass
+class Verification(Result):
+    """Claims with their verifier probabilities and heatmaps: everything that does not depend on pi."""
+
+    caption: str
+    claims: list[ClaimVerdict]
+    grid: int  # patches per side of the heatmaps (0 when not grounded)
+    agents: dict[str, str]
+    scene_seed: int | None = None
+
+
+@dataclass
+class CorrectionResult(Result):
+    params: CorrectionParams
+    caption: str
+    corrected: str
+    claims: list[ClaimVerdict]
+    diff: list[DiffSpan]
+    agents: dict[str, str]
+    grid: int  # patches per side of the heatmaps (0 when not grounded)
+    before: CaptionMetrics | None = None
+    after: CaptionMetrics | None = None
+    sweep: list[SweepPoint] = field(default_factory=list)
+
+    @property
+    def kept(self) -> list[str]:
+        return [c.claim for c in self.claims if not c.flagged]
+
+    @property
+    def dropped(self) -> list[str]:
+        return [c.claim for c in self.claims if c.flagged]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes World (the zoo's generator) is optional: loaded lazily so real models work without it
+
+
+def shapes_world():
+    try:
+        from analysis.zoo import shapes_world as world
+    except ImportError as exc:
+        raise CaptionError("Shapes World is not installed (analysis/zoo/shapes_world.py is missing).") from exc
+    return world
+
+
+def has_shapes_world() -> bool:
+    try:
+        shapes_world()
+    except CaptionError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The score and the flag
+
+
+def hallucination_score(p_true: float, p_false: float, eps: float = DEFAULT_EPS) -> float:
+    """H(u) = -log max(p_T - p_F, eps) (CapMAS): 0 for a certain 'true', -log eps for 'false'."""
+    return -math.log(max(p_true - p_false, eps))
+
+
+# ---------------------------------------------------------------------------------------------
+# Text generation and next-token probabilities on a shared model (always under its lock)
+
+
+def generate_text(handle: ModelHandle, prompt: str, max_new_tokens: int = 64,
+                  add_special_tokens: bool = True) -> str:
+    """Greedy continuation of `prompt` by the handle's language model (a VLM's own LM too)."""
+    tok = handle.tokenizer
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=add_special_tokens).to(handle.device)
+    with handle.session():
+        out = handle.language_model.generate(
+            **ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=_pad_id(tok),
+        )
+    return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+def caption_image(handle: ModelHandle, image, prompt: str | None = None, max_new_tokens: int = 96) -> str:
+    """Greedy caption of `image` by a VLM, with its chat template when it has one."""
+    require_kind(handle, "vlm", panel="Caption correction")
+    if prompt is None:
+        prompt = _shapes_caption_prompt(handle) or vlm_prompt(handle, GENERIC_CAPTION_PROMPT)
+    inputs = _vlm_inputs(handle, [image], [prompt])
+    with handle.session():
+        out = handle.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                    pad_token_id=_pad_id(handle.tokenizer))
+    return handle.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+def vlm_prompt(handle: ModelHandle, text: str) -> str:
+    """A one-image user turn: the chat template's when there is one, else '<image> text'."""
+    proc = handle.processor
+    if getattr(proc, "chat_template", None):
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+        return proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return f"{_image_token(handle)} {text}"
+
+
+def _shapes_caption_prompt(handle: ModelHandle) -> str | None:
+    if handle.spec.source == "zoo" and handle.spec.name.startswith("shapes-") and has_shapes_world():
+        return shapes_world().VLM_CAPTION_PROMPT
+    return None
+
+
+def _image_token(handle: ModelHandle) -> str:
+    return getattr(handle.processor, "image_token", None) or "<image>"
+
+
+def _vlm_inputs(handle: ModelHandle, images: list, prompts: list[str]) -> dict[str, torch.Tensor]:
+    tok = handle.tokenizer
+    old_side = tok.padding_side
+    tok.padding_side = "left"  # next-token logits sit at the last position of every row
+    try:
+        inputs = handle.processor(images=[_rgb(i) for i in images], text=prompts, return_tensors="pt",
+                                  padding=True)
+    finally:
+        tok.padding_side = old_side
+    return {k: v.to(handle.device) for k, v in inputs.items()}
+
+
+def _rgb(image):
+    return image.convert("RGB") if getattr(image, "mode", "RGB") != "RGB" else image
+
+
+def _pad_id(tok) -> int | None:
+    return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+
+def answer_token_ids(tokenizer, word: str) -> list[int]:
+    """Ids of single tokens that spell `word` (any case, with or without a leading space)."""
+    ids: set[int] = set()
+    for variant in {word, word.lower(), word.capitalize(), word.upper()}:
+        for text in (variant, " " + variant):
+            enc = tokenizer.encode(text, add_special_tokens=False)
+            if len(enc) == 1 and enc[0] != tokenizer.unk_token_id:
+                if tokenizer.decode(enc).strip().lower() == word.lower():
+                    ids.add(enc[0])
+    return sorted(ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# Agents: one protocol each, implementations registered by stable name
+
+
+class Decomposer(Protocol):
+    name: str
+
+    def decompose(self, caption: str) -> list[str]: ...
+
+
+class Verifier(Protocol):
+    name: str
+
+    def verify(self, image, claims: list[str]) -> list[tuple[float, float]]: ...
+
+
+class Rewriter(Protocol):
+    name: str
+
+    def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str: ...
+
+
+@dataclass
+class GrammarDecomposer:
+    """Shapes World reference: the caption grammar parsed by rule."""
+
+    name: str = "grammar"
+
+    def decompose(self, caption: str) -> list[str]:
+        return list(shapes_world().decompose(caption))
+
+
+@dataclass
+class GrammarRewriter:
+    """Shapes World reference: the caption restricted to the true claims (adds nothing)."""
+
+    name: str = "grammar"
+
+    def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
+        return shapes_world().rewrite(caption, true_claims)
+
+
+@dataclass
+class ShapesLMDecomposer:
+    """The demo LM (`shapes-lm`) trained on Shapes World's 'decompose : CAPTION =' task."""
+
+    lm: ModelHandle
+    name: str = "shapes-lm"
+    max_new_tokens: int = 160
+
+    def decompose(self, caption: str) -> list[str]:
+        prompt = f"<s> decompose : {' '.join(caption.split())} ="
+        text = generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False)
+        return list(dict.fromkeys(c.strip() for c in text.split(";") if c.strip()))
+
+
+@dataclass
+class ShapesLMRewriter:
+    """The demo LM (`shapes-lm`) trained on 'rewrite : CAPTION drop : CLAIM ; CLAIM =' (CapMAS's rewriter)."""
+
+    lm: ModelHandle
+    name: str = "shapes-lm"
+    max_new_tokens: int = 120
+
+    def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
+        drop = " ; ".join(false_claims) if false_claims else "none"
+        prompt = f"<s> rewrite : {' '.join(caption.split())} drop : {drop} ="
+        return generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False)
+
+
+DECOMPOSE_INSTRUCTION = (
+    "Split the image caption below into short atomic claims, each stating one fact "
+    "(an object, one attribute of an object, or one relation). Write one claim per line and "
+    "nothing else.\n\nCaption: {caption}"
+)
+REWRITE_INSTRUCTION = (
+    "Rewrite the image caption below so that it no longer states any of the false claims. "
+    "Keep everything else as it is and add no new information. Reply with the caption only.\n\n"
+    "Caption: {caption}\nFalse claims:\n{false}\nTrue claims:\n{true}"
+)
+
+
+@dataclass
+class ChatDecomposer:
+    """Prompt-based decomposition by an instruct LM through its chat template."""
+
+    lm: ModelHandle
+    name: str = "lm-chat"
+    max_new_tokens: int = 200
+
+    def decompose(self, caption: str) -> list[str]:
+        prompt = chat_prompt(self.lm, DECOMPOSE_INSTRUCTION.format(caption=caption))
+        text = generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False)
+        return parse_claim_lines(text)
+
+
+@dataclass
+class ChatRewriter:
+    """Prompt-based rewriting by an instruct LM through its chat template."""
+
+    lm: ModelHandle
+    name: str = "lm-chat"
+    max_new_tokens: int = 200
+
+    def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
+        if not false_claims:
+            return caption
+        prompt = REWRITE_INSTRUCTION.format(
+            caption=caption, false="\n".join(f"- {c}" for c in false_claims),
+            true="\n".join(f"- {c}" for c in true_claims) or "- (none)",
+        )
+        # The chat template already starts with the model's BOS token.
+        return generate_text(self.lm, chat_prompt(self.lm, prompt), self.max_new_tokens, add_special_tokens=False)
+
+
+def chat_prompt(handle: ModelHandle, text: str) -> str:
+    tok = handle.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise CaptionError(f"{handle.spec.label} has no chat template, so it cannot follow the "
+                           "prompt-based agents; choose the Shapes World agents instead.")
+    return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                   tokenize=False)
+
+
+def parse_claim_lines(text: str) -> list[str]:
+    """Claims from a one-per-line answer, without bullets or numbering; duplicates dropped."""
+    claims: list[str] = []
+    for line in text.splitlines():
+        line = re.sub(r"^\s*(?:[-*\u2022]|\d+[.)])\s*", "", line).strip()
+        if line and line not in claims:
+            claims.append(line)
+    return claims
+
+
+@dataclass
+class YesNoVerifier:
+    """p_True, p_False from the VLM's next token after a yes/no question about one claim alone.
+
+    `question` turns a claim into the full prompt (image token included). Claims are batched, but
+    each row holds one claim only, so no claim sees another.
+    """
+
+    vlm: ModelHandle
+    question: Callable[[str], str]
+    name: str = "vlm-yesno"
+    answers: tuple[str, str] = ("yes", "no")
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        tok = self.vlm.tokenizer
+        self.yes_ids = answer_token_ids(tok, self.answers[0])
+        self.no_ids = answer_token_ids(tok, self.answers[1])
+        if not self.yes_ids or not self.no_ids:
+            raise CaptionError(f"{self.vlm.spec.label}'s vocabulary has no single token for "
+                               f"'{self.answers[0]}' and '{self.answers[1]}', so it cannot answer "
+                               "the verification questions.")
+
+    @property
+    def grid(self) -> int:
+        vc = self.vlm.model.config.vision_config
+        return int(vc.image_size) // int(vc.patch_size)
+
+    def can_ask(self, claim: str) -> bool:
+        try:
+            self.question(claim)
+        except ValueError:
+            return False
+        return True
+
+    def verify(self, image, claims: list[str]) -> list[tuple[float, float]]:
+        """(p_T, p_F) per claim; a claim the question format cannot express gets (0, 0): unverified."""
+        out = {i: (0.0, 0.0) for i, c in enumerate(claims) if not self.can_ask(c)}
+        todo = [i for i in range(len(claims)) if i not in out]
+        for start in range(0, len(todo), self.batch_size):
+            chunk = todo[start:start + self.batch_size]
+            inputs = _vlm_inputs(self.vlm, [image] * len(chunk), [self.question(claims[i]) for i in chunk])
+            with self.vlm.session():
+                logits = self.vlm.model(**inputs).logits[:, -1].float()
+            probs = logits.softmax(-1)
+            p_true = probs[:, self.yes_ids].sum(-1)
+            p_false = probs[:, self.no_ids].sum(-1)
+            out.update({i: (float(t), float(f)) for i, t, f in zip(chunk, p_true, p_false)})
+        return [out[i] for i in range(len(claims))]
+
+    def answer_margin(self, logits: torch.Tensor) -> torch.Tensor:
+        """log p_T - log p_F from next-token logits (B, V): what the grounding attributes."""
+        return logits[:, self.yes_ids].logsumexp(-1) - logits[:, self.no_ids].logsumexp(-1)
+
+
+GENERIC_QUESTION = "Is the following statement about this image true? Answer yes or no.\nStatement: {claim}"
+
+
+def make_verifier(name: str, vlm: ModelHandle) -> YesNoVerifier:
+    require_kind(vlm, "vlm", panel="Caption correction")
+    if name == "auto":
+        name = "shapes-vlm" if _shapes_caption_prompt(vlm) else "vlm-yesno"
+    if name == "shapes-vlm":
+        world = shapes_world()
+        return YesNoVerifier(vlm, world.vlm_question_prompt, name="shapes-vlm")
+    if name == "vlm-yesno":
+        return YesNoVerifier(vlm, lambda c: vlm_prompt(vlm, GENERIC_QUESTION.format(claim=c)))
+    raise CaptionError(f"Unknown verifier '{name}' (choose one of {', '.join(VERIFIERS)}).")
+
+
+DECOMPOSERS: dict[str, Callable[[ModelHandle | None], Decomposer]] = {
+    "grammar": lambda lm: GrammarDecomposer(),
+    "shapes-lm": lambda lm: ShapesLMDecomposer(_need_lm(lm, "shapes-lm")),
+    "lm-chat": lambda lm: ChatDecomposer(_need_lm(lm, "lm-chat")),
+}
+REWRITERS: dict[str, Callable[[ModelHandle | None], Rewriter]] = {
+    "grammar": lambda lm: GrammarRewriter(),
+    "shapes-lm": lambda lm: ShapesLMRewriter(_need_lm(lm, "shapes-lm")),
+    "lm-chat": lambda lm: ChatRewriter(_need_lm(lm, "lm-chat")),
+}
+VERIFIERS = ("auto", "shapes-vlm", "vlm-yesno")
+
+
+def _need_lm(lm: ModelHandle | None, name: str) -> ModelHandle:
+    if lm is None:
+        raise CaptionError(f"The '{name}' agent needs a language model; none was given.")
+    return lm
+
+
+def default_agent(lm: ModelHandle | None) -> str:
+    """Decomposer/rewriter used for 'auto': the demo LM, else an instruct LM, else the grammar."""
+    if lm is not None and lm.spec.source == "zoo" and lm.spec.name == "shapes-lm" and has_shapes_world():
+        return "shapes-lm"
+    if lm is not None and getattr(lm.tokenizer, "chat_template", None):
+        return "lm-chat"
+    return "grammar"
+
+
+def make_agent(kind: str, name: str, lm: ModelHandle | None):
+    registry = {"decomposer": DECOMPOSERS, "rewriter": REWRITERS}[kind]
+    if name == "auto":
+        name = default_agent(lm)
+    if name not in registry:
+        raise CaptionError(f"Unknown {kind} '{name}' (choose one of auto, {', '.join(registry)}).")
+    return registry[name](lm)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grounding: Integrated Gradients of the answer margin w.r.t. pixels, summed per patch
+
+
+def ground_claims(verifier: YesNoVerifier, image, claims: list[str], steps: int = 8,
+                  progress: Progress | None = None) -> list[list[list[float]]]:
+    """One patch-grid heatmap (grid x grid) per claim: signed attribution of log p_T - log p_F."""
+    from captum.attr import IntegratedGradients
+
+    vlm = verifier.vlm
+    grid = verifier.grid
+    maps = []
+    for i, claim in enumerate(claims):
+        inputs = _vlm_inputs(vlm, [image], [verifier.question(claim)])
+        pixels = inputs.pop("pixel_values")
+
+        def margin(px: torch.Tensor) -> torch.Tensor:
+            rows = px.shape[0]
+            batch = {k: v.expand(rows, *v.shape[1:]) for k, v in inputs.items()}
+            logits = vlm.model(pixel_values=px, **batch).logits[:, -1].float()
+            return verifier.answer_margin(logits)
+
+        with vlm.patch(), torch.enable_grad():
+            attr = IntegratedGradients(margin).attribute(pixels, baselines=torch.zeros_like(pixels),
+                                                         n_steps=steps, internal_batch_size=steps)
+        per_pixel = attr[0].sum(0).detach()  # (H, W)
+        patch = per_pixel.shape[-1] // grid
+        maps.append(per_pixel.reshape(grid, patch, grid, patch).sum((1, 3)).tolist())
+        if progress:
+            progress((i + 1) / len(claims), f"grounding claim {i + 1}/{len(claims)}")
+    return maps
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline
+
+
+def verify_caption(vlm: ModelHandle, image, params: CorrectionParams, lm: ModelHandle | None = None,
+                   progress: Progress | None = None) -> Verification:
+    """Decompose the caption and verify (and ground) every claim alone. Independent of pi."""
+    report = progress or (lambda f, m: None)
+    caption = " ".join(params.caption.split())
+    if not caption:
+        raise CaptionError("The caption is empty: generate one with the VLM or paste one.")
+    decomposer = make_agent("decomposer", params.decomposer, lm)
+    rewriter = make_agent("rewriter", params.rewriter, lm)  # fail early on a bad name
+    verifier = make_verifier(params.verifier, vlm)
+
+    report(0.05, "decomposing the caption")
+    claims = decomposer.decompose(caption)
+    if not claims:
+        raise CaptionError(f"The {decomposer.name} decomposer found no claims in this caption, so "
+                           "there is nothing to verify. Describe objects in the image (for a demo "
+                           "scene, e.g. 'there is a large red circle at the top left .').")
+    report(0.15, f"verifying {len(claims)} claims")
+    probs = verifier.verify(image, claims)
+    verdicts = [ClaimVerdict(c, pt, pf, hallucination_score(pt, pf, params.eps), False)
+                for c, (pt, pf) in zip(claims, probs)]
+    grid = 0
+    if params.ground:
+        askable = [i for i, c in enumerate(claims) if verifier.can_ask(c)]
+        maps = ground_claims(verifier, image, [claims[i] for i in askable], params.ig_steps,
+                             lambda f, m: report(0.3 + 0.7 * f, m))
+        for i, m in zip(askable, maps):
+            verdicts[i].heatmap = m
+        grid = verifier.grid
+    if params.scene_seed is not None:
+        scene = shapes_world().generate_scene(params.scene_seed)
+        for v in verdicts:
+            v.truth = shapes_world().claim_truth(scene, v.claim)
+    report(1.0, "verified")
+    return Verification(caption=caption, claims=verdicts, grid=grid, scene_seed=params.scene_seed,
+                        agents={"decomposer": decomposer.name, "verifier": verifier.name,
+                                "rewriter": rewriter.name})
+
+
+def apply_threshold(verification: Verification, params: CorrectionParams,
+                    lm: ModelHandle | None = None) -> CorrectionResult:
+    """Flag claims with H(u) > pi and rewrite the caption without them; score on Shapes World."""
+    verdicts = [ClaimVerdict(**{**vars(v), "flagged": v.score > params.pi}) for v in verification.claims]
+    true_claims = [v.claim for v in verdicts if not v.flagged]
+    false_claims = [v.claim for v in verdicts if v.flagged]
+    caption = verification.caption
+    rewriter = make_agent("rewriter", params.rewriter, lm)
+    corrected = " ".join(rewriter.rewrite(caption, true_claims, false_claims).split()) if false_claims else caption
+    result = CorrectionResult(
+        params=params, caption=caption, corrected=corrected, claims=verdicts,
+        diff=word_diff(caption, corrected), grid=verification.grid, agents=dict(verification.agents),
+    )
+    if verification.scene_seed is not None:
+        scene = shapes_world().generate_scene(verification.scene_seed)
+        result.before = score_caption(scene, caption)
+        result.after = score_caption(scene, corrected)
+        result.sweep = pi_sweep(verdicts, scene)
+    else:
+        result.sweep = pi_sweep(verdicts)
+    return result
+
+
+def correct_caption(vlm: ModelHandle, image, params: CorrectionParams, lm: ModelHandle | None = None,
+                    progress: Progress | None = None) -> CorrectionResult:
+    """The whole pipeline: decompose, verify every claim alone, flag H > pi, rewrite."""
+    return apply_threshold(verify_caption(vlm, image, params, lm, progress), params, lm)
+
+
+def word_diff(before: str, after: str) -> list[DiffSpan]:
+    """Word-level diff of two captions as same / removed / added spans."""
+    a, b = before.split(), after.split()
+    spans: list[DiffSpan] = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op == "equal":
+            spans.append(DiffSpan("same", " ".join(a[i1:i2])))
+            continue
+        if i2 > i1:
+            spans.append(DiffSpan("removed", " ".join(a[i1:i2])))
+        if j2 > j1:
+            spans.append(DiffSpan("added", " ".join(b[j1:j2])))
+    return spans
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics (exact on Shapes World)
+
+
+def factuality(truths: list[bool]) -> float:
+    """Share of claims that are true; an empty caption states nothing false (1.0)."""
+    return sum(truths) / len(truths) if truths else 1.0
+
+
+def coverage(stated: set[str], facts: set[str]) -> float:
+    """Share of the scene's facts among the stated claims."""
+    return len(stated & facts) / len(facts) if facts else 1.0
+
+
+def chair(mentioned: list, present: set) -> tuple[float, float]:
+    """CHAIR_i (share of object mentions not in the scene) and CHAIR_s (any such mention)."""
+    bad = [m for m in mentioned if m not in present]
+    return (len(bad) / len(mentioned) if mentioned else 0.0), float(bool(bad))
+
+
+def pope(predicted_yes: list[bool], is_true: list[bool]) -> PopeMetrics:
+    """POPE-style yes/no scores: 'yes' is the positive class."""
+    pairs = list(zip(predicted_yes, is_true))
+    tp = sum(p and t for p, t in pairs)
+    fp = sum(p and not t for p, t in pairs)
+    fn = sum(t and not p for p, t in pairs)
+    n = len(pairs)
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return PopeMetrics(n=n, accuracy=sum(p == t for p, t in pairs) / n if n else 0.0,
+                       precision=precision, recall=recall, f1=f1,
+                       yes_ratio=sum(predicted_yes) / n if n else 0.0)
+
+
+def score_caption(scene, caption: str) -> CaptionMetrics:
+    """Factuality, coverage and CHAIR of a caption against a Shapes World scene (grammar parse)."""
+    return score_claims(scene, shapes_world().decompose(caption))
+
+
+def score_claims(scene, claims: list[str]) -> CaptionMetrics:
+    """Exact metrics of a set of claims; objects are the (colour, shape) of existence claims."""
+    world = shapes_world()
+    truths = [world.claim_truth(scene, c) for c in claims]
+    facts = {f.text for f in world.scene_facts(scene)}
+    objects = [(p[1], p[2]) for p in map(world.parse_claim, claims) if p and p[0] == "existence"]
+    present = {(o.colour, o.shape) for o in scene.objects}
+    chair_i, chair_s = chair(objects, present)
+    return CaptionMetrics(
+        claims=len(claims), true_claims=sum(truths), factuality=factuality(truths),
+        facts=len(facts), facts_stated=len(set(claims) & facts), coverage=coverage(set(claims), facts),
+        objects_mentioned=len(objects), objects_hallucinated=sum(o not in present for o in objects),
+        chair_i=chair_i, chair_s=chair_s,
+    )
+
+
+def pi_sweep(verdicts: list[ClaimVerdict], scene=None, pis: list[float] | None = None) -> list[SweepPoint]:
+    """Factuality and coverage of the kept claims as pi varies (claim level, no rewriting)."""
+    if pis is None:
+        top = max([v.score for v in verdicts] + [1.0])
+        pis = sorted({round(top * k / 40, 4) for k in range(41)} | {0.0})
+    points = []
+    for pi in pis:
+        kept = [v.claim for v in verdicts if v.score <= pi]
+        fact = cov = None
+        if scene is not None:
+            m = score_claims(scene, kept)
+            fact, cov = m.factuality, m.coverage
+        points.append(SweepPoint(pi=pi, kept=len(kept), factuality=fact, coverage=cov))
+    return points
+
+
+# ---------------------------------------------------------------------------------------------
+# Images: uploads are checked before decoding (size from the header, decompression-bomb guard)
+
+
+def open_image(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS):
+    """Decode an uploaded image safely, or raise CaptionError with a message for the user."""
+    from PIL import Image, UnidentifiedImageError
+
+    if len(data) > MAX_IMAGE_BYTES:
+        raise CaptionError(f"The file is {len(data) / 2**20:.1f} MB; images up to "
+                           f"{MAX_IMAGE_BYTES // 2**20} MB are accepted.")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(io.BytesIO(data))  # reads the header only
+            width, height = image.size
+            if width * height > max_pixels:
+                raise CaptionError(f"The image is {width} x {height} pixels, above the limit of "
+                                   f"{max_pixels:,} pixels; it was not decoded (possible "
+                                   "decompression bomb). Resize it and upload again.")
+            image.load()
+        except CaptionError:
+            raise
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            raise CaptionError(f"The image is too large to decode safely ({exc}).") from exc
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+            raise CaptionError("The file is not an image that can be read (PNG, JPEG, GIF, BMP or "
+                               "WebP expected).") from exc
+    return image.convert("RGB")
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def cli(argv: list[str]) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m analysis captions",
+                                     description="Verify and correct an image caption claim by claim.")
+    parser.add_argument("--model", default="zoo:shapes-vlm", help="the VLM (verifier): zoo:NAME, hub:ID or local:PATH")
+    parser.add_argument("--lm", default=None, help="LM for the decomposer/rewriter (default: zoo:shapes-lm if present)")
+    parser.add_argument("--seed", type=int, default=None, help="Shapes World scene seed")
+    parser.add_argument("--image", default=None, help="an image file instead of a scene")
+    parser.add_argument("--caption", default=None, help="caption to check (default: the VLM's own)")
+    parser.add_argument("--pi", type=float, default=DEFAULT_PI)
+    parser.add_argument("--decomposer", default="auto")
+    parser.add_argument("--verifier", default="auto")
+    parser.add_argument("--rewriter", default="auto")
+    parser.add_argument("--no-ground", action="store_true", help="skip the Captum heatmaps")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    try:
+        vlm = load_model(ModelSpec.parse(args.model))
+        lm = load_agent_lm(args.lm, vlm)
+        if args.image:
+            with open(args.image, "rb") as fh:
+                image = open_image(fh.read())
+            seed = None
+        else:
+            seed = 0 if args.seed is None else args.seed
+            image = scene_image(seed)
+        caption = args.caption if args.caption is not None else caption_image(vlm, image)
+        params = CorrectionParams(caption=caption, pi=args.pi, decomposer=args.decomposer,
+                                  verifier=args.verifier, rewriter=args.rewriter,
+                                  ground=not args.no_ground, scene_seed=seed)
+        result = correct_caption(vlm, image, params, lm)
+    except (CaptionError, ModelLoadError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(result.to_json())
+        return 0
+    print(f"caption:   {result.caption}")
+    for c in result.claims:
+        truth = "" if c.truth is None else f"  truth={'T' if c.truth else 'F'}"
+        print(f"  {'DROP' if c.flagged else 'keep'}  H={c.score:6.3f}  pT={c.p_true:.3f} pF={c.p_false:.3f}  {c.claim}{truth}")
+    print(f"corrected: {result.corrected}")
+    if result.before and result.after:
+        print(f"factuality {result.before.factuality:.3f} -> {result.after.factuality:.3f}, "
+              f"coverage {result.before.coverage:.3f} -> {result.after.coverage:.3f}")
+    return 0
+
+
+def scene_image(seed: int):
+    world = shapes_world()
+    return world.render(world.generate_scene(seed))
+
+
+def load_agent_lm(text: str | None, vlm: ModelHandle) -> ModelHandle | None:
+    """The decomposer/rewriter LM: the given spec, else zoo shapes-lm, else the VLM's own LM."""
+    if text:
+        return load_model(ModelSpec.parse(text))
+    from analysis.models import zoo_models
+
+    if "shapes-lm" in zoo_models():
+        return load_model(ModelSpec("zoo", "shapes-lm"))
+    return vlm

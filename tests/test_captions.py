@@ -1,0 +1,264 @@
+"""Caption correction (CapMAS): agents, score, pipeline, grounding, metrics, image checks."""
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+
+import pytest
+import torch
+
+from analysis import captions as C
+from analysis import tiny_models
+from analysis.models import ModelSpec, load_model, zoo_models
+from analysis.zoo import shapes_world as W
+
+
+@pytest.fixture(scope="module")
+def shapes_llava(model_root):
+    """A tiny random LLaVA whose vocabulary is Shapes World's, so its prompts tokenize exactly."""
+    folder = tiny_models.save_tiny_llava(model_root / "tiny-llava-shapes", words=list(W.VOCAB))
+    return load_model(ModelSpec("local", str(folder)))
+
+
+@pytest.fixture(scope="module")
+def shapes_vlm():
+    if "shapes-vlm" not in zoo_models():
+        pytest.skip("demo model shapes-vlm is not built")
+    return load_model(ModelSpec("zoo", "shapes-vlm"))
+
+
+@pytest.fixture(scope="module")
+def shapes_lm():
+    if "shapes-lm" not in zoo_models():
+        pytest.skip("demo model shapes-lm is not built")
+    return load_model(ModelSpec("zoo", "shapes-lm"))
+
+
+@pytest.fixture
+def scene():
+    return W.Scene(objects=[W.Obj("circle", "red", "large", 0), W.Obj("square", "blue", "small", 4)], seed=-1)
+
+
+class OracleVerifier:
+    """Stand-in verifier that knows the scene: p_T = 0.9 for true claims, 0.05 otherwise."""
+
+    name = "oracle"
+
+    def __init__(self, scene):
+        self.scene = scene
+
+    def verify(self, image, claims):
+        return [(0.9, 0.05) if W.claim_truth(self.scene, c) else (0.05, 0.9) for c in claims]
+
+
+# --- decomposer -------------------------------------------------------------------------------
+
+
+def test_grammar_decomposer_splits_caption_into_existence_size_position_claims():
+    caption = "there is a large red circle at the top left . there is a small blue square at the center ."
+    assert C.make_agent("decomposer", "grammar", None).decompose(caption) == [
+        "there is a red circle", "the red circle is large", "the red circle is at the top left",
+        "there is a blue square", "the blue square is small", "the blue square is at the center",
+    ]
+
+
+def test_grammar_decomposer_of_a_full_caption_gives_exactly_the_scene_facts():
+    decomposer = C.make_agent("decomposer", "grammar", None)
+    for seed in W.split_seeds("test", 30):
+        scene = W.generate_scene(seed)
+        assert decomposer.decompose(W.caption(scene)) == [f.text for f in W.scene_facts(scene)]
+
+
+def test_shapes_lm_decomposer_matches_grammar_reference(shapes_lm):
+    decomposer = C.make_agent("decomposer", "shapes-lm", shapes_lm)
+    seeds = W.split_seeds("test", 12)
+    exact = sum(decomposer.decompose(W.caption(W.generate_scene(s))) == W.decompose(W.caption(W.generate_scene(s)))
+                for s in seeds)
+    assert exact >= 0.9 * len(seeds)
+
+
+def test_unknown_agent_name_is_a_clear_error():
+    with pytest.raises(C.CaptionError, match="Unknown decomposer"):
+        C.make_agent("decomposer", "nope", None)
+
+
+# --- verifier and score -------------------------------------------------------------------------
+
+
+def test_verifier_probabilities_are_a_sub_distribution_and_match_one_claim_at_a_time(shapes_llava, scene):
+    image = W.render(scene)
+    verifier = C.make_verifier("shapes-vlm", shapes_llava)
+    claims = W.decompose(W.caption(scene)) + ["there is a green triangle", "the red circle is small"]
+    batched = verifier.verify(image, claims)
+    for claim, (p_t, p_f) in zip(claims, batched):
+        assert 0.0 <= p_t <= 1.0 and 0.0 <= p_f <= 1.0 and p_t + p_f <= 1.0 + 1e-6
+        # Brute force: one unpadded forward per claim, probabilities summed by hand.
+        inputs = shapes_llava.processor(images=image, text=W.vlm_question_prompt(claim), return_tensors="pt")
+        with shapes_llava.session():
+            probs = shapes_llava.model(**inputs).logits[0, -1].softmax(-1)
+        vocab = shapes_llava.tokenizer.get_vocab()
+        assert p_t == pytest.approx(float(probs[vocab["yes"]]), abs=1e-5)
+        assert p_f == pytest.approx(float(probs[vocab["no"]]), abs=1e-5)
+
+
+def test_verifier_refuses_a_vocabulary_without_yes_and_no(tiny_llava):
+    with pytest.raises(C.CaptionError, match="no single token"):
+        C.make_verifier("vlm-yesno", tiny_llava)
+
+
+def test_hallucination_score_is_minus_log_of_the_clamped_margin():
+    assert C.hallucination_score(1.0, 0.0) == pytest.approx(0.0)
+    assert C.hallucination_score(0.5 + math.exp(-2) / 2, 0.5 - math.exp(-2) / 2) == pytest.approx(2.0)
+    assert C.hallucination_score(0.3, 0.6, eps=1e-3) == pytest.approx(-math.log(1e-3))
+
+
+# --- pipeline ---------------------------------------------------------------------------------
+
+
+def test_planted_false_claim_is_dropped_and_true_claims_kept(scene, monkeypatch, shapes_llava):
+    planted = W.caption(scene) + " there is a small green triangle at the bottom right ."
+    monkeypatch.setattr(C, "make_verifier", lambda name, vlm: OracleVerifier(scene))
+    params = C.CorrectionParams(caption=planted, decomposer="grammar", rewriter="grammar", ground=False,
+                                scene_seed=None)
+    result = C.correct_caption(shapes_llava, W.render(scene), params)
+    assert result.dropped == ["there is a green triangle", "the green triangle is small",
+                              "the green triangle is at the bottom right"]
+    assert result.kept == W.decompose(W.caption(scene))
+    assert result.corrected == W.caption(scene)
+    assert [d.op for d in result.diff] == ["same", "removed"]
+
+
+def test_shapes_vlm_pipeline_drops_planted_object(shapes_vlm, shapes_lm):
+    hits = 0
+    seeds = W.split_seeds("test", 10)
+    for seed in seeds:
+        scene = W.generate_scene(seed)
+        absent = next((c, s) for c in W.COLOURS for s in W.SHAPES if scene.find(c, s) is None)
+        free = next(i for i in range(9) if i not in {o.cell for o in scene.objects})
+        planted = W.caption(scene) + f" there is a small {absent[0]} {absent[1]} at the {W.POSITIONS[free]} ."
+        params = C.CorrectionParams(caption=planted, ground=False, scene_seed=seed)
+        result = C.correct_caption(shapes_vlm, W.render(scene), params, shapes_lm)
+        hits += W.existence_claim(*absent) in result.dropped and result.after.factuality > result.before.factuality
+    assert hits >= 8
+
+
+def test_threshold_only_changes_flags_not_probabilities(scene, monkeypatch, shapes_llava):
+    monkeypatch.setattr(C, "make_verifier", lambda name, vlm: OracleVerifier(scene))
+    params = C.CorrectionParams(caption=W.caption(scene), decomposer="grammar", rewriter="grammar",
+                                ground=False)
+    verification = C.verify_caption(shapes_llava, W.render(scene), params)
+    strict = C.apply_threshold(verification, C.CorrectionParams(**{**vars(params), "pi": 0.0}))
+    lenient = C.apply_threshold(verification, C.CorrectionParams(**{**vars(params), "pi": 5.0}))
+    assert all(c.flagged for c in strict.claims) and not any(c.flagged for c in lenient.claims)
+    assert strict.corrected == "there is nothing ." and lenient.corrected == W.caption(scene)
+
+
+def test_caption_without_claims_is_a_clear_error(shapes_llava, scene):
+    params = C.CorrectionParams(caption="hello world", decomposer="grammar", rewriter="grammar", ground=False)
+    with pytest.raises(C.CaptionError, match="no claims"):
+        C.correct_caption(shapes_llava, W.render(scene), params)
+
+
+def test_pi_sweep_keeps_more_claims_as_pi_grows(scene):
+    verdicts = [C.ClaimVerdict(c, 0, 0, s, False) for c, s in
+                zip(W.decompose(W.caption(scene)) + ["there is a green circle"], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 2.0])]
+    sweep = C.pi_sweep(verdicts, scene, pis=[0.0, 0.35, 1.0, 3.0])
+    assert [p.kept for p in sweep] == [0, 3, 6, 7]
+    assert [p.coverage for p in sweep] == [0.0, 0.5, 1.0, 1.0]
+    assert [p.factuality for p in sweep] == [1.0, 1.0, 1.0, 6 / 7]
+
+
+# --- grounding --------------------------------------------------------------------------------
+
+
+def test_captum_heatmap_has_the_patch_grid_shape_is_finite_and_complete(shapes_llava, scene):
+    verifier = C.make_verifier("shapes-vlm", shapes_llava)
+    image = W.render(scene)
+    claim = "there is a red circle"
+    [heatmap] = C.ground_claims(verifier, image, [claim], steps=32)
+    heat = torch.tensor(heatmap)
+    grid = shapes_llava.info.image_size // shapes_llava.model.config.vision_config.patch_size
+    assert heat.shape == (grid, grid) and torch.isfinite(heat).all() and heat.abs().sum() > 0
+    # Integrated Gradients completeness: the patches sum to margin(image) - margin(baseline).
+    inputs = C._vlm_inputs(shapes_llava, [image], [verifier.question(claim)])
+    with shapes_llava.session():
+        full = verifier.answer_margin(shapes_llava.model(**inputs).logits[:, -1])
+        inputs["pixel_values"] = torch.zeros_like(inputs["pixel_values"])
+        base = verifier.answer_margin(shapes_llava.model(**inputs).logits[:, -1])
+    assert float(heat.sum()) == pytest.approx(float(full - base), rel=0.1, abs=1e-3)
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+
+def test_metrics_equal_hand_computed_values(scene):
+    # Caption: the red circle right (3 true), a wrong size for the blue square (existence + position
+    # true, size false) and an absent yellow triangle (3 false): 5 of 9 claims true.
+    text = ("there is a large red circle at the top left . there is a large blue square at the center . "
+            "there is a small yellow triangle at the bottom right .")
+    m = C.score_caption(scene, text)
+    assert (m.claims, m.true_claims, m.factuality) == (9, 5, pytest.approx(5 / 9))
+    assert (m.facts, m.facts_stated, m.coverage) == (6, 5, pytest.approx(5 / 6))
+    assert (m.objects_mentioned, m.objects_hallucinated, m.chair_i, m.chair_s) == (3, 1, pytest.approx(1 / 3), 1.0)
+    assert C.factuality([]) == 1.0 and C.coverage({"a"}, {"a", "b", "c", "d"}) == 0.25
+    assert C.chair(["x", "y"], {"x", "y"}) == (0.0, 0.0)
+
+
+def test_pope_scores_equal_hand_computed_values():
+    # tp=2 fp=1 fn=1 tn=2
+    pred = [True, True, True, False, False, False]
+    truth = [True, True, False, True, False, False]
+    p = C.pope(pred, truth)
+    assert (p.n, p.accuracy, p.precision, p.recall) == (6, pytest.approx(4 / 6), pytest.approx(2 / 3), pytest.approx(2 / 3))
+    assert p.f1 == pytest.approx(2 / 3) and p.yes_ratio == 0.5
+
+
+def test_word_diff_marks_removed_and_added_words():
+    spans = C.word_diff("there is a large red circle .", "there is a red circle .")
+    assert [(s.op, s.text) for s in spans] == [("same", "there is a"), ("removed", "large"), ("same", "red circle .")]
+
+
+# --- images -----------------------------------------------------------------------------------
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height (a decompression bomb if it were decoded)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b"")
+
+
+def test_pixel_bomb_is_refused_before_decoding():
+    with pytest.raises(C.CaptionError, match="pixels"):
+        C.open_image(_png_header_only(100_000, 100_000))
+
+
+def test_non_image_upload_is_refused():
+    with pytest.raises(C.CaptionError, match="not an image"):
+        C.open_image(b"%PDF-1.4 this is not an image")
+
+
+def test_small_png_round_trips(scene):
+    import io
+
+    buf = io.BytesIO()
+    W.render(scene).save(buf, format="PNG")
+    assert C.open_image(buf.getvalue()).size == (64, 64)
+
+
+# --- result and CLI ---------------------------------------------------------------------------
+
+
+def test_cli_prints_a_result_that_round_trips(shapes_llava, scene, capsys):
+    caption = W.caption(W.generate_scene(7))
+    rc = C.cli(["--model", f"local:{shapes_llava.path}", "--lm", f"local:{shapes_llava.path}", "--seed", "7",
+                "--caption", caption, "--decomposer", "grammar", "--rewriter", "grammar",
+                "--verifier", "shapes-vlm", "--no-ground", "--json"])
+    assert rc == 0
+    result = C.CorrectionResult.from_json(capsys.readouterr().out)
+    assert result.caption == caption and result.before.factuality == 1.0
+    assert len(result.claims) == len(W.decompose(caption))
+    assert all(c.truth for c in result.claims)
