@@ -1,0 +1,689 @@
+"""Attention sharpness: dispersion as inputs grow, temperature sweeps, adaptive temperature.
+
+Reproduces "Softmax is not enough (for sharp size generalisation)" (Veličković et al., ICML 2025)
+on a loaded model. With logits of spread δ every softmax weight lies in [e^(-δ/θ)/n, e^(δ/θ)/n],
+so a fixed head disperses as the number of items n grows; the paper's inference-time fix picks a
+per-row inverse temperature β from the row's entropy.
+
+How the model is touched: one attention function, registered once with transformers'
+`AttentionInterface` under `ATTENTION_NAME`, computes eager attention with a temperature rule and
+records the last query row. It is switched on only inside `handle.patch()` (config
+`_attn_implementation` swapped and restored), and its settings travel in a `ContextVar`, so two
+sessions never see each other's temperature.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from analysis.models import ModelHandle, ModelSpec, load_model, require_kind
+from analysis.results import Result
+
+ATTENTION_NAME = "model_inspector_temperature"
+# "Softmax is not enough", adaptive temperature: β = max(poly(H), 1) for H > 0.5, coefficients
+# highest degree first.
+ADAPTIVE_POLY = (-0.037, 0.481, -2.3, 4.917, -1.791)
+ADAPTIVE_MIN_ENTROPY = 0.5
+MODES = ("softmax", "fixed", "adaptive")
+DEFAULT_NS = (4, 8, 16, 32, 64, 128)
+DEFAULT_THETAS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+ProgressFn = Callable[[float, str], None]
+
+
+class SharpnessError(Exception):
+    """The analysis cannot run on this input or model; the message is meant for the user."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The temperature rule (pure tensor maths)
+
+
+def entropy_nats(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """-Σ p ln p along `dim`, with 0 ln 0 = 0 (masked keys carry exactly zero weight)."""
+    return -torch.special.xlogy(p, p).sum(dim)
+
+
+def adaptive_beta(entropy: torch.Tensor) -> torch.Tensor:
+    """Inverse temperature of the adaptive rule for rows with the given entropy (nats)."""
+    poly = torch.zeros_like(entropy)
+    for c in ADAPTIVE_POLY:  # Horner
+        poly = poly * entropy + c
+    return torch.where(entropy > ADAPTIVE_MIN_ENTROPY, poly.clamp(min=1.0), torch.ones_like(entropy))
+
+
+def beta_curve(h_max: float = 8.0, points: int = 321) -> tuple[list[float], list[float]]:
+    """(H, β(H)) samples of the adaptive rule, for the β(H) view."""
+    h = torch.linspace(0.0, h_max, points, dtype=torch.float64)
+    return h.tolist(), adaptive_beta(h).tolist()
+
+
+def sharpening_interval() -> tuple[float, float]:
+    """Entropies (nats) between which the adaptive rule actually sharpens (poly(H) > 1)."""
+    h, beta = beta_curve(10.0, 100_001)
+    inside = [x for x, b in zip(h, beta) if b > 1.0]
+    return (inside[0], inside[-1]) if inside else (float("nan"), float("nan"))
+
+
+@dataclass(frozen=True)
+class Temperature(Result):
+    """Which temperature rule the attention function applies."""
+
+    mode: str = "softmax"  # "softmax" | "fixed" | "adaptive"
+    theta: float = 1.0  # used when mode == "fixed": softmax(s / θ)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise SharpnessError(f"Unknown temperature mode '{self.mode}' (use {', '.join(MODES)}).")
+        if not (self.theta > 0 and math.isfinite(self.theta)):
+            raise SharpnessError(f"The temperature θ must be a positive number (got {self.theta}).")
+
+    @property
+    def label(self) -> str:
+        return {"softmax": "softmax", "adaptive": "adaptive θ"}.get(self.mode, f"θ = {self.theta:g}")
+
+
+def tempered_softmax(scores: torch.Tensor, rule: Temperature) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Apply `rule` to attention logits `s` (already scaled and masked) along the last axis.
+
+    Returns (probabilities used, entropy of plain softmax(s), β used per row).
+    """
+    s = scores.to(torch.promote_types(scores.dtype, torch.float32))  # never softmax in half precision
+    s = s - s.amax(-1, keepdim=True)  # shift-invariant; keeps β·s finite for masked keys
+    p = torch.softmax(s, dim=-1)
+    h = entropy_nats(p)
+    if rule.mode == "softmax":
+        return p, h, torch.ones_like(h)
+    if rule.mode == "fixed":
+        beta = torch.full_like(h, 1.0 / rule.theta)
+    else:
+        beta = adaptive_beta(h)
+    return torch.softmax(s * beta.unsqueeze(-1), dim=-1), h, beta
+
+
+# ---------------------------------------------------------------------------------------------
+# The attention function and the patch that switches it on
+
+
+@dataclass
+class Recorder:
+    """Last query row of every attention layer in the latest forward: logits, probs, β."""
+
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, H, T) logits s
+    probs: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, H, T) used
+    raw_entropy: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, H)
+    beta: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, H)
+    calls: int = 0
+
+    def clear(self) -> None:
+        self.scores.clear(), self.probs.clear(), self.raw_entropy.clear(), self.beta.clear()
+        self.calls = 0
+
+
+@dataclass
+class _Active:
+    rule: Temperature
+    recorder: Recorder | None
+
+
+_ACTIVE: contextvars.ContextVar[_Active | None] = contextvars.ContextVar("sharpness_active", default=None)
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, H_kv, T, d) -> (B, H_kv * groups, T, d), each KV head serving `groups` query heads."""
+    if groups == 1:
+        return x
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
+
+
+def temperature_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention with a temperature rule; signature of transformers' attention functions.
+
+    Dropout is never applied (analysis runs in eval mode). Returns (output, probabilities used).
+    """
+    active = _ACTIVE.get()
+    rule = active.rule if active is not None else Temperature()
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    groups = query.shape[1] // key.shape[1]
+    key = _repeat_kv(key, groups)
+    value = _repeat_kv(value, groups)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
+    probs, raw_entropy, beta = tempered_softmax(scores, rule)
+    probs = probs.to(value.dtype)
+    output = torch.matmul(probs, value).transpose(1, 2).contiguous()
+    if active is not None and active.recorder is not None:
+        rec = active.recorder
+        layer = getattr(module, "layer_idx", None)
+        layer = rec.calls if layer is None else int(layer)
+        rec.calls += 1
+        rec.scores[layer] = scores[:, :, -1, :].float().detach()
+        rec.probs[layer] = probs[:, :, -1, :].float().detach()
+        rec.raw_entropy[layer] = raw_entropy[:, :, -1].detach()
+        rec.beta[layer] = beta[:, :, -1].detach()
+    return output, probs
+
+
+def register_attention() -> None:
+    """Register the attention function (and the eager mask it needs) under `ATTENTION_NAME`.
+
+    Registering only adds a name; nothing uses it until a patch switches a model's config to it.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(ATTENTION_NAME, temperature_attention)
+    # Without a mask entry transformers treats an unknown implementation as mask-free.
+    AttentionMaskInterface.register(ATTENTION_NAME, eager_mask)
+
+
+@contextlib.contextmanager
+def temperature_patch(handle: ModelHandle, rule: Temperature, recorder: Recorder | None = None,
+                      model: torch.nn.Module | None = None) -> Iterator[torch.nn.Module]:
+    """Inside: `model` (default: the handle's language model) attends with `rule`; restored after."""
+    register_attention()
+    model = handle.language_model if model is None else model
+    with handle.patch() as p, torch.no_grad():
+        p.attn_implementation(model, ATTENTION_NAME)
+        token = _ACTIVE.set(_Active(rule, recorder))
+        p.call_on_exit(lambda: _ACTIVE.reset(token))
+        yield model
+
+
+def tempered_logits(handle: ModelHandle, input_ids: torch.Tensor, rule: Temperature,
+                    recorder: Recorder | None = None) -> torch.Tensor:
+    """Next-token logits (B, T, V) of the language model with `rule` applied in every head."""
+    with temperature_patch(handle, rule, recorder) as lm:
+        if recorder is not None:
+            recorder.clear()
+        logits = lm(input_ids=input_ids.to(handle.device), use_cache=False).logits
+    if recorder is not None:
+        _check_recorded(handle, recorder)
+    return logits.float()
+
+
+def _check_recorded(handle: ModelHandle, recorder: Recorder) -> None:
+    if not recorder.probs:
+        raise SharpnessError(
+            f"{handle.spec.label} does not compute attention through transformers' attention interface "
+            "(no attention layer called it), so its attention weights cannot be read or re-tempered. "
+            "Pick a Llama-, GPT-2- or LLaVA-family model."
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Model-free lemma demo
+
+
+@dataclass
+class LemmaParams(Result):
+    ns: list[int] = field(default_factory=lambda: [2 ** k for k in range(1, 15)])
+    thetas: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0])
+    spread: float = 4.0  # δ: the maximum's logit minus every other logit
+
+
+@dataclass
+class LemmaCurve(Result):
+    label: str
+    p_max: list[float]
+    entropy: list[float]
+
+
+@dataclass
+class LemmaResult(Result):
+    params: LemmaParams
+    curves: list[LemmaCurve]
+    uniform: list[float]  # 1/n
+    log_n: list[float]  # ln n, the entropy of the uniform distribution
+    upper_bound: dict[float, list[float]]  # θ -> e^(δ/θ)/n, the lemma's ceiling on any weight
+
+
+def lemma_demo(params: LemmaParams | None = None) -> LemmaResult:
+    """n logits with one maximum δ above the rest: p_max and entropy vs n, per θ and adaptive."""
+    params = params or LemmaParams()
+    if not params.ns or min(params.ns) < 2:
+        raise SharpnessError("The lemma demo needs item counts n >= 2.")
+    rules = [Temperature("fixed", t) for t in params.thetas] + [Temperature("adaptive")]
+    curves = []
+    for rule in rules:
+        p_max, ent = [], []
+        for n in params.ns:
+            s = torch.zeros(1, n, dtype=torch.float64)
+            s[0, 0] = params.spread
+            p, _, _ = tempered_softmax(s, rule)
+            p_max.append(float(p[0, 0]))
+            ent.append(float(entropy_nats(p)[0]))
+        curves.append(LemmaCurve(rule.label, p_max, ent))
+    return LemmaResult(
+        params=params, curves=curves, uniform=[1.0 / n for n in params.ns],
+        log_n=[math.log(n) for n in params.ns],
+        upper_bound={t: [min(1.0, math.exp(params.spread / t) / n) for n in params.ns] for t in params.thetas},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Max-retrieval prompts for any tokenizer
+
+
+@dataclass
+class RetrievalPrompt(Result):
+    """A list of n items and a request for the largest; `target` are the max item's positions."""
+
+    n: int
+    text: str
+    input_ids: list[int]
+    answer_id: int
+    answer: str
+    target: list[int]
+    values: list[int]
+    format: str  # "shapes-world" | "numbers" | "vocabulary"
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _leading_specials(tokenizer) -> list[int]:
+    """Tokens the tokenizer puts before any text (a BOS), so prompts look like its usual input."""
+    plain = _encode(tokenizer, "a")
+    full = list(tokenizer("a")["input_ids"])
+    return full[: len(full) - len(plain)] if full[-len(plain):] == plain else []
+
+
+@dataclass
+class ItemFormat:
+    """How numbers become tokens for a tokenizer: value k is written `items[k]`."""
+
+    name: str
+    items: list[str]  # value -> text piece (with its leading space where the tokenizer needs one)
+    prefix: str
+    suffix: str
+    bos: list[int]
+
+
+def item_format(tokenizer) -> ItemFormat:
+    """Numbers 0-99 as single tokens if the tokenizer has them, else its plain vocabulary words."""
+    unk = tokenizer.unk_token_id
+    bos = _leading_specials(tokenizer)
+    numbers = [f" {k}" for k in range(100)]
+    ok = all(len(ids := _encode(tokenizer, x)) == 1 and ids[0] != unk for x in numbers)
+    prefix, suffix = "Numbers:", " The largest number is"
+    if ok:
+        words_ok = unk is None or unk not in _encode(tokenizer, prefix + suffix)
+        return ItemFormat("numbers", numbers, prefix if words_ok else "", suffix if words_ok else "", bos)
+    special = set(tokenizer.all_special_ids)
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    words = [w for w, i in vocab if i not in special and not w.startswith("<")]
+    words = [w for w in words if _encode(tokenizer, " " + w) == [tokenizer.convert_tokens_to_ids(w)]]
+    if len(words) < 8:
+        raise SharpnessError("Could not find enough single-token items in this tokenizer to build "
+                             "a max-retrieval prompt.")
+    return ItemFormat("vocabulary", [" " + w for w in words[:100]], "", "", bos)
+
+
+def _sample_values(n: int, vmax: int, rng: random.Random) -> list[int]:
+    """n values in [0, vmax) with a unique maximum at a random position."""
+    top = rng.randrange(max(1, min(n, vmax // 2)), vmax) if vmax > 1 else 0
+    values = [rng.randrange(0, top) for _ in range(n - 1)] if top > 0 else [0] * (n - 1)
+    values.insert(rng.randrange(n), top)
+    return values
+
+
+def prompt_builder(tokenizer) -> Callable[[int, int], RetrievalPrompt]:
+    """`build(n, seed)` for this tokenizer: the zoo's training format, else numbers or vocabulary words."""
+    return _zoo_builder(tokenizer) or _generic_builder(tokenizer, item_format(tokenizer))
+
+
+def build_prompt(tokenizer, n: int, seed: int = 0) -> RetrievalPrompt:
+    """A max-retrieval prompt with n items; the model should answer with the largest."""
+    return prompt_builder(tokenizer)(n, seed)
+
+
+def _generic_builder(tokenizer, fmt: ItemFormat) -> Callable[[int, int], RetrievalPrompt]:
+    def build(n: int, seed: int) -> RetrievalPrompt:
+        rng = random.Random(seed * 1_000_003 + n)
+        values = _sample_values(n, len(fmt.items), rng)
+        ids = list(fmt.bos) + (_encode(tokenizer, fmt.prefix) if fmt.prefix else [])
+        target: list[int] = []
+        top = max(values)
+        for v in values:
+            piece = _encode(tokenizer, fmt.items[v])
+            if v == top:
+                target = list(range(len(ids), len(ids) + len(piece)))
+            ids += piece
+        if fmt.suffix:
+            ids += _encode(tokenizer, fmt.suffix)
+        answer = fmt.items[top]
+        return RetrievalPrompt(
+            n=n, text=tokenizer.decode(ids), input_ids=ids, answer_id=_encode(tokenizer, answer)[0],
+            answer=answer.strip(), target=target, values=values, format=fmt.name,
+        )
+
+    return build
+
+
+def _zoo_builder(tokenizer) -> Callable[[int, int], RetrievalPrompt] | None:
+    """The Shapes World training format ("<s> max : 12 7 93 41 =" -> "93") for the zoo's tokenizer."""
+    try:
+        from analysis.zoo import shapes_world as sw
+    except Exception:
+        return None
+    vocab = tokenizer.get_vocab()
+    if not hasattr(sw, "max_retrieval_example") or not all(w in vocab for w in (*sw.NUMBERS, "max", sw.BOS)):
+        return None
+
+    def build(n: int, seed: int) -> RetrievalPrompt:
+        text, answer = sw.max_retrieval_example(random.Random(seed * 1_000_003 + n), n)
+        words = text.split()
+        ids = _encode(tokenizer, text)
+        if len(ids) != len(words):
+            raise SharpnessError("The zoo tokenizer does not map the prompt's words one to one.")
+        items = words[words.index(":") + 1: -1]
+        first = words.index(":") + 1
+        return RetrievalPrompt(
+            n=n, text=text, input_ids=ids, answer_id=_encode(tokenizer, answer)[0], answer=answer,
+            target=[first + i for i, w in enumerate(items) if w == answer], values=[int(w) for w in items],
+            format="shapes-world",
+        )
+
+    return build
+
+
+# ---------------------------------------------------------------------------------------------
+# Per layer/head statistics of the last query row
+
+
+@dataclass
+class HeadStats(Result):
+    """Per [layer][head] statistics of the answer position's attention row."""
+
+    entropy: list[list[float]]  # nats
+    entropy_norm: list[list[float]]  # H / ln(keys attended)
+    max_weight: list[list[float]]
+    target_weight: list[list[float]]  # weight on the max item's tokens
+    spread: list[list[float]]  # δ = max - min logit over attended keys
+    raw_entropy: list[list[float]]  # entropy of plain softmax(s) in this run (what β is chosen from)
+    beta: list[list[float]]  # inverse temperature applied
+
+
+def _row_stats(scores: torch.Tensor, probs: torch.Tensor, target: list[list[int]], drop_sink: bool) -> dict:
+    """Statistics of rows (B, H, T). `target[b]` are positions; with drop_sink key 0 is removed."""
+    valid = scores > torch.finfo(torch.float32).min / 2
+    if drop_sink:
+        scores, probs, valid = scores[..., 1:], probs[..., 1:], valid[..., 1:]
+        probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-30)
+        target = [[t - 1 for t in ts if t > 0] for ts in target]
+    keys = valid.sum(-1).clamp_min(2).float()
+    ent = entropy_nats(probs)
+    big = torch.where(valid, scores, torch.full_like(scores, -float("inf"))).amax(-1)
+    small = torch.where(valid, scores, torch.full_like(scores, float("inf"))).amin(-1)
+    mask = torch.zeros_like(probs, dtype=torch.bool)
+    for b, ts in enumerate(target):
+        mask[b, :, ts] = True
+    return dict(
+        entropy=ent, entropy_norm=ent / keys.log(), max_weight=probs.amax(-1),
+        target_weight=(probs * mask).sum(-1), spread=big - small,
+    )
+
+
+def head_stats(recorder: Recorder, target: list[list[int]], drop_sink: bool) -> list[dict]:
+    """Per-sample statistics from a recorded forward: a list over layers of dicts of (B, H) tensors."""
+    out = []
+    for layer in sorted(recorder.probs):
+        st = _row_stats(recorder.scores[layer], recorder.probs[layer], target, drop_sink)
+        st["raw_entropy"] = recorder.raw_entropy[layer]
+        st["beta"] = recorder.beta[layer]
+        out.append(st)
+    return out
+
+
+def _mean_stats(per_batch: list[list[dict]]) -> HeadStats:
+    """Average batches' per-layer stats over samples -> HeadStats."""
+    keys = [f for f in HeadStats.__dataclass_fields__]
+    layers = len(per_batch[0])
+    values = {}
+    for k in keys:
+        rows = []
+        for layer in range(layers):
+            stacked = torch.cat([batch[layer][k] for batch in per_batch], dim=0)  # (N, H)
+            rows.append(stacked.mean(0).tolist())
+        values[k] = rows
+    return HeadStats(**values)
+
+
+# ---------------------------------------------------------------------------------------------
+# Single prompt: stats under softmax and under a chosen temperature
+
+
+@dataclass
+class PromptParams(Result):
+    text: str = ""
+    target: str = ""  # text of the span whose weight is reported (last occurrence); "" = none
+    rule: Temperature = field(default_factory=lambda: Temperature("adaptive"))
+
+
+@dataclass
+class PromptResult(Result):
+    params: PromptParams
+    tokens: list[str]
+    target_positions: list[int]
+    softmax: HeadStats
+    softmax_no_sink: HeadStats
+    tempered: HeadStats
+    tempered_no_sink: HeadStats
+    weights_softmax: list[list[list[float]]]  # [layer][head][key] last-row weights
+    weights_tempered: list[list[list[float]]]
+    next_token_softmax: str
+    next_token_tempered: str
+
+
+def _find_span(tokenizer, ids: list[int], target: str) -> list[int]:
+    """Token positions of the last occurrence of `target` (tokenised as in the prompt)."""
+    if not target.strip():
+        return []
+    for variant in (" " + target.strip(), target.strip()):
+        piece = _encode(tokenizer, variant)
+        for start in range(len(ids) - len(piece), -1, -1):
+            if piece and ids[start:start + len(piece)] == piece:
+                return list(range(start, start + len(piece)))
+    raise SharpnessError(f"The target '{target}' does not occur in the prompt's tokens.")
+
+
+def analyse_prompt(handle: ModelHandle, params: PromptParams) -> PromptResult:
+    """Per layer/head sharpness of the last token's attention on a user prompt."""
+    if not params.text.strip():
+        raise SharpnessError("Enter a prompt: the statistics are about how its last token attends.")
+    tok = handle.tokenizer
+    ids = _leading_specials(tok) + _encode(tok, params.text)
+    limit = handle.info.max_positions or 4096
+    if len(ids) > limit:
+        raise SharpnessError(f"The prompt has {len(ids)} tokens, more than the model's {limit} positions.")
+    if len(ids) < 2:
+        raise SharpnessError("The prompt needs at least two tokens.")
+    span = _find_span(tok, ids, params.target)
+    x = torch.tensor([ids])
+    runs = {}
+    for name, rule in (("softmax", Temperature()), ("tempered", params.rule)):
+        rec = Recorder()
+        logits = tempered_logits(handle, x, rule, rec)
+        runs[name] = (rec, tok.decode([int(logits[0, -1].argmax())]))
+    stats = {}
+    for name, (rec, _) in runs.items():
+        stats[name] = _mean_stats([head_stats(rec, [span], False)])
+        stats[name + "_no_sink"] = _mean_stats([head_stats(rec, [span], True)])
+    weights = {name: [rec.probs[k][0].tolist() for k in sorted(rec.probs)] for name, (rec, _) in runs.items()}
+    return PromptResult(
+        params=params, tokens=[tok.decode([i]) for i in ids], target_positions=span,
+        weights_softmax=weights["softmax"], weights_tempered=weights["tempered"],
+        next_token_softmax=runs["softmax"][1], next_token_tempered=runs["tempered"][1], **stats,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes, θ sweep and accuracy on synthetic max-retrieval prompts
+
+
+@dataclass
+class SweepParams(Result):
+    ns: list[int] = field(default_factory=lambda: list(DEFAULT_NS))
+    thetas: list[float] = field(default_factory=lambda: list(DEFAULT_THETAS))
+    samples: int = 32  # prompts per n
+    seed: int = 0
+    batch: int = 64
+
+
+@dataclass
+class RunStats(Result):
+    """One temperature rule at one n, averaged over the prompts."""
+
+    rule: Temperature
+    accuracy: float  # argmax of the answer position == the largest item
+    answer_prob: float  # mean probability of the correct answer token
+    with_sink: HeadStats
+    without_sink: HeadStats
+
+
+@dataclass
+class SizePoint(Result):
+    n: int
+    tokens: int  # prompt length in tokens (mean)
+    runs: list[RunStats]  # one per rule: softmax, adaptive, then each θ of the sweep
+
+    def run(self, label: str) -> RunStats:
+        return next(r for r in self.runs if r.rule.label == label)
+
+
+@dataclass
+class SweepResult(Result):
+    model: str
+    params: SweepParams
+    format: str
+    example: RetrievalPrompt  # the first prompt at the smallest n, to show what the model sees
+    points: list[SizePoint]
+    skipped: list[int]  # n values whose prompts exceed the model's positions
+    layers: int
+    heads: int
+
+    def rules(self) -> list[str]:
+        return [r.rule.label for r in self.points[0].runs] if self.points else []
+
+    def accuracy_table(self) -> list[dict]:
+        return [{"n": p.n, "tokens": p.tokens,
+                 "softmax accuracy": p.run("softmax").accuracy, "adaptive accuracy": p.run("adaptive θ").accuracy,
+                 "softmax max-item weight": _mean2(p.run("softmax").with_sink.target_weight),
+                 "adaptive max-item weight": _mean2(p.run("adaptive θ").with_sink.target_weight)}
+                for p in self.points]
+
+
+def _mean2(rows: list[list[float]]) -> float:
+    flat = [v for row in rows for v in row]
+    return sum(flat) / len(flat) if flat else float("nan")
+
+
+def _evaluate(handle: ModelHandle, prompts: list[RetrievalPrompt], rule: Temperature, batch: int) -> RunStats:
+    """Run `rule` on prompts (batched by length, no padding) and average the statistics."""
+    by_len: dict[int, list[RetrievalPrompt]] = {}
+    for pr in prompts:
+        by_len.setdefault(len(pr.input_ids), []).append(pr)
+    sink, no_sink = [], []
+    correct, prob = 0, 0.0
+    for group in by_len.values():
+        for i in range(0, len(group), batch):
+            chunk = group[i:i + batch]
+            rec = Recorder()
+            logits = tempered_logits(handle, torch.tensor([p.input_ids for p in chunk]), rule, rec)[:, -1]
+            answers = torch.tensor([p.answer_id for p in chunk], device=logits.device)
+            correct += int((logits.argmax(-1) == answers).sum())
+            prob += float(torch.softmax(logits, -1).gather(1, answers[:, None]).sum())
+            targets = [p.target for p in chunk]
+            sink.append(head_stats(rec, targets, False))
+            no_sink.append(head_stats(rec, targets, True))
+    return RunStats(rule=rule, accuracy=correct / len(prompts), answer_prob=prob / len(prompts),
+                    with_sink=_mean_stats(sink), without_sink=_mean_stats(no_sink))
+
+
+def size_sweep(handle: ModelHandle, params: SweepParams | None = None,
+               progress: ProgressFn | None = None) -> SweepResult:
+    """Softmax, adaptive θ and each fixed θ at every n: head statistics, accuracy, answer probability."""
+    params = params or SweepParams()
+    require_kind(handle, "causal_lm", "vlm", panel="attention sharpness")
+    if not params.ns or min(params.ns) < 2:
+        raise SharpnessError("Choose at least one item count n >= 2.")
+    if params.samples < 1:
+        raise SharpnessError("Use at least one prompt per n.")
+    tok = handle.tokenizer
+    limit = handle.info.max_positions or 4096
+    rules = [Temperature(), Temperature("adaptive")] + [Temperature("fixed", t) for t in params.thetas if t != 1.0]
+    points, skipped, example, fmt_name = [], [], None, ""
+    ns = sorted(set(params.ns))
+    build = prompt_builder(tok)
+    total = len(ns) * len(rules)
+    for i, n in enumerate(ns):
+        prompts = [build(n, params.seed + k) for k in range(params.samples)]
+        if max(len(p.input_ids) for p in prompts) > limit:
+            skipped.append(n)
+            continue
+        example = example or prompts[0]
+        fmt_name = prompts[0].format
+        runs = []
+        for j, rule in enumerate(rules):
+            if progress:
+                progress((i * len(rules) + j) / total, f"n = {n}, {rule.label}")
+            runs.append(_evaluate(handle, prompts, rule, params.batch))
+        tokens = round(sum(len(p.input_ids) for p in prompts) / len(prompts))
+        points.append(SizePoint(n=n, tokens=tokens, runs=runs))
+    if not points:
+        raise SharpnessError(f"Every chosen n gives a prompt longer than the model's {limit} positions.")
+    if progress:
+        progress(1.0, "done")
+    return SweepResult(model=handle.spec.label, params=params, format=fmt_name, example=example,
+                       points=points, skipped=skipped, layers=handle.info.layers, heads=handle.info.heads)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def cli(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m analysis sharpness",
+                                     description="Attention sharpness vs n, θ sweep, adaptive temperature.")
+    parser.add_argument("--model", default="zoo:shapes-lm", help="zoo:NAME, hub:ID[@REV] or local:PATH")
+    parser.add_argument("--n", default=",".join(map(str, DEFAULT_NS)), help="item counts, comma separated")
+    parser.add_argument("--thetas", default=",".join(map(str, DEFAULT_THETAS)), help="fixed temperatures")
+    parser.add_argument("--samples", type=int, default=32, help="prompts per n")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    try:
+        params = SweepParams(ns=[int(x) for x in args.n.split(",") if x.strip()],
+                             thetas=[float(x) for x in args.thetas.split(",") if x.strip()],
+                             samples=args.samples, seed=args.seed)
+        result = size_sweep(load_model(ModelSpec.parse(args.model)), params)
+    except (SharpnessError, ValueError) as exc:
+        import sys
+
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(result.to_json())
+        return 0
+    print(f"{result.model}: max retrieval ({result.format} format), {params.samples} prompts per n\n")
+    print("| n | tokens | softmax acc | adaptive acc | softmax max-item weight | adaptive max-item weight |")
+    print("|---|---|---|---|---|---|")
+    for row in result.accuracy_table():
+        print(f"| {row['n']} | {row['tokens']} | {row['softmax accuracy']:.3f} | {row['adaptive accuracy']:.3f} "
+              f"| {row['softmax max-item weight']:.3f} | {row['adaptive max-item weight']:.3f} |")
+    if result.skipped:
+        print(f"\nskipped (longer than the context): {result.skipped}")
+    return 0
