@@ -704,7 +704,9 @@ def open_image(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS):
         except CaptionError:
             raise
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-            raise CaptionError(f"The image is too large to decode safely ({exc}).") from exc
+            # PIL refuses such headers itself, before we see the size.
+            raise CaptionError(f"The image is far above the limit of {max_pixels:,} pixels; it was not "
+                               f"decoded (possible decompression bomb: {exc}). Resize it and upload again.") from exc
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
             raise CaptionError("The file is not an image that can be read (PNG, JPEG, GIF, BMP or "
                                "WebP expected).") from exc

@@ -1,0 +1,211 @@
+"""Caption correction (CapMAS): split a caption into claims, verify each alone, rewrite without the false ones."""
+from __future__ import annotations
+
+import hashlib
+import io
+
+import streamlit as st
+
+from analysis import captions as C
+from analysis.models import ModelLoadError, ModelSpec, load_model, zoo_models
+from components import caption_figures as F
+from components.common import explain, progress, require_model, set_url_params, url_param
+from components.share import share_bar
+
+st.title("Caption correction")
+st.write(
+    "A detailed caption is split into atomic claims, the vision-language model answers a yes/no "
+    "question about **each claim alone**, and claims it does not confirm are removed by a rewriter "
+    "that adds nothing new — the multi-agent pipeline of *CapMAS* (ICML 2025). On Shapes World "
+    "scenes the ground truth is known, so factuality and coverage are exact."
+)
+
+handle = require_model("vlm", panel="Caption correction")
+world = C.shapes_world() if C.has_shapes_world() else None
+zoo = zoo_models()
+WEAK = "shapes-vlm-weak"
+OWN_LM = "the VLM's own language model"
+
+
+@st.cache_resource(max_entries=1, show_spinner="Loading the decomposer/rewriter model ...")
+def agent_lm(label: str):
+    return load_model(ModelSpec.parse(label))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def scene_png(seed: int) -> bytes:
+    buf = io.BytesIO()
+    world.render(world.generate_scene(seed)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@st.cache_data(max_entries=32, show_spinner="Captioning ...")
+def generate_caption(model_label: str, image_key: str, _vlm, _image) -> str:
+    return C.caption_image(_vlm, _image)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def verify(vlm_label: str, lm_label: str, image_key: str, params_json: str, _vlm, _lm, _image, _progress):
+    return C.verify_caption(_vlm, _image, C.CorrectionParams.from_json(params_json), _lm, _progress)
+
+
+@st.cache_data(max_entries=64, show_spinner="Rewriting ...")
+def correct(lm_label: str, verification_json: str, params_json: str, _lm):
+    verification = C.Verification.from_json(verification_json)
+    return C.apply_threshold(verification, C.CorrectionParams.from_json(params_json), _lm)
+
+
+# --- controls -----------------------------------------------------------------------------------
+
+left, right = st.columns([1, 2], gap="large")
+with left:
+    sources = ["scene", "upload"] if world else ["upload"]
+    source = st.radio("Image", sources, index=sources.index(url_param("src", sources[0], choices=sources)),
+                      format_func={"scene": "Shapes World scene", "upload": "Upload an image"}.get,
+                      horizontal=True, key="cap_src")
+    seed = None
+    image = None
+    if source == "scene":
+        default_seed = world.split_seeds("test", 1)[0] + 3
+        seed = int(st.number_input("Scene seed (test split starts at 20,000,000)", min_value=0,
+                                   value=url_param("seed", default_seed, int), step=1, key="cap_seed"))
+        data = scene_png(seed)
+        image_key = f"scene:{seed}"
+    else:
+        upload = st.file_uploader("Image (PNG, JPEG, GIF, BMP, WebP)", key="cap_upload",
+                                  type=["png", "jpg", "jpeg", "gif", "bmp", "webp"])
+        if upload is None:
+            st.info("Upload an image, or switch to a Shapes World scene.")
+            st.stop()
+        data = upload.getvalue()
+        image_key = "upload:" + hashlib.sha256(data).hexdigest()
+    try:
+        image = C.open_image(data)
+    except C.CaptionError as exc:
+        st.error(f"Cannot use this upload: {exc}")
+        st.stop()
+    st.image(image, caption=f"Scene {seed}" if seed is not None else "Uploaded image", width=256)
+    if seed is not None:
+        with st.expander("Ground truth of this scene"):
+            st.write(world.caption(world.generate_scene(seed)))
+
+with right:
+    cap_sources = ["vlm"] + (["weak"] if WEAK in zoo else []) + ["paste"]
+    cap_labels = {"vlm": f"generate with {handle.spec.label}", "weak": f"generate with zoo:{WEAK} (hallucinates)",
+                  "paste": "paste a caption"}
+    cap_default = "weak" if "weak" in cap_sources and seed is not None else "vlm"
+    cap_source = st.radio("Caption", cap_sources, format_func=cap_labels.get, horizontal=True, key="cap_from",
+                          index=cap_sources.index(url_param("cap", cap_default, choices=cap_sources)))
+    if cap_source == "paste":
+        caption = st.text_area("Caption to check", value=url_param("text", ""), key="cap_text", height=100)
+    else:
+        try:
+            captioner = handle if cap_source == "vlm" else agent_lm(f"zoo:{WEAK}")
+            caption = generate_caption(captioner.spec.label, image_key, captioner, image)
+        except (C.CaptionError, ModelLoadError) as exc:
+            st.error(f"Could not generate a caption: {exc}")
+            st.stop()
+        st.text_area("Caption to check (generated)", value=caption, disabled=True, height=100)
+
+    lm_choices = (["zoo:shapes-lm"] if "shapes-lm" in zoo else []) + [OWN_LM]
+    demo_vlm = handle.spec.source == "zoo" and handle.spec.name.startswith("shapes-")
+    lm_default = lm_choices[0] if demo_vlm else OWN_LM
+    agent_names = ["auto", *C.DECOMPOSERS]
+    with st.expander("Agents and threshold", expanded=True):
+        c1, c2, c3 = st.columns(3)
+        lm_choice = c1.selectbox("Decomposer/rewriter model", lm_choices, key="cap_lm",
+                                 index=lm_choices.index(url_param("lm", lm_default, choices=lm_choices)))
+        decomposer = c2.selectbox("Decomposer", agent_names, key="cap_dec",
+                                  index=agent_names.index(url_param("dec", "auto", choices=agent_names)))
+        rewriter = c3.selectbox("Rewriter", agent_names, key="cap_rew",
+                                index=agent_names.index(url_param("rew", "auto", choices=agent_names)))
+        pi = st.slider("Threshold π (nats): drop a claim when H(u) > π", 0.0, 10.0, key="cap_pi",
+                       value=url_param("pi", C.DEFAULT_PI, float), step=0.05)
+        ground = st.checkbox("Ground each answer in the image (Captum Integrated Gradients)", key="cap_ground",
+                             value=url_param("ground", "1", choices=["0", "1"]) == "1")
+        st.caption("auto: the demo LM for Shapes World, an instruct model's chat prompts otherwise, "
+                   "the grammar reference as a last resort. Verifier: the loaded VLM.")
+
+set_url_params(src=source, cap=cap_source, lm=lm_choice, dec=decomposer, rew=rewriter, pi=pi,
+               ground=int(ground), **({"seed": seed} if seed is not None else {}),
+               **({"text": caption} if cap_source == "paste" else {}))
+
+if not caption.strip():
+    st.info("Paste a caption (or generate one) to check it.")
+    st.stop()
+
+# --- run ----------------------------------------------------------------------------------------
+
+try:
+    lm = agent_lm(lm_choice) if lm_choice != OWN_LM else handle
+except ModelLoadError as exc:
+    st.error(f"Could not load the decomposer/rewriter model: {exc}")
+    st.stop()
+params = C.CorrectionParams(caption=caption, pi=pi, decomposer=decomposer, rewriter=rewriter,
+                            ground=ground, scene_seed=seed)
+verify_params = C.CorrectionParams(**{**vars(params), "pi": C.DEFAULT_PI})  # pi does not change verification
+try:
+    with progress("Verifying claims ...") as report:
+        verification = verify(handle.spec.label, lm.spec.label, image_key, verify_params.to_json(),
+                              handle, lm, image, report)
+    result = correct(lm.spec.label, verification.to_json(), params.to_json(), lm)
+except C.CaptionError as exc:
+    st.error(str(exc))
+    st.stop()
+
+# --- views --------------------------------------------------------------------------------------
+
+st.subheader("Corrected caption")
+st.markdown(F.diff_html(result.diff), unsafe_allow_html=True)
+dropped = len(result.dropped)
+st.caption(f"{dropped} of {len(result.claims)} claims dropped · agents: "
+           + ", ".join(f"{k} = {v}" for k, v in result.agents.items()))
+explain("The caption you checked, with the words the rewriter removed struck through in red and any "
+        "words it added in green. A faithful rewrite only removes.")
+
+if result.before and result.after:
+    cols = st.columns(3)
+    cols[0].metric("Factuality", f"{result.after.factuality:.2f}",
+                   f"{result.after.factuality - result.before.factuality:+.2f}")
+    cols[1].metric("Coverage", f"{result.after.coverage:.2f}",
+                   f"{result.after.coverage - result.before.coverage:+.2f}")
+    cols[2].metric("CHAIR_i", f"{result.after.chair_i:.2f}",
+                   f"{result.after.chair_i - result.before.chair_i:+.2f}", delta_color="inverse")
+    st.plotly_chart(F.metrics_figure(result.before, result.after), key="cap_metrics")
+    explain("Factuality: share of the caption's claims that are true in the scene. Coverage: share of "
+            "the scene's facts (three per object: it exists, its size, its position) the caption "
+            "states. CHAIR_i: share of mentioned objects that are not in the scene. Exact, because "
+            "the scene is known.")
+
+st.subheader("Claims")
+st.dataframe(F.claim_rows(result), hide_index=True)
+explain("Each claim was put to the VLM as a yes/no question with only the image and that claim. "
+        "p_True / p_False are its next-token probabilities of 'yes' and 'no'; the hallucination "
+        "score H = −log max(p_True − p_False, ε) is 0 when it is sure the claim is true and large "
+        "when it is not. Claims with H > π are dropped.")
+st.plotly_chart(F.score_figure(result), key="cap_scores")
+explain("The same scores as bars; the dashed line is the threshold π. Move π to trade coverage "
+        "(more claims kept) against factuality (fewer false claims kept).")
+
+grounded = [c for c in result.claims if c.heatmap]
+if grounded:
+    st.subheader("Grounding")
+    names = [c.claim for c in grounded]
+    chosen = st.selectbox("Claim", range(len(names)), format_func=lambda i: names[i], key="cap_claim")
+    view = F.model_view(image, handle.info.image_size)
+    st.plotly_chart(F.heatmap_figure(grounded[chosen], view), key="cap_heat")
+    explain("Integrated Gradients (Captum) of the answer's log-odds, log p(yes) − log p(no), with "
+            "respect to the pixels, summed over each vision patch. Red patches pushed the model towards "
+            "'yes' (the claim is true), blue ones towards 'no'. The image is shown as the vision "
+            "tower sees it (resized and centre-cropped).")
+
+st.subheader("Threshold sweep")
+st.plotly_chart(F.sweep_figure(result), key="cap_sweep")
+explain("For every threshold π: the factuality of the claims that would be kept and the share of the "
+        "scene's facts they cover (without ground truth: the share of claims kept). Low π keeps only "
+        "claims the verifier is sure of — factual but short; high π keeps everything.")
+
+share_bar("captions", title=f"Caption correction on {handle.spec.label}", params=params.to_dict(),
+          result=result, model=handle.spec.label,
+          figures={"Scores": F.score_figure(result), "Threshold sweep": F.sweep_figure(result)},
+          tables={"claims": F.claim_rows(result)})

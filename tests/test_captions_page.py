@@ -1,0 +1,77 @@
+"""AppTest of the caption-correction page: the pipeline on a demo scene, and bad inputs."""
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+from conftest import app_with_model
+
+from analysis import tiny_models
+from analysis.models import ModelSpec, zoo_models
+from analysis.zoo import shapes_world as W
+
+PAGE = "pages/caption_correction.py"
+
+
+@pytest.fixture(scope="module")
+def shapes_llava_spec(model_root):
+    folder = tiny_models.save_tiny_llava(model_root / "tiny-llava-shapes-page", words=list(W.VOCAB))
+    return ModelSpec("local", str(folder))
+
+
+def _errors(at) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def _pasted(spec, text, **query):
+    return app_with_model(spec, PAGE, query={"src": "scene", "seed": "20000003", "cap": "paste", "text": text,
+                                             "dec": "grammar", "rew": "grammar", **query})
+
+
+def test_page_runs_pipeline_on_a_demo_scene_with_ground_truth(shapes_llava_spec):
+    scene = W.generate_scene(20000003)
+    absent = next((c, s) for c in W.COLOURS for s in W.SHAPES if scene.find(c, s) is None)
+    text = W.caption(scene) + f" there is a small {absent[0]} {absent[1]} at the center ."
+    at = _pasted(shapes_llava_spec, text, pi="10", ground="1")
+    assert not at.exception and not _errors(at)
+    table = at.dataframe[0].value
+    assert list(table["claim"]) == W.decompose(text)
+    assert list(table["ground truth"]).count("false") == 3
+    assert len(at.get("plotly_chart")) >= 4  # metrics, scores, heatmap, sweep
+    assert any("What am I looking at?" in c.value for c in at.caption)
+    assert at.query_params["pi"] == "10.0" and at.query_params["dec"] == "grammar"
+
+
+def test_page_with_the_demo_models_runs_from_its_defaults():
+    if "shapes-vlm" not in zoo_models():
+        pytest.skip("demo model shapes-vlm is not built")
+    at = app_with_model(ModelSpec("zoo", "shapes-vlm"), PAGE, timeout=180)
+    assert not at.exception and not _errors(at)
+    assert len(at.dataframe[0].value) > 0 and at.metric
+
+
+def test_caption_without_claims_gives_a_clear_message(shapes_llava_spec):
+    at = _pasted(shapes_llava_spec, "what a lovely day", ground="0")
+    assert not at.exception
+    assert any("found no claims" in e for e in _errors(at))
+
+
+def test_non_image_upload_gives_a_clear_message(shapes_llava_spec):
+    at = app_with_model(shapes_llava_spec, PAGE, query={"src": "upload"})
+    at.file_uploader(key="cap_upload").set_value(("photo.png", b"this is plain text, not a picture", "image/png"))
+    at.run()
+    assert not at.exception
+    assert any("not an image" in e for e in _errors(at))
+
+
+def test_pixel_bomb_upload_is_refused_before_decoding(shapes_llava_spec):
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    bomb = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 9_000, 9_000, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+    at = app_with_model(shapes_llava_spec, PAGE, query={"src": "upload"})
+    at.file_uploader(key="cap_upload").set_value(("bomb.png", bomb, "image/png"))
+    at.run()
+    assert not at.exception
+    assert any("not decoded" in e and "decompression bomb" in e for e in _errors(at))
