@@ -1,0 +1,177 @@
+"""Plotly figures and tables for the KV-cache eviction panel (pure functions of the typed results)."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from analysis.kv_eviction import KvResult, PolicyRun, SweepResult
+
+POLICY_COLOURS = {
+    "full": "#444444", "streaming_llm": "#1f77b4", "h2o": "#ff7f0e", "tova": "#2ca02c",
+    "snapkv": "#9467bd", "morphkv": "#d62728",
+}
+POLICY_LABELS = {"full": "Full cache", "streaming_llm": "StreamingLLM", "h2o": "H2O", "tova": "TOVA",
+                 "snapkv": "SnapKV", "morphkv": "MorphKV"}
+
+
+def kept_matrix(result: KvResult, layer_index: int, head: int) -> list[list[float | None]]:
+    """Rows: decode steps; columns: original positions. 1 kept, 0 evicted, None not yet generated."""
+    n = len(result.task.tokens)
+    rows = []
+    for step, positions in enumerate(result.kept[layer_index][head]):
+        newest = result.task.prefill_len + step
+        row: list[float | None] = [0.0 if j <= newest else None for j in range(n)]
+        for j in positions:
+            row[j] = 1.0
+        rows.append(row)
+    return rows
+
+
+def retained_heatmap(result: KvResult, layer_index: int, head: int) -> go.Figure:
+    """Which original positions are in the cache after each decode step, needles marked."""
+    z = kept_matrix(result, layer_index, head)
+    n = len(result.task.tokens)
+    tokens = result.token_text
+    hover = [[f"position {j}: {tokens[j]}" for j in range(n)] for _ in z]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=list(range(n)), y=list(range(len(z))), zmin=0, zmax=1, customdata=hover,
+        colorscale=[[0.0, "#f1f1f1"], [0.5, "#f1f1f1"], [0.5, "#1f4e8c"], [1.0, "#1f4e8c"]],
+        showscale=False, hovertemplate="step %{y}<br>%{customdata}<br>kept=%{z}<extra></extra>",
+    ))
+    needles = sorted({p for group in result.task.needle_positions for p in group})
+    if needles:
+        fig.add_trace(go.Scatter(
+            x=needles, y=[-1.2] * len(needles), mode="markers", name="needle (key / value)",
+            marker=dict(symbol="triangle-up", size=9, color="#d62728"),
+            hovertext=[f"needle at {p}: {tokens[p]}" for p in needles], hoverinfo="text",
+        ))
+    for step, pos in enumerate(result.task.answer_positions):
+        d = pos - result.task.prefill_len - 1
+        if 0 <= d < len(z):
+            fig.add_annotation(x=n - 0.5, y=d, text="answer", showarrow=False, xanchor="left",
+                               font=dict(size=10, color="#d62728"))
+    fig.add_vline(x=result.task.prefill_len - 0.5, line_dash="dot", line_color="#888888")
+    label = POLICY_LABELS.get(result.params.policy, result.params.policy)
+    fig.update_layout(
+        title=f"{label}: cached tokens per decode step (layer {result.layers[layer_index]}, KV head {head}; "
+              f"dark = kept, dotted line = end of context)",
+        xaxis_title="original token position (tokens)", yaxis_title="decode step",
+        yaxis_autorange="reversed", height=max(320, 16 * len(z) + 160), margin=dict(t=60, r=60),
+        legend=dict(orientation="h", y=-0.2),
+    )
+    return fig
+
+
+def summary_rows(result: KvResult) -> list[dict]:
+    """One row per policy at the chosen budget."""
+    rows = []
+    for r in result.runs:
+        mean_dnll = sum(r.dnll) / max(1, len(r.dnll))
+        rows.append({
+            "policy": r.label,
+            "key-value accuracy": None if r.accuracy is None else round(r.accuracy, 3),
+            "mean KL (nats)": round(r.mean_kl, 4),
+            "top-1 agreement": round(r.agreement, 3),
+            "mean ΔNLL (nats)": round(mean_dnll, 4),
+            "attention recall": round(r.mean_recall, 3),
+            "needle survival": _mean_matrix(r.needle_survival),
+            "cache entries/head (last step)": r.cache_len[-1] if r.cache_len else None,
+            "cache KiB (last step)": round(r.cache_bytes[-1] / 1024, 1) if r.cache_bytes else None,
+            "ms / decode step": round(sum(r.step_ms) / max(1, len(r.step_ms)), 2),
+        })
+    return rows
+
+
+def _mean_matrix(m: list[list[float]]) -> float | None:
+    flat = [x for row in m for x in row]
+    return round(sum(flat) / len(flat), 3) if flat else None
+
+
+def step_metric_figure(result: KvResult, metric: str = "kl") -> go.Figure:
+    """Per-step KL (or ΔNLL) of each policy against the full cache."""
+    titles = {"kl": ("KL(full ‖ policy) per predicted token", "KL divergence (nats)"),
+              "dnll": ("ΔNLL of the true next token per step", "NLL(policy) − NLL(full) (nats)")}
+    title, ytitle = titles[metric]
+    fig = go.Figure()
+    for r in result.runs:
+        if r.policy == "full":
+            continue
+        fig.add_trace(go.Scatter(y=getattr(r, metric), mode="lines+markers", name=r.label,
+                                 line=dict(color=POLICY_COLOURS.get(r.policy))))
+    for pos in result.task.answer_positions:
+        fig.add_vline(x=pos - result.task.prefill_len, line_dash="dot", line_color="#bbbbbb")
+    fig.update_layout(title=f"{title} (budget {result.params.budget}; dotted = answer tokens)",
+                      xaxis_title="predicted token index after the context (tokens)", yaxis_title=ytitle,
+                      height=360)
+    return fig
+
+
+def memory_figure(result: KvResult) -> go.Figure:
+    """Measured cache size over decode steps, one line per policy; analytic size as markers."""
+    fig = go.Figure()
+    for r in result.runs:
+        colour = POLICY_COLOURS.get(r.policy)
+        fig.add_trace(go.Scatter(y=[b / 1024 for b in r.cache_bytes], mode="lines", name=f"{r.label} (measured)",
+                                 line=dict(color=colour, width=2)))
+        fig.add_trace(go.Scatter(y=[b / 1024 for b in r.analytic_bytes], mode="markers",
+                                 name=f"{r.label} (2·layers·H_kv·d·T·bytes)", showlegend=False,
+                                 marker=dict(color=colour, size=4, symbol="x")))
+    fig.update_layout(title="KV-cache memory over decode steps (lines measured, × analytic)",
+                      xaxis_title="decode step", yaxis_title="cache size (KiB)", height=360)
+    return fig
+
+
+def sweep_figure(sweep: SweepResult, metric: str = "accuracy") -> go.Figure:
+    """Budget sweep: one curve per policy, budget as a share of the context on x."""
+    titles = {"accuracy": ("Key-value recall accuracy", "accuracy (share of answers)"),
+              "mean_kl": ("Mean KL(full ‖ policy)", "KL divergence (nats)"),
+              "recall": ("Attention recall", "share of full-cache attention kept"),
+              "agreement": ("Top-1 agreement with the full cache", "share of steps")}
+    title, ytitle = titles[metric]
+    fig = go.Figure()
+    for name in dict.fromkeys(p.policy for p in sweep.points):
+        pts = sorted((p for p in sweep.points if p.policy == name), key=lambda p: p.share)
+        fig.add_trace(go.Scatter(x=[100 * p.share for p in pts], y=[getattr(p, metric) for p in pts],
+                                 mode="lines+markers", name=POLICY_LABELS.get(name, name),
+                                 line=dict(color=POLICY_COLOURS.get(name)),
+                                 hovertext=[f"budget {p.budget} entries" for p in pts]))
+    if metric == "accuracy" and sweep.full_accuracy is not None:
+        fig.add_hline(y=sweep.full_accuracy, line_dash="dash", line_color=POLICY_COLOURS["full"],
+                      annotation_text="full cache", annotation_position="bottom right")
+    fig.update_layout(title=f"{title} vs cache budget (context {sweep.context} tokens)",
+                      xaxis_title="budget (% of the context)", yaxis_title=ytitle, height=360)
+    return fig
+
+
+def survival_figure(run: PolicyRun, layers: list[int]) -> go.Figure:
+    """Share of the asked-for needles still cached when each answer is predicted, per layer and KV head."""
+    z = run.needle_survival
+    fig = go.Figure(go.Heatmap(z=z, x=[f"head {h}" for h in range(len(z[0]) if z else 0)],
+                               y=[f"layer {l}" for l in layers], zmin=0, zmax=1, colorscale="Blues",
+                               colorbar=dict(title="share"), texttemplate="%{z:.2f}"))
+    fig.update_layout(title=f"{run.label}: needle survival when the answer is predicted",
+                      xaxis_title="KV head", yaxis_title="layer", height=120 + 40 * len(layers))
+    return fig
+
+
+def text_rows(result: KvResult) -> list[dict]:
+    """Side-by-side generations: policy, text, share of tokens equal to the full cache's."""
+    rows = []
+    for t in result.texts:
+        same = sum(t.matches_full) / max(1, len(t.matches_full))
+        rows.append({"policy": t.label, "generated text": t.text, "tokens equal to full cache": round(same, 2)})
+    return rows
+
+
+def answer_rows(result: KvResult) -> list[dict]:
+    """Per asked key: the true value and what each policy predicted (teacher-forced)."""
+    tok = result.token_text
+    rows = []
+    for i, pos in enumerate(result.task.answer_positions):
+        needle = result.task.needle_positions[i] if i < len(result.task.needle_positions) else []
+        row = {"asked key": tok[needle[0]] if needle else "", "key position": needle[0] if needle else None,
+               "true value": tok[pos]}
+        for r in result.runs:
+            pred = r.answers[i] if i < len(r.answers) else None
+            row[r.label] = "✓" if pred == result.task.tokens[pos] else "✗"
+        rows.append(row)
+    return rows

@@ -1,0 +1,179 @@
+"""KV-cache eviction: which cached tokens each policy keeps, step by step, and what it costs."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Callable
+
+import streamlit as st
+
+from analysis import kv_eviction as kv
+from components import kv_figures as F
+from components.common import explain, progress, require_model, set_url_params, url_param
+from components.share import share_bar
+
+st.title("KV-cache eviction")
+st.write(
+    "A decoder caches the keys and values of every token it has seen; eviction policies keep only a "
+    "budget of them. This panel runs each policy on the loaded model on identical tokens and compares it "
+    "with the full cache — *MorphKV* (ICML 2025) against StreamingLLM, H2O, TOVA and SnapKV. The default "
+    "prompt is a key-value recall task: needles (key, value) hidden in filler, then each key is asked."
+)
+
+handle = require_model("causal_lm", "vlm", panel="KV-cache eviction")
+try:
+    kv.evictable_layers(handle)
+except kv.KvEvictionError as exc:
+    st.error(str(exc))
+    st.stop()
+
+
+@st.cache_resource(max_entries=1)
+def _results_cache() -> tuple[threading.Lock, OrderedDict]:
+    # A bounded dict rather than st.cache_data, which cannot replay a progress bar drawn outside it.
+    return threading.Lock(), OrderedDict()
+
+
+def cached(kind: str, fn: Callable, params: kv.KvParams, label: str):
+    lock, cache = _results_cache()
+    key = (kind, handle.spec.label, params.to_json())
+    with lock:
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+    with progress(label) as report:
+        result = fn(handle, params, report)
+    with lock:
+        cache[key] = result
+        while len(cache) > 24:
+            cache.popitem(last=False)
+    return result
+
+
+# --- controls (mirrored to the URL) ------------------------------------------------------------
+
+names = list(kv.POLICIES)
+defaults = kv.KvParams()
+with st.container(border=True):
+    c1, c2, c3, c4, c5 = st.columns([2, 1.2, 1.2, 1.2, 1.2])
+    policy = c1.selectbox("Policy", names, index=names.index(url_param("policy", defaults.policy, choices=names)),
+                          format_func=F.POLICY_LABELS.get, key="kv_policy",
+                          help="Full cache keeps everything (the reference).")
+    budget = c2.number_input("Budget C (entries per head)", 1, 100_000, url_param("budget", defaults.budget, int),
+                             key="kv_budget", help="Cache entries kept per layer and KV head.")
+    window = c3.number_input("Window (R / w / recent)", 1, 4096, url_param("window", defaults.window, int),
+                             key="kv_window", help="MorphKV's recent window R, SnapKV's observation window w, "
+                                                   "H2O's recent tokens.")
+    sinks = c4.number_input("Sinks S (StreamingLLM)", 0, 256, url_param("sinks", defaults.sinks, int), key="kv_sinks")
+    kernel = c5.number_input("SnapKV pooling kernel", 1, 31, url_param("kernel", defaults.kernel, int), step=2,
+                             key="kv_kernel")
+    c6, c7, c8, c9 = st.columns([1.2, 1.2, 1.2, 4])
+    fusions = ["max", "sum"]
+    fusion = c6.selectbox("MorphKV fusion", fusions, index=fusions.index(url_param("fusion", "max", choices=fusions)),
+                          key="kv_fusion")
+    context = c7.number_input("Context (tokens)", 32, 2048, url_param("context", defaults.context, int), step=32,
+                              key="kv_context", help="Length of the key-value prompt.")
+    seed = c8.number_input("Example seed", 0, 10_000, url_param("seed", 0, int), key="kv_seed")
+    prompt = c9.text_input("Your own prompt (optional)", url_param("prompt", "", str), key="kv_prompt",
+                           help="Leave empty for the key-value recall task. With a prompt, the full cache's "
+                                "greedy continuation is the reference every policy is scored on.")
+
+params = kv.KvParams(policy=policy, budget=int(budget), window=int(window), sinks=int(sinks), kernel=int(kernel),
+                     fusion=fusion, prompt=prompt, context=int(context), seed=int(seed))
+set_url_params(policy=policy, budget=int(budget), window=int(window), sinks=int(sinks), kernel=int(kernel),
+               fusion=fusion, context=int(context), seed=int(seed), prompt=prompt)
+
+try:
+    result: kv.KvResult = cached("analyze", kv.analyze, params, "Running every policy on identical tokens ...")
+except kv.KvEvictionError as exc:
+    st.error(str(exc))
+    st.stop()
+
+task = result.task
+chosen = result.run(policy)
+st.caption(f"{task.source}: context {task.prefill_len} tokens, then {len(task.tokens) - task.prefill_len} "
+           f"teacher-forced tokens · budget {params.budget} = {params.budget / task.prefill_len:.0%} of the context · "
+           f"{len(result.layers)} evictable layers × {result.kv_heads} KV heads")
+m1, m2, m3, m4, m5 = st.columns(5)
+m1.metric("Key-value accuracy", "n/a" if chosen.accuracy is None else f"{chosen.accuracy:.0%}",
+          None if chosen.accuracy is None or result.full_accuracy is None
+          else f"{chosen.accuracy - result.full_accuracy:+.0%} vs full")
+m2.metric("Mean KL vs full (nats)", f"{chosen.mean_kl:.4f}")
+m3.metric("Top-1 agreement", f"{chosen.agreement:.0%}")
+m4.metric("Attention recall", f"{chosen.mean_recall:.1%}")
+m5.metric("Cache at last step", f"{chosen.cache_bytes[-1] / 1024:.1f} KiB" if chosen.cache_bytes else "—",
+          f"{chosen.cache_len[-1]} entries/head" if chosen.cache_len else None, delta_color="off")
+
+# --- retained-token heatmap --------------------------------------------------------------------
+
+st.subheader("Which tokens stay in the cache")
+h1, h2 = st.columns(2)
+layer_choices = list(range(len(result.layers)))
+layer_idx = h1.selectbox("Layer", layer_choices, format_func=lambda i: str(result.layers[i]),
+                         index=min(url_param("layer", 0, int), len(layer_choices) - 1), key="kv_layer")
+head = h2.selectbox("KV head", list(range(result.kv_heads)),
+                    index=min(url_param("head", 0, int), result.kv_heads - 1), key="kv_head")
+set_url_params(layer=layer_idx, head=head)
+heatmap = F.retained_heatmap(result, layer_idx, head)
+if result.kept[layer_idx][head]:
+    st.plotly_chart(heatmap, key="kv_heatmap")
+else:
+    st.info("No decode steps to show: the prompt has nothing after the context.")
+explain("Each row is one decode step, each column a token of the prompt by its original position. Dark cells "
+        "are the keys/values this layer and KV head still holds after the step's eviction; light cells were "
+        "evicted (they never come back); blank cells are tokens not generated yet. Red triangles mark the "
+        "needles (key and value); the dotted line ends the cached context. StreamingLLM shows two bands "
+        "(sinks + recent), SnapKV a fixed pattern that then grows, MorphKV and H2O a pattern that keeps "
+        "changing per head.")
+
+st.subheader(f"All policies at budget {params.budget}")
+st.dataframe(F.summary_rows(result), hide_index=True)
+explain("Every policy ran on exactly the same tokens as the full cache (teacher forcing), so the numbers "
+        "compare like with like. KL and ΔNLL are per predicted token against the full cache; attention recall "
+        "is the share of the full cache's attention (same step, same layer) that falls on the entries the "
+        "policy still held; needle survival is the share of the asked-for key/value tokens still cached when "
+        "the answer is predicted, averaged over layers and heads; time is per decode step, eviction included.")
+if task.answer_positions:
+    st.dataframe(F.answer_rows(result), hide_index=True)
+    explain("One row per asked key: did each policy's top prediction equal the true value?")
+s1, s2 = st.columns(2)
+s1.plotly_chart(F.step_metric_figure(result, "kl"), key="kv_kl")
+s2.plotly_chart(F.survival_figure(chosen, result.layers), key="kv_survival")
+explain("Left: how far each policy's next-token distribution is from the full cache's at every step; the "
+        "dotted lines are the answer tokens, where losing a needle hurts most. Right: for the selected policy, "
+        "which layers and heads still held the needles when they were needed.")
+
+st.subheader("Memory over decode steps")
+st.plotly_chart(F.memory_figure(result), key="kv_memory")
+explain("Measured size of the key/value tensors (lines) and the analytic 2 · layers · KV heads · head dim · "
+        "cached tokens · bytes per value (crosses), which agree exactly. Decode-time policies cut the prompt at "
+        "the first decode step and then stay flat at the budget; SnapKV cuts once at prefill and then grows by "
+        "one entry per step; the full cache grows from the whole context.")
+
+st.subheader("Budget sweep")
+sweep_params = kv.KvParams.from_dict({**params.to_dict(), "policy": "full", "budget": 1})
+try:
+    sweep = cached("sweep", kv.budget_sweep, sweep_params, "Sweeping budgets ...")
+except kv.KvEvictionError as exc:
+    st.error(str(exc))
+    st.stop()
+metric = st.radio("Metric", ["accuracy", "mean_kl", "recall", "agreement"], horizontal=True, key="kv_metric",
+                  index=["accuracy", "mean_kl", "recall", "agreement"].index(
+                      url_param("metric", "accuracy", choices=["accuracy", "mean_kl", "recall", "agreement"])),
+                  format_func={"accuracy": "key-value accuracy", "mean_kl": "mean KL", "recall": "attention recall",
+                               "agreement": "top-1 agreement"}.get)
+set_url_params(metric=metric)
+st.plotly_chart(F.sweep_figure(sweep, metric), key="kv_sweep")
+explain("Each policy at budgets of 25 %, 50 % and 75 % of the context (window, sinks and kernel as set above), "
+        "on this prompt. The dashed line is the full cache. With one prompt and a handful of answers the "
+        "accuracy steps are coarse; the README table averages many prompts.")
+
+st.subheader("Generated text per policy")
+st.dataframe(F.text_rows(result), hide_index=True)
+explain(f"Greedy continuation of the context ({params.new_tokens} tokens) under each policy; the last column "
+        "is the share of tokens equal to the full cache's continuation at the same position.")
+
+share_bar("kv", title=f"KV eviction: {F.POLICY_LABELS[policy]} at budget {params.budget} on {handle.spec.label}",
+          params=params.to_dict(), result=result, model=handle.spec.label,
+          figures={"Retained tokens": heatmap, "Memory": F.memory_figure(result), "Budget sweep": F.sweep_figure(sweep)},
+          tables={"policies": F.summary_rows(result)})

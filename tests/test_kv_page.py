@@ -1,0 +1,78 @@
+"""AppTest of the KV-cache eviction page."""
+from __future__ import annotations
+
+import pytest
+from conftest import app_with_model
+
+from analysis.models import ModelSpec, zoo_models
+
+PAGE = "pages/kv_cache.py"
+SMALL = {"context": "64", "budget": "24", "window": "4"}
+
+
+@pytest.fixture(scope="module")
+def demo_spec(tiny_llama_dir):
+    """The demo model when the zoo has it, else the tiny random Llama (same code path)."""
+    if "shapes-lm" in zoo_models():
+        return ModelSpec("zoo", "shapes-lm")
+    return ModelSpec("local", str(tiny_llama_dir))
+
+
+def _metrics(at) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def _errors(at) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def test_page_renders_heatmap_and_tables(demo_spec):
+    at = app_with_model(demo_spec, PAGE, query=SMALL)
+    assert not at.exception, at.exception
+    assert not _errors(at)
+    charts = [c for c in at.get("plotly_chart")]
+    assert len(charts) >= 5
+    heat = charts[0].proto.spec
+    assert '"type":"heatmap"' in heat.replace(" ", "") and "cached tokens per decode step" in heat
+    assert at.query_params["policy"] == ["morphkv"] or at.query_params["policy"] == "morphkv"
+    assert "Key-value accuracy" in _metrics(at)
+    assert at.caption  # explain notes present
+
+
+def test_switching_policy_and_budget_updates_numbers(demo_spec):
+    at = app_with_model(demo_spec, PAGE, query=SMALL)
+    before = _metrics(at)
+    at.selectbox(key="kv_policy").set_value("streaming_llm").run()
+    assert not at.exception and not _errors(at)
+    after_policy = _metrics(at)
+    assert after_policy["Mean KL vs full (nats)"] != before["Mean KL vs full (nats)"]
+    at.number_input(key="kv_budget").set_value(48).run()
+    assert not at.exception and not _errors(at)
+    after_budget = _metrics(at)
+    assert after_budget["Mean KL vs full (nats)"] != after_policy["Mean KL vs full (nats)"]
+    assert "48 entries/head" in str(at.metric[4].proto.delta)
+    assert at.query_params["budget"] in ("48", ["48"])
+
+
+def test_budget_larger_than_context_gives_clear_message(demo_spec):
+    at = app_with_model(demo_spec, PAGE, query={**SMALL, "budget": "500"})
+    assert not at.exception
+    assert any("nothing would be evicted" in e for e in _errors(at))
+
+
+def test_model_whose_cache_cannot_be_evicted_gives_clear_message(model_root):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from analysis.tiny_models import default_words, make_word_tokenizer
+
+    folder = model_root / "tiny-mistral-sliding"
+    if not folder.exists():
+        tok = make_word_tokenizer(default_words())
+        cfg = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, sliding_window=16,
+                            max_position_embeddings=128)
+        MistralForCausalLM(cfg).save_pretrained(folder)
+        tok.save_pretrained(folder)
+    at = app_with_model(ModelSpec("local", str(folder)), PAGE)
+    assert not at.exception
+    assert any("cannot be evicted" in e for e in _errors(at))
