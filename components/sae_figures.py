@@ -1,0 +1,238 @@
+"""Figures, tables and HTML for the SAE-V panel: pure functions of `analysis.sae_v` results."""
+from __future__ import annotations
+
+import html
+import io
+
+import numpy as np
+import plotly.graph_objects as go
+
+from analysis.sae_v import FeatureCard, FeatureStore, InputExplanation, Ranking
+
+LABEL_COLOURS = {"cross-modal": "#7b1fa2", "text-only": "#1565c0", "image-only": "#ef6c00", "dead": "#9e9e9e"}
+MAX_UPLOAD_BYTES = 8 * 1024 * 1024
+MAX_UPLOAD_PIXELS = 4096 * 4096
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def feature_rows(store: FeatureStore) -> list[dict]:
+    """One row per feature for the sortable feature list."""
+    rows = []
+    for f in store.features:
+        both = f.concept_both
+        rows.append({
+            "feature": f.index,
+            "modality": f.label,
+            "omega": f.omega,
+            "density": f.density,
+            "text density": f.density_text,
+            "image density": f.density_image,
+            "max act": f.max_act,
+            "concept (both)": both.name if both else "",
+            "precision (both)": round(both.precision, 3) if both else None,
+            "concept (text)": f.concept_text.name if f.concept_text else "",
+            "concept (image)": f.concept_image.name if f.concept_image else "",
+        })
+    return rows
+
+
+SORTS = {
+    "omega": ("omega", True),
+    "density": ("density", True),
+    "modality": ("modality", False),
+    "concept precision": ("precision (both)", True),
+    "feature": ("feature", False),
+}
+
+
+def sort_rows(rows: list[dict], by: str, labels: list[str] | None = None) -> list[dict]:
+    """Rows filtered to the given modality labels and sorted by a SORTS key (None values last)."""
+    key, descending = SORTS[by]
+    chosen = [r for r in rows if labels is None or r["modality"] in labels]
+    present = [r for r in chosen if r[key] is not None]
+    missing = [r for r in chosen if r[key] is None]
+    present.sort(key=lambda r: (r[key], -r["feature"]) if descending else (r[key], r["feature"]), reverse=descending)
+    return present + missing
+
+
+def ranking_rows(ranking: Ranking) -> list[dict]:
+    return [{"rank": r.rank, "pair": r.pair, "score s_i": r.score, "weighted mean omega": r.weighted,
+             "shared features": r.shared, "corrupted": r.corrupted, "kind": r.kind, "caption": r.text}
+            for r in ranking.rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures
+
+
+def feature_scatter(store: FeatureStore) -> go.Figure:
+    """omega vs density per feature, one colour per modality label."""
+    fig = go.Figure()
+    for label, colour in LABEL_COLOURS.items():
+        feats = [f for f in store.features if f.label == label and f.density > 0]
+        if not feats:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[f.density for f in feats], y=[f.omega for f in feats], mode="markers", name=label,
+            marker=dict(color=colour, size=7, opacity=0.75),
+            text=[f"feature {f.index}" + (f"<br>{f.concept_both.name} ({f.concept_both.precision:.2f})"
+                                          if f.concept_both else "") for f in feats],
+            hovertemplate="%{text}<br>density %{x:.4f}<br>ω %{y:.3f}<extra></extra>",
+        ))
+    fig.update_layout(
+        title="Features: cross-modal weight ω vs how often they fire",
+        xaxis=dict(title="density (share of tokens where the feature is active, log scale)", type="log"),
+        yaxis_title="ω (mean cosine of top text vs top image residuals)",
+        height=420, margin=dict(l=10, r=10, t=60, b=50), legend_title="modality",
+    )
+    return fig
+
+
+def histogram_figure(card: FeatureCard) -> go.Figure:
+    edges = np.asarray(card.hist_edges, dtype=float)
+    counts = np.asarray(card.hist_counts, dtype=float)
+    fig = go.Figure()
+    if len(edges) > 1:
+        fig.add_trace(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=counts, width=np.diff(edges),
+                             marker_color=LABEL_COLOURS.get(card.label, "#555"),
+                             hovertemplate="activation %{x:.3f}<br>%{y} tokens<extra></extra>"))
+    fig.update_layout(
+        title=f"Feature {card.index}: activation histogram (active tokens only)",
+        xaxis_title="activation (SAE latent units)", yaxis_title="tokens (count)",
+        height=300, margin=dict(l=10, r=10, t=50, b=50), bargap=0.02,
+    )
+    return fig
+
+
+def fit_image(image, size: int) -> np.ndarray:
+    """The image as the vision tower sees it: shortest side resized to `size`, centre-cropped."""
+    from PIL import Image
+
+    w, h = image.size
+    scale = size / min(w, h)
+    resized = image.convert("RGB").resize((max(size, round(w * scale)), max(size, round(h * scale))),
+                                          Image.Resampling.BICUBIC)
+    left, top = (resized.width - size) // 2, (resized.height - size) // 2
+    return np.asarray(resized.crop((left, top, left + size, top + size)))
+
+
+def image_heatmap_figure(image: np.ndarray, heatmap: list[float], grid: int, title: str,
+                         selected: int | None = None, height: int = 300, zmax: float | None = None) -> go.Figure:
+    """A feature's activation per patch over the image (row-major patches, `grid` per side)."""
+    size = image.shape[0]
+    heat = np.asarray(heatmap, dtype=float).reshape(grid, grid)
+    step = size / grid
+    centres = (np.arange(grid) + 0.5) * step
+    fig = go.Figure(go.Image(z=image, hoverinfo="skip"))
+    fig.add_trace(go.Heatmap(
+        z=np.where(heat > 0, heat, np.nan), x=centres, y=centres, zmin=0, zmax=zmax or float(heat.max()) or 1.0,
+        colorscale="Viridis", opacity=0.55, colorbar=dict(title="activation", thickness=10),
+        customdata=np.arange(grid * grid).reshape(grid, grid),
+        hovertemplate="patch %{customdata}<br>activation %{z:.3f}<extra></extra>",
+    ))
+    if selected is not None:
+        r, c = divmod(selected, grid)
+        fig.add_shape(type="rect", x0=c * step, x1=(c + 1) * step, y0=r * step, y1=(r + 1) * step,
+                      line=dict(color="white", width=3))
+    fig.update_layout(title=title, height=height, margin=dict(l=0, r=0, t=40, b=0),
+                      xaxis=dict(title="x (pixels)", showticklabels=False),
+                      yaxis=dict(title="y (pixels)", showticklabels=False))
+    return fig
+
+
+def score_distribution_figure(ranking: Ranking) -> go.Figure:
+    """s_i (or the weighted mean) per pair kind, as overlaid histograms."""
+    fig = go.Figure()
+    value = (lambda r: r.score) if ranking.by == "sum" else (lambda r: r.weighted)
+    kinds = sorted({r.kind for r in ranking.rows}, key=lambda k: (k != "clean", k))
+    for kind in kinds:
+        fig.add_trace(go.Histogram(x=[value(r) for r in ranking.rows if r.kind == kind], name=kind,
+                                   opacity=0.6, nbinsx=30))
+    auc = ranking.roc_auc if ranking.by == "sum" else ranking.roc_auc_weighted
+    subtitle = f" (ROC AUC clean vs corrupted = {auc:.3f})" if auc is not None else ""
+    fig.update_layout(
+        barmode="overlay", title="Cross-modal score per image–caption pair" + subtitle,
+        xaxis_title="s_i = Σ ω over shared features" if ranking.by == "sum"
+        else "activation-weighted mean ω over shared features",
+        yaxis_title="pairs (count)", height=360, margin=dict(l=10, r=10, t=60, b=50), legend_title="pair kind",
+    )
+    return fig
+
+
+def roc_figure(ranking: Ranking) -> go.Figure:
+    """ROC curve of 'clean' (positive) vs corrupted, thresholding the chosen score."""
+    value = (lambda r: r.score) if ranking.by == "sum" else (lambda r: r.weighted)
+    rows = sorted(ranking.rows, key=lambda r: -value(r))
+    pos = sum(not r.corrupted for r in rows)
+    neg = len(rows) - pos
+    xs, ys = [0.0], [0.0]
+    tp = fp = 0
+    for i, r in enumerate(rows):
+        tp += not r.corrupted
+        fp += r.corrupted
+        if i + 1 == len(rows) or value(rows[i + 1]) != value(r):
+            xs.append(fp / max(neg, 1))
+            ys.append(tp / max(pos, 1))
+    fig = go.Figure(go.Scatter(x=xs, y=ys, mode="lines", name="s_i", line=dict(color="#7b1fa2")))
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="chance", line=dict(dash="dash", color="#999")))
+    fig.update_layout(title="ROC: keeping pairs above a score threshold", xaxis_title="corrupted pairs kept (rate)",
+                      yaxis_title="clean pairs kept (rate)", height=360, margin=dict(l=10, r=10, t=60, b=50))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML
+
+
+def highlighted_tokens_html(tokens: list[str], acts: list[float], focus: int | None = None,
+                            scale: float | None = None) -> str:
+    """Tokens as spans shaded by activation; the focus token is outlined. All text is escaped."""
+    top = scale or max([a for a in acts if a is not None] + [1e-9])
+    spans = []
+    for i, (tok, a) in enumerate(zip(tokens, acts)):
+        alpha = 0.0 if not a or a <= 0 else min(1.0, a / top) * 0.85 + 0.1
+        outline = "outline:2px solid #7b1fa2;" if i == focus else ""
+        spans.append(f'<span title="{a:.3f}" style="background:rgba(123,31,162,{alpha:.2f});'
+                     f'padding:1px 3px;border-radius:3px;{outline}">{html.escape(tok)}</span>')
+    return '<div style="line-height:2;font-family:monospace">' + " ".join(spans) + "</div>"
+
+
+def feature_list_html(keys_values: list[tuple[str, float]]) -> str:
+    return ", ".join(f"<b>{html.escape(k)}</b> ({v:.2f})" for k, v in keys_values)
+
+
+# ---------------------------------------------------------------------------------------------
+# Uploads
+
+
+def read_image_upload(data: bytes, name: str = "upload"):
+    """(PIL image, None) or (None, message): refuses non-images and oversized images before decoding."""
+    from PIL import Image, UnidentifiedImageError
+
+    if len(data) > MAX_UPLOAD_BYTES:
+        return None, f"'{name}' is {len(data) / 1e6:.1f} MB; the limit is {MAX_UPLOAD_BYTES / 1e6:.0f} MB."
+    try:
+        with Image.open(io.BytesIO(data)) as probe:
+            w, h = probe.size
+            if w * h > MAX_UPLOAD_PIXELS:
+                return None, (f"'{name}' is {w}×{h} pixels; images up to {MAX_UPLOAD_PIXELS:,} pixels "
+                              "are accepted. Resize it and try again.")
+            probe.load()
+            image = probe.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        return None, f"'{name}' is not an image that can be read (use PNG, JPEG, GIF, BMP or WebP)."
+    return image, None
+
+
+def explanation_patch_heatmap(explanation: InputExplanation, feature: int) -> list[float]:
+    """A feature's activation on every patch of an explained input."""
+    heat = [0.0] * (explanation.grid * explanation.grid)
+    for p in explanation.positions:
+        if p.modality == 1:
+            for s in p.features:
+                if int(s.key) == feature:
+                    heat[p.index] = s.value
+    return heat

@@ -1,0 +1,377 @@
+"""SAE-V feature browser: feature list, feature pages (permalink ?feature=K), explain an input, data ranking."""
+from __future__ import annotations
+
+import hashlib
+import html
+import io
+from pathlib import Path
+
+import streamlit as st
+
+from analysis import sae_v
+from analysis.export import rows_to_csv
+from components import sae_figures as figs
+from components.common import explain, progress, require_model, set_url_params, url_param
+
+VIEWS = {"list": "Feature list", "feature": "Feature page", "explain": "Explain an input", "ranking": "Data ranking"}
+
+st.title("SAE-V features")
+st.caption("Sparse-autoencoder features over the image and text tokens of a multimodal model, their cross-modal "
+           "weight ω, and data filtering by cross-modal score — after *SAE-V* (ICML 2025).")
+handle = require_model("vlm", "causal_lm", panel="SAE-V feature browser")
+is_vlm = handle.kind == "vlm"
+
+
+@st.cache_resource(max_entries=4, show_spinner="Loading the SAE and its feature store ...")
+def load_bundle(folder: str, stamp: float):
+    sae, meta = sae_v.load_sae(folder)
+    return sae, meta, sae_v.load_store(folder)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def pair_image(folder: str, stamp: float, pair: int, size: int):
+    image = load_bundle(folder, stamp)[2].pairs.image(pair)
+    return None if image is None else figs.fit_image(image, size)
+
+
+def _stamp(folder: Path) -> float:
+    return (folder / sae_v.STORE_FILE).stat().st_mtime
+
+
+# ---------------------------------------------------------------------------------------------
+# Which SAE
+
+
+folders = sae_v.available_saes(handle)
+names = [f.name for f in folders]
+
+
+def _describe(folder: Path) -> str:
+    try:
+        meta = sae_v.SaeMeta.from_json((folder / sae_v.META_FILE).read_text())
+    except (OSError, ValueError):
+        return folder.name
+    where = "demo" if sae_v.SAE_ROOT in folder.parents else "trained here"
+    return (f"layer {meta.layer} · {meta.train.architecture} · {meta.train.d_sae} features · "
+            f"FVE {meta.fve:.2f} · {where}")
+
+
+with st.expander(":material/model_training: Train a new SAE" + ("" if folders else " (none yet for this model)"),
+                 expanded=not folders):
+    st.caption("Collects the residual stream after the chosen decoder layer over image and text tokens, trains an "
+               "sae-lens SAE, then builds the feature store the browser reads. On the demo model this takes about "
+               "a minute on CPU.")
+    c1, c2, c3, c4, c5 = st.columns(5)
+    layer = c1.number_input("Layer", 0, handle.info.layers - 1, handle.info.layers // 2, key="sae_train_layer")
+    arch = c2.selectbox("Architecture", sae_v.ARCHITECTURES, key="sae_train_arch")
+    d_sae = c3.selectbox("Features", [128, 256, 512, 1024], index=2, key="sae_train_dsae")
+    k = c4.number_input("k (TopK)", 1, 64, 8, key="sae_train_k", disabled=arch != "topk")
+    steps = c5.number_input("Steps", 100, 20000, 3000, step=100, key="sae_train_steps")
+    if st.button("Train SAE", key="sae_train_go", type="primary"):
+        params = sae_v.BuildParams(layer=int(layer), train=sae_v.TrainParams(
+            architecture=arch, d_sae=int(d_sae), k=int(k), steps=int(steps)))
+        try:
+            with progress("Training SAE ...") as cb:
+                folder = sae_v.build(handle, params, progress=cb)
+        except (ValueError, RuntimeError) as exc:
+            st.error(f"Training failed: {exc}")
+        else:
+            set_url_params(sae=folder.name, view="list")
+            st.rerun()
+
+if not folders:
+    st.info("There is no SAE for this model yet: train one above.")
+    st.stop()
+
+chosen = url_param("sae", names[0], str, names)
+folder = folders[names.index(st.selectbox("SAE", names, index=names.index(chosen), format_func=lambda n: _describe(
+    folders[names.index(n)]), key="sae_pick"))]
+stamp = _stamp(folder)
+try:
+    sae, meta, store = load_bundle(str(folder), stamp)
+except Exception as exc:  # a damaged or foreign folder
+    st.error(f"Could not read the SAE in '{folder}': {exc}")
+    st.stop()
+n_features = len(store.features)
+
+feature_from_url = st.query_params.get("feature")
+view_default = "feature" if feature_from_url is not None else "list"
+view = st.segmented_control("View", list(VIEWS), format_func=VIEWS.get, key="sae_view",
+                            default=url_param("view", view_default, str, list(VIEWS))) or "list"
+set_url_params(sae=folder.name, view=view)
+
+
+# ---------------------------------------------------------------------------------------------
+# Feature list
+
+
+def show_list() -> None:
+    summary = store.summary()
+    cols = st.columns(6)
+    cols[0].metric("Variance explained", f"{meta.fve:.3f}")
+    cols[1].metric("L0 (active / token)", f"{meta.l0:.1f}")
+    cols[2].metric("Dead features", f"{meta.dead} / {n_features}")
+    cols[3].metric("Cross-modal", summary["cross_modal"])
+    cols[4].metric("Text-only / image-only", f"{summary['text_only']} / {summary['image_only']}")
+    cols[5].metric("Concept ≥ 0.9 in both", summary["concept_both_ge_0.9"])
+    explain(f"An SAE with {n_features} features on layer {meta.layer} of {meta.model}, measured on "
+            f"{len(store.pairs.pairs)} held-out image–caption pairs ({store.pairs.dataset}). Variance explained "
+            "is 1 − ‖x − x̂‖² / ‖x − mean‖²; L0 is the mean number of active features per token; dead features "
+            "never fire on these pairs. A feature is cross-modal when at least 5 of its 30 strongest tokens are "
+            "text and at least 5 are image patches.")
+    c1, c2 = st.columns([1, 2])
+    sort_by = c1.selectbox("Sort by", list(figs.SORTS), key="sae_sort",
+                           index=list(figs.SORTS).index(url_param("sort", "omega", str, list(figs.SORTS))))
+    labels = c2.multiselect("Modality", list(figs.LABEL_COLOURS), default=["cross-modal", "text-only", "image-only"],
+                            key="sae_labels")
+    set_url_params(sort=sort_by)
+    rows = figs.sort_rows(figs.feature_rows(store), sort_by, labels)
+    st.dataframe(rows, hide_index=True, height=380, key="sae_table", column_config={
+        "omega": st.column_config.NumberColumn("ω", format="%.3f"),
+        "density": st.column_config.NumberColumn(format="%.4f"),
+        "text density": st.column_config.NumberColumn(format="%.4f"),
+        "image density": st.column_config.NumberColumn(format="%.4f"),
+    })
+    explain("Each row is one SAE feature. ω (cross-modal weight) is the mean cosine between the raw residual "
+            "vectors of its 5 strongest text tokens and 5 strongest image patches; density is the share of tokens "
+            "where it fires. Concepts are Shapes World ground truth: the attribute shared by most of its top-20 "
+            "tokens, with that share as precision (\"both\": the same attribute in text and in image). Click a "
+            "column header to sort.")
+    c1, c2 = st.columns([1, 3])
+    pick = c1.number_input("Open feature", 0, n_features - 1, int(rows[0]["feature"]) if rows else 0,
+                           key="sae_open_pick")
+    if c2.button("Open feature page", key="sae_open"):
+        set_url_params(view="feature", feature=int(pick))
+        st.session_state.pop("sae_view", None)
+        st.rerun()
+    st.plotly_chart(figs.feature_scatter(store), key="sae_scatter")
+    explain("Each dot is a live feature. Cross-modal features (purple) with high ω bind a text concept to the "
+            "image patches that show it; SAE-V scores image–caption pairs by how many such features they share.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Feature page
+
+
+def show_feature() -> None:
+    initial = url_param("feature", 0, int)
+    if not 0 <= initial < n_features:
+        st.error(f"Feature {initial} does not exist: this SAE has features 0 to {n_features - 1}.")
+        initial = 0
+    index = int(st.number_input("Feature", 0, n_features - 1, initial, key="sae_feature"))
+    set_url_params(feature=index)
+    card = store.features[index]
+    st.subheader(f"Feature {index} · {card.label}")
+    cols = st.columns(5)
+    cols[0].metric("ω (cross-modal weight)", f"{card.omega:.3f}")
+    cols[1].metric("Density", f"{card.density:.4f}")
+    cols[2].metric("Text / image density", f"{card.density_text:.3f} / {card.density_image:.3f}")
+    cols[3].metric("Top-30 tokens: text / image", f"{card.n_text_top} / {card.n_image_top}")
+    cols[4].metric("Max activation", f"{card.max_act:.2f}")
+    concept_bits = []
+    for name, c in (("text", card.concept_text), ("image", card.concept_image), ("both", card.concept_both)):
+        if c is not None:
+            concept_bits.append(f"{name}: **{html.escape(c.name)}** (precision {c.precision:.2f} over {c.support})")
+    if concept_bits:
+        st.markdown("Ground-truth concept — " + " · ".join(concept_bits))
+    st.caption(f"Permalink: this page's URL ends in `?feature={index}`; opening it shows this feature of this SAE.")
+    if card.label == "dead":
+        st.warning("This feature never fires on the held-out pairs.")
+
+    left, right = st.columns([3, 2])
+    with left:
+        st.markdown("**Top text tokens** (outlined: the token; shading: activation on each word of the caption)")
+        if not card.top_text:
+            st.caption("No text token activates this feature.")
+        for e in card.top_text:
+            tokens = store.tokens[e.pair]
+            st.markdown(f"<small>pair {e.pair} · {e.act:.2f}</small> "
+                        + figs.highlighted_tokens_html(tokens, e.context, focus=e.index, scale=card.max_act),
+                        unsafe_allow_html=True)
+        explain("The captions where this feature fires most, each word shaded by the feature's activation on it "
+                "(hover for the value). Activations are read from the residual stream, so a word's shading can "
+                "reflect the words before it.")
+    with right:
+        st.plotly_chart(figs.histogram_figure(card), key="sae_hist")
+        explain("How strongly the feature fires when it fires, over all held-out tokens (text and image).")
+        st.markdown("**Logit lens** (tokens its decoder direction promotes)")
+        st.write(", ".join(f"`{s.key}`" for s in card.logit_tokens) or "—")
+
+    if is_vlm:
+        st.markdown("**Top images** (heatmap: the feature's activation on each patch)")
+        if not card.top_images:
+            st.caption("No image patch activates this feature.")
+        cols = st.columns(3)
+        for j, e in enumerate(card.top_images):
+            image = pair_image(str(folder), stamp, e.pair, handle.info.image_size)
+            if image is None:
+                continue
+            fig = figs.image_heatmap_figure(image, e.heatmap, store.grid, f"pair {e.pair} · max {e.act:.2f}",
+                                            selected=e.patch, zmax=card.max_act)
+            cols[j % 3].plotly_chart(fig, key=f"sae_topimg_{j}")
+        explain("The images where this feature fires most (on their strongest patch, outlined). Colour is the "
+                "feature's activation per 8×8-pixel patch; transparent patches are inactive.")
+
+    c1, c2, c3 = st.columns(3)
+    with c1:
+        st.markdown("**Decoder neighbours** (cosine)")
+        st.dataframe([{"feature": int(s.key), "cosine": s.value, "modality": store.features[int(s.key)].label}
+                      for s in card.neighbours], hide_index=True, key="sae_nb")
+    with c2:
+        st.markdown("**Co-activating features** (correlation)")
+        st.dataframe([{"feature": int(s.key), "correlation": s.value, "modality": store.features[int(s.key)].label}
+                      for s in card.coactive], hide_index=True, key="sae_co")
+    with c3:
+        st.markdown("**Quantile samples**")
+        st.dataframe([{"bin": f"{b.low:.2f}–{b.high:.2f}", "pair": e.pair, "modality": sae_v.MODALITY_NAMES[e.modality],
+                       "where": store.tokens[e.pair][e.index] if e.modality == sae_v.TEXT else f"patch {e.index}",
+                       "act": e.act} for b in card.quantiles for e in b.examples], hide_index=True, key="sae_q")
+    explain("Neighbours: features whose decoder directions point the same way. Co-activation: Pearson correlation "
+            "of activations over held-out tokens. Quantile samples: random tokens from each activation quintile, "
+            "to see what weak activations mean, not only the strongest ones.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Explain an input
+
+
+@st.cache_data(max_entries=8, show_spinner="Running the model ...")
+def explain_cached(folder: str, stamp: float, model_label: str, text: str, image_bytes: bytes | None):
+    from PIL import Image
+
+    sae_, meta_, _ = load_bundle(folder, stamp)
+    image = Image.open(io.BytesIO(image_bytes)).convert("RGB") if image_bytes else None
+    return sae_v.explain_input(handle, sae_, meta_.layer, text, image, per_position=16)
+
+
+def _png(image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def show_explain() -> None:
+    image = None
+    default_text = store.pairs.pairs[0].text if store.pairs.pairs else ""
+    if is_vlm:
+        source = st.radio("Image", ["Dataset scene", "Upload"], horizontal=True, key="sae_img_source")
+        if source == "Dataset scene":
+            i = int(st.number_input("Scene (pair index)", 0, len(store.pairs.pairs) - 1, 0, key="sae_img_pair"))
+            image = store.pairs.image(i)
+            default_text = store.pairs.pairs[i].text
+        else:
+            upload = st.file_uploader("Upload an image", key="sae_upload")
+            if upload is None:
+                st.info("Choose an image file to explain.")
+                return
+            image, error = figs.read_image_upload(upload.getvalue(), upload.name)
+            if error:
+                st.error(error)
+                return
+    else:
+        st.error(f"{handle.spec.label} is a text-only model, so the image view is not available: load a "
+                 "vision-language model to explain images. The text below is still explained.")
+    text = st.text_input("Text", value=default_text, max_chars=500, key="sae_text")
+    if not text.strip():
+        st.error("Enter some text to explain.")
+        return
+    try:
+        result = explain_cached(str(folder), stamp, handle.spec.label, text, _png(image) if image else None)
+    except ValueError as exc:
+        st.error(str(exc))
+        return
+    if not result.totals:
+        st.warning("No feature is active on this input.")
+        return
+    options = [int(s.key) for s in result.totals[:40]]
+    left, right = st.columns([2, 3])
+    with left:
+        if is_vlm and image is not None:
+            feature = st.selectbox("Feature to map over the image", options, key="sae_explain_feature",
+                                   format_func=lambda f: f"{f} · {store.features[f].label} · max "
+                                                         f"{dict((int(s.key), s.value) for s in result.totals)[f]:.2f}")
+            patch = int(st.number_input("Patch (row-major index)", 0, result.grid ** 2 - 1, 0, key="sae_patch"))
+            heat = figs.explanation_patch_heatmap(result, feature)
+            fig = figs.image_heatmap_figure(figs.fit_image(image, handle.info.image_size), heat, result.grid,
+                                            f"Feature {feature} over the image", selected=patch, height=360)
+            st.plotly_chart(fig, key="sae_explain_map")
+            pos = next(p for p in result.positions if p.modality == sae_v.IMAGE and p.index == patch)
+            st.markdown(f"**Features active on patch {patch}** (row {patch // result.grid}, column "
+                        f"{patch % result.grid})")
+            st.dataframe([{"feature": int(s.key), "activation": s.value, "modality": store.features[int(s.key)].label,
+                           "ω": store.features[int(s.key)].omega,
+                           "concept": (store.features[int(s.key)].concept_image.name
+                                       if store.features[int(s.key)].concept_image else "")}
+                          for s in pos.features], hide_index=True, key="sae_patch_feats")
+            explain("Pick a feature to see where it fires on the image, and a patch (outlined) to list every "
+                    "feature active there. Patches are numbered row by row from the top left.")
+    with right:
+        st.markdown("**Features per text token**")
+        st.dataframe([{"token": p.token, "features (activation)": ", ".join(f"{s.key} ({s.value:.2f})"
+                                                                            for s in p.features[:6])}
+                      for p in result.positions if p.modality == sae_v.TEXT], hide_index=True, key="sae_tok_feats")
+        shared = sorted(set(result.text_max) & set(result.image_max),
+                        key=lambda f: -store.features[f].omega)
+        st.markdown(f"**Features active on both text and image: {len(shared)}**, Σω = "
+                    f"{sum(store.features[f].omega for f in shared):.2f} (this pair's s_i)")
+        if shared:
+            st.write(", ".join(f"{f} (ω {store.features[f].omega:.2f})" for f in shared[:30]))
+        explain("Every text token with its strongest features. Features active on a text token and on an image "
+                "patch of the same input are the 'shared' ones whose ω add up to the SAE-V score s_i.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Data ranking
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def ranking_cached(folder: str, stamp: float, model_label: str, by: str, threshold: float):
+    sae_, meta_, store_ = load_bundle(folder, stamp)
+    with progress("Scoring pairs ...") as cb:
+        return sae_v.rank_dataset(handle, sae_, meta_, store_, store_.pairs, by=by, threshold=threshold, progress=cb)
+
+
+def show_ranking() -> None:
+    if not is_vlm:
+        st.error(f"Data ranking scores image–caption pairs, so it needs a vision-language model; "
+                 f"{handle.spec.label} is text-only.")
+        return
+    c1, c2 = st.columns(2)
+    by = c1.radio("Score", ["sum", "weighted"], horizontal=True, key="sae_rank_by",
+                  index=["sum", "weighted"].index(url_param("by", "sum", str, ["sum", "weighted"])),
+                  format_func={"sum": "s_i = Σ ω (SAE-V)", "weighted": "activation-weighted mean ω"}.get)
+    threshold = c2.slider("Active above", 0.0, 2.0, url_param("thr", 0.0, float), 0.05, key="sae_rank_thr")
+    set_url_params(by=by, thr=threshold)
+    ranking = ranking_cached(str(folder), stamp, handle.spec.label, by, float(threshold))
+    cols = st.columns(4)
+    fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
+    cols[0].metric("ROC AUC (s_i)", fmt(ranking.roc_auc))
+    cols[1].metric("ROC AUC (weighted)", fmt(ranking.roc_auc_weighted))
+    cols[2].metric("Precision of top half", fmt(ranking.precision))
+    cols[3].metric("Recall of top half", fmt(ranking.recall))
+    explain("Each held-out image–caption pair is scored by the features active on both one of its caption tokens "
+            "and one of its image patches: s_i sums their ω. Pairs whose caption does not match the image share "
+            "fewer cross-modal features, so they should rank low. ROC AUC is the chance that a clean pair outscores "
+            "a corrupted one; precision/recall treat the top half of the ranking as 'kept'.")
+    c1, c2 = st.columns(2)
+    dist = figs.score_distribution_figure(ranking)
+    roc = figs.roc_figure(ranking)
+    c1.plotly_chart(dist, key="sae_rank_dist")
+    c2.plotly_chart(roc, key="sae_rank_roc")
+    explain("Left: score distributions per pair kind (clean, caption of another scene, swapped attributes). "
+            "Right: the trade-off when keeping pairs above a score threshold.")
+    rows = figs.ranking_rows(ranking)
+    st.dataframe(rows, hide_index=True, height=360, key="sae_rank_table")
+    st.download_button("Download ranking (CSV)", data=rows_to_csv(rows), file_name="sae-v-ranking.csv",
+                       mime="text/csv", key="sae_rank_csv", on_click="ignore")
+    try:
+        from components.share import share_bar
+
+        share_bar("sae", title=f"SAE-V ranking on {handle.spec.label} layer {meta.layer}",
+                  params={"sae": folder.name, "by": by, "threshold": threshold}, result=ranking,
+                  model=handle.spec.label, figures={"Scores": dist, "ROC": roc}, tables={"ranking": rows})
+    except ImportError:
+        pass
+
+
+{"list": show_list, "feature": show_feature, "explain": show_explain, "ranking": show_ranking}[view]()

@@ -1,0 +1,117 @@
+"""AppTest: the SAE-V page on the demo model (when present) and on a tiny LLaVA with a pre-built SAE."""
+from __future__ import annotations
+
+import pytest
+
+from analysis import sae_v
+from analysis.models import ModelSpec, zoo_models
+from conftest import app_with_model
+
+PAGE = "pages/sae_features.py"
+HAS_DEMO = "shapes-vlm" in zoo_models() and bool(list((sae_v.SAE_ROOT / "shapes-vlm").glob("layer*/" + sae_v.STORE_FILE)))
+
+
+@pytest.fixture(scope="module")
+def tiny_sae(tiny_llava, tmp_path_factory):
+    """An SAE + store for the tiny LLaVA, in a private cache folder the page finds."""
+    old = sae_v.CACHE_ROOT
+    sae_v.CACHE_ROOT = tmp_path_factory.mktemp("sae-cache")
+    params = sae_v.BuildParams(layer=1, dataset="noise", train_pairs=16, eval_pairs=8,
+                               train=sae_v.TrainParams(d_sae=16, k=3, steps=30, batch_size=64),
+                               store=sae_v.StoreParams(top_n=4, top_images=3))
+    folder = sae_v.build(tiny_llava, params)
+    yield folder
+    sae_v.CACHE_ROOT = old
+
+
+def _errors(at) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def _frame(at, column: str):
+    """The first table on the page that has `column` (AppTest does not expose dataframe keys)."""
+    for df in at.dataframe:
+        if column in df.value.columns:
+            return df.value
+    raise AssertionError(f"no table with column {column!r}")
+
+
+def test_feature_list_renders_with_all_features(tiny_llava_dir, tiny_sae):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE)
+    assert not at.exception, at.exception
+    assert not _errors(at)
+    table = _frame(at, "omega")
+    assert set(table["feature"]) <= set(range(16)) and len(table) >= 1
+    assert any("What am I looking at?" in c.value for c in at.caption)
+    assert at.query_params["view"] == ["list"] or at.query_params["view"] == "list"
+
+
+def test_feature_permalink_opens_that_feature(tiny_llava_dir, tiny_sae):
+    store = sae_v.load_store(tiny_sae)
+    live = next(f.index for f in store.features if f.top_text and f.index > 0)
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"feature": str(live)})
+    assert not at.exception, at.exception
+    assert at.number_input(key="sae_feature").value == live
+    assert at.subheader[0].value.startswith(f"Feature {live} ·")
+    # the page keeps the permalink in the URL
+    assert str(at.query_params["feature"]).strip("[]'") == str(live)
+
+
+def test_out_of_range_feature_in_url_is_a_clear_error(tiny_llava_dir, tiny_sae):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"feature": "999"})
+    assert not at.exception
+    assert any("does not exist" in e for e in _errors(at))
+
+
+def test_non_image_upload_gives_a_clear_message(tiny_llava_dir, tiny_sae):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "explain"})
+    assert not at.exception, at.exception
+    at.radio(key="sae_img_source").set_value("Upload").run()
+    at.file_uploader(key="sae_upload").set_value(("notes.txt", b"definitely not a picture", "text/plain")).run()
+    assert not at.exception
+    assert any("not an image" in e for e in _errors(at))
+
+
+def test_explain_view_lists_features_of_a_dataset_scene(tiny_llava_dir, tiny_sae):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "explain"})
+    assert not at.exception, at.exception
+    assert not _errors(at)
+    assert len(_frame(at, "token")) >= 1
+
+
+def test_ranking_view_shows_auc_and_exports_csv(tiny_llava_dir, tiny_sae):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "ranking"})
+    assert not at.exception, at.exception
+    assert len(_frame(at, "score s_i")) == 8
+    assert any(m.label == "ROC AUC (s_i)" for m in at.metric)
+
+
+def test_text_only_model_on_image_view_gives_a_clear_message(tiny_llama_dir):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query={"view": "ranking"})
+    assert not at.exception, at.exception
+    # no SAE yet for this model: the page offers training instead of failing
+    assert any("no SAE" in i.value for i in at.info)
+
+
+def test_text_only_model_with_sae_refuses_image_views(tiny_llama, tiny_llama_dir, tmp_path):
+    old = sae_v.CACHE_ROOT
+    sae_v.CACHE_ROOT = tmp_path
+    try:
+        sae_v.build(tiny_llama, sae_v.BuildParams(layer=0, dataset="noise", train_pairs=8, eval_pairs=4,
+                                                  train=sae_v.TrainParams(d_sae=8, k=2, steps=10, batch_size=32)))
+        for view, needle in (("ranking", "needs a vision-language model"), ("explain", "text-only model")):
+            at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query={"view": view})
+            assert not at.exception, at.exception
+            assert any(needle in e for e in _errors(at)), _errors(at)
+    finally:
+        sae_v.CACHE_ROOT = old
+
+
+@pytest.mark.skipif(not HAS_DEMO, reason="demo model shapes-vlm and its SAE are not built")
+def test_demo_feature_list_and_feature_page_render():
+    at = app_with_model(ModelSpec("zoo", "shapes-vlm"), PAGE)
+    assert not at.exception, at.exception
+    assert len(_frame(at, "omega")) > 10
+    at = app_with_model(ModelSpec("zoo", "shapes-vlm"), PAGE, query={"feature": "3"})
+    assert not at.exception, at.exception
+    assert at.subheader[0].value.startswith("Feature 3 ·")
