@@ -47,11 +47,11 @@ def heatmap_figure(verdict: ClaimVerdict, image: np.ndarray) -> go.Figure:
     heat = np.asarray(verdict.heatmap, dtype=float)
     size, grid = image.shape[0], heat.shape[0]
     step = size / grid
-    centres = (np.arange(grid) + 0.5) * step
+    centres = (np.arange(grid) + 0.5) * step - 0.5  # image pixel i spans [i - 0.5, i + 0.5]
     bound = float(np.abs(heat).max()) or 1.0
     fig = go.Figure(go.Image(z=image, hoverinfo="skip"))
     fig.add_trace(go.Heatmap(
-        z=heat, x=centres, y=centres, zmin=-bound, zmax=bound, colorscale="RdBu_r", opacity=0.55,
+        z=heat, x=centres, y=centres, zmin=-bound, zmax=bound, colorscale="RdBu_r", opacity=0.45,
         colorbar=dict(title="attribution<br>(log-odds)"),
         hovertemplate="patch (%{x:.0f}, %{y:.0f}) px<br>attribution %{z:.3f}<extra></extra>",
     ))
@@ -61,8 +61,8 @@ def heatmap_figure(verdict: ClaimVerdict, image: np.ndarray) -> go.Figure:
         xaxis_title="x (pixels of the model's input)", yaxis_title="y (pixels of the model's input)",
         height=460, margin=dict(l=10, r=10, t=60, b=50),
     )
-    fig.update_xaxes(range=[0, size], constrain="domain")
-    fig.update_yaxes(range=[size, 0], scaleanchor="x")
+    fig.update_xaxes(range=[-0.5, size - 0.5], constrain="domain")
+    fig.update_yaxes(range=[size - 0.5, -0.5], scaleanchor="x")
     return fig
 
 
@@ -71,12 +71,11 @@ def sweep_figure(result: CorrectionResult) -> go.Figure:
     pis = [p.pi for p in result.sweep]
     fig = go.Figure()
     if result.sweep and result.sweep[0].factuality is not None:
-        fig.add_trace(go.Scatter(x=pis, y=[p.factuality for p in result.sweep], name="factuality",
-                                 mode="lines", line_shape="hv"))
-        fig.add_trace(go.Scatter(x=pis, y=[p.coverage for p in result.sweep], name="coverage",
-                                 mode="lines", line_shape="hv"))
-        fig.update_layout(yaxis_title="share (factuality: of kept claims; coverage: of scene facts)",
-                          yaxis_range=[-0.02, 1.02])
+        fig.add_trace(go.Scatter(x=pis, y=[p.factuality for p in result.sweep], name="factuality of kept claims",
+                                 mode="lines", line_shape="hv", line_color=KEEP))
+        fig.add_trace(go.Scatter(x=pis, y=[p.coverage for p in result.sweep], name="coverage of scene facts",
+                                 mode="lines", line_shape="hv", line_color="#1565c0"))
+        fig.update_layout(yaxis_title="share (0–1)", yaxis_range=[-0.02, 1.05])
     else:
         total = len(result.claims)
         fig.add_trace(go.Scatter(x=pis, y=[p.kept / total if total else 0 for p in result.sweep],

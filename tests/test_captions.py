@@ -262,3 +262,28 @@ def test_cli_prints_a_result_that_round_trips(shapes_llava, scene, capsys):
     assert result.caption == caption and result.before.factuality == 1.0
     assert len(result.claims) == len(W.decompose(caption))
     assert all(c.truth for c in result.claims)
+
+
+# --- figures ----------------------------------------------------------------------------------
+
+
+def test_diff_html_escapes_user_text():
+    from components.caption_figures import diff_html
+
+    out = diff_html([C.DiffSpan("same", "<script>alert(1)</script>"), C.DiffSpan("removed", "a & b")])
+    assert "<script>" not in out and "&lt;script&gt;" in out and "a &amp; b" in out
+
+
+def test_figures_show_claims_threshold_and_patch_grid(scene, monkeypatch, shapes_llava):
+    from components import caption_figures as F
+
+    monkeypatch.setattr(C, "make_verifier", lambda name, vlm: OracleVerifier(scene))
+    params = C.CorrectionParams(caption=W.caption(scene), decomposer="grammar", rewriter="grammar",
+                                ground=False, scene_seed=None)
+    result = C.correct_caption(shapes_llava, W.render(scene), params)
+    assert len(F.score_figure(result).data[0].y) == len(result.claims)
+    assert F.sweep_figure(result).layout.xaxis.title.text.startswith("threshold π")
+    result.claims[0].heatmap = [[0.0, 1.0], [-1.0, 0.5]]
+    heat = F.heatmap_figure(result.claims[0], F.model_view(W.render(scene), 32))
+    assert heat.data[1].z.shape == (2, 2) and list(heat.data[1].x) == [7.5, 23.5]
+    assert len(F.claim_rows(result)) == len(result.claims)

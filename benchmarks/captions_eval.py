@@ -1,0 +1,171 @@
+"""Caption correction on a Shapes World split: factuality, coverage, CHAIR before/after, POPE.
+
+    python benchmarks/captions_eval.py --n 200            # test split, writes benchmarks/results/captions_eval.json
+
+Each scene is captioned by the weak captioner (zoo:shapes-vlm-weak, which hallucinates) and by
+zoo:shapes-vlm; every caption goes through the pipeline (decompose -> verify each claim alone with
+shapes-vlm -> rewrite) with the demo LM's agents and with the grammar reference agents. Metrics are
+exact against the scene and micro-averaged over the split (CHAIR_s: share of captions with a
+hallucinated object). POPE asks the verifier balanced yes/no questions (half true, half false)
+per scene. The pi sweep re-thresholds the same verifications (grammar rewrite), so it is cheap.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from analysis import captions as C  # noqa: E402
+from analysis.models import ModelSpec, load_model, zoo_models  # noqa: E402
+from analysis.zoo import shapes_world as W  # noqa: E402
+
+PI_SWEEP = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 9.3)
+
+
+def totals(metrics: list[C.CaptionMetrics]) -> dict:
+    """Micro-averaged metrics over captions."""
+    claims = sum(m.claims for m in metrics)
+    facts = sum(m.facts for m in metrics)
+    mentioned = sum(m.objects_mentioned for m in metrics)
+    return {
+        "captions": len(metrics),
+        "claims_per_caption": claims / len(metrics),
+        "factuality": sum(m.true_claims for m in metrics) / claims if claims else 1.0,
+        "coverage": sum(m.facts_stated for m in metrics) / facts,
+        "chair_i": sum(m.objects_hallucinated for m in metrics) / mentioned if mentioned else 0.0,
+        "chair_s": sum(m.chair_s for m in metrics) / len(metrics),
+    }
+
+
+def evaluate_captions(vlm, lm, captioner, seeds: list[int], pi: float, progress) -> dict:
+    """Caption every scene, then run both agent sets at pi; also the pi sweep for the grammar set."""
+    captions = []
+    for i, seed in enumerate(seeds):
+        captions.append(C.caption_image(captioner, W.render(W.generate_scene(seed))))
+        progress(f"{captioner.spec.name}: captioned {i + 1}/{len(seeds)}")
+    out: dict = {"captioner": captioner.spec.label, "agents": {}}
+    for agents in ("shapes-lm", "grammar"):
+        before, after, decomp_exact, verifications = [], [], 0, []
+        sweep = {pi_: [] for pi_ in PI_SWEEP}
+        for i, (seed, caption) in enumerate(zip(seeds, captions)):
+            scene = W.generate_scene(seed)
+            params = C.CorrectionParams(caption=caption, pi=pi, decomposer=agents, rewriter=agents,
+                                        ground=False, scene_seed=seed)
+            before.append(C.score_caption(scene, caption))
+            try:
+                verification = C.verify_caption(vlm, W.render(scene), params, lm)
+            except C.CaptionError:  # no claims: nothing to correct
+                after.append(before[-1])
+                for pi_ in PI_SWEEP:
+                    sweep[pi_].append(before[-1])
+                continue
+            verifications.append(verification)
+            decomp_exact += [c.claim for c in verification.claims] == W.decompose(caption)
+            after.append(C.score_caption(scene, C.apply_threshold(verification, params, lm).corrected))
+            if agents == "grammar":
+                for pi_ in PI_SWEEP:
+                    swept = C.CorrectionParams(**{**vars(params), "pi": pi_})
+                    sweep[pi_].append(C.score_caption(scene, C.apply_threshold(verification, swept).corrected))
+            progress(f"{captioner.spec.name} / {agents} agents: corrected {i + 1}/{len(seeds)}")
+        flagged = [c for v in verifications for c in v.claims]
+        out["agents"][agents] = {
+            "before": totals(before), "after": totals(after),
+            "decomposer_exact_match": decomp_exact / max(1, len(verifications)),
+            "claims_flagged_at_pi": sum(c.score > pi for c in flagged) / max(1, len(flagged)),
+            "sweep": {str(k): totals(v) for k, v in sweep.items()} if agents == "grammar" else {},
+        }
+    out["examples"] = [{"seed": s, "caption": c} for s, c in list(zip(seeds, captions))[:3]]
+    return out
+
+
+def evaluate_pope(vlm, seeds: list[int], per_scene: int, progress) -> dict:
+    """Balanced yes/no questions per scene; 'yes' when p_True > p_False. Scores per claim kind."""
+    verifier = C.make_verifier("shapes-vlm", vlm)
+    rng = random.Random("pope")
+    rows = []
+    for i, seed in enumerate(seeds):
+        scene = W.generate_scene(seed)
+        claims = W.question_set(scene, rng, per_scene)
+        probs = verifier.verify(W.render(scene), [c.text for c in claims])
+        rows += [(c.kind, pt > pf, c.truth) for c, (pt, pf) in zip(claims, probs)]
+        if (i + 1) % 20 == 0:
+            progress(f"POPE: {i + 1}/{len(seeds)} scenes")
+    out = {"all": C.pope([r[1] for r in rows], [r[2] for r in rows]).to_dict()}
+    for kind in ("existence", "size", "position"):
+        sub = [r for r in rows if r[0] == kind]
+        out[kind] = C.pope([r[1] for r in sub], [r[2] for r in sub]).to_dict()
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = [f"Shapes World {result['split']} split, {result['n']} scenes, verifier {result['verifier']}, "
+             f"pi = {result['pi']}, {result['seconds']:.0f} s on {result['threads']} CPU thread(s).", "",
+             "| captioner | agents | claims/caption | factuality before → after | coverage before → after "
+             "| CHAIR_i before → after | CHAIR_s before → after | decomposer = grammar |",
+             "|---|---|---|---|---|---|---|---|"]
+    for cap in result["captioners"]:
+        for agents, r in cap["agents"].items():
+            b, a = r["before"], r["after"]
+            lines.append(
+                f"| {cap['captioner']} | {agents} | {b['claims_per_caption']:.1f} → {a['claims_per_caption']:.1f} "
+                f"| {b['factuality']:.3f} → **{a['factuality']:.3f}** | {b['coverage']:.3f} → {a['coverage']:.3f} "
+                f"| {b['chair_i']:.3f} → {a['chair_i']:.3f} | {b['chair_s']:.3f} → {a['chair_s']:.3f} "
+                f"| {r['decomposer_exact_match']:.1%} |")
+    lines += ["", "POPE-style yes/no probing of the verifier (balanced: half the questions are true):", "",
+              "| question kind | n | accuracy | precision | recall | F1 | yes ratio |", "|---|---|---|---|---|---|---|"]
+    for kind, p in result["pope"].items():
+        lines.append(f"| {kind} | {p['n']} | {p['accuracy']:.3f} | {p['precision']:.3f} | {p['recall']:.3f} "
+                     f"| {p['f1']:.3f} | {p['yes_ratio']:.3f} |")
+    for cap in result["captioners"]:
+        sweep = cap["agents"]["grammar"]["sweep"]
+        lines += ["", f"Threshold sweep, {cap['captioner']} captions, grammar agents (after correction):", "",
+                  "| π | factuality | coverage | CHAIR_i | claims/caption |", "|---|---|---|---|---|"]
+        for pi, t in sweep.items():
+            lines.append(f"| {float(pi):g} | {t['factuality']:.3f} | {t['coverage']:.3f} | {t['chair_i']:.3f} "
+                         f"| {t['claims_per_caption']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=200, help="scenes")
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--pi", type=float, default=C.DEFAULT_PI)
+    ap.add_argument("--pope-per-scene", type=int, default=6)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "captions_eval.json"))
+    args = ap.parse_args()
+    missing = {"shapes-vlm", "shapes-vlm-weak", "shapes-lm"} - set(zoo_models())
+    if missing:
+        print(f"missing demo models: {', '.join(sorted(missing))} (build with python -m analysis.zoo build)",
+              file=sys.stderr)
+        return 2
+    start = time.time()
+
+    def progress(message: str) -> None:
+        print(f"[{time.time() - start:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+    vlm = load_model(ModelSpec("zoo", "shapes-vlm"))
+    weak = load_model(ModelSpec("zoo", "shapes-vlm-weak"))
+    lm = load_model(ModelSpec("zoo", "shapes-lm"))
+    seeds = W.split_seeds(args.split, args.n)
+    result = {"split": args.split, "n": args.n, "pi": args.pi, "verifier": vlm.spec.label,
+              "decomposer_rewriter_lm": lm.spec.label, "threads": torch.get_num_threads(),
+              "captioners": [evaluate_captions(vlm, lm, cap, seeds, args.pi, progress) for cap in (weak, vlm)],
+              "pope": evaluate_pope(vlm, seeds, args.pope_per_scene, progress)}
+    result["seconds"] = time.time() - start
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
