@@ -287,3 +287,44 @@ def test_figures_show_claims_threshold_and_patch_grid(scene, monkeypatch, shapes
     heat = F.heatmap_figure(result.claims[0], F.model_view(W.render(scene), 32))
     assert heat.data[1].z.shape == (2, 2) and list(heat.data[1].x) == [7.5, 23.5]
     assert len(F.claim_rows(result)) == len(result.claims)
+
+
+# --- prompt-based agents for instruct models --------------------------------------------------
+
+CHAT = ("{% for m in messages %}<s> USER: {{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %} ASSISTANT:{% endif %}")
+VLM_CHAT = ("{% for m in messages %}USER: {% for c in m['content'] %}{% if c['type'] == 'image' %}<image> "
+            "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endfor %}{% if add_generation_prompt %} ASSISTANT:{% endif %}")
+
+
+def test_chat_agents_prompt_through_the_chat_template_and_parse_the_answer(shapes_llava, monkeypatch):
+    monkeypatch.setattr(shapes_llava.tokenizer, "chat_template", CHAT, raising=False)
+    prompts = []
+
+    def fake_generate(handle, prompt, max_new_tokens=64, add_special_tokens=True):
+        prompts.append((prompt, add_special_tokens))
+        return "1. The cat is black.\n- The cat sleeps.\n\n* The cat sleeps."
+
+    monkeypatch.setattr(C, "generate_text", fake_generate)
+    claims = C.make_agent("decomposer", "lm-chat", shapes_llava).decompose("A black cat sleeps.")
+    assert claims == ["The cat is black.", "The cat sleeps."]
+    assert prompts[0][0].startswith("<s> USER: Split") and "A black cat sleeps." in prompts[0][0]
+    assert prompts[0][1] is False  # the template already has its BOS
+    rewriter = C.make_agent("rewriter", "lm-chat", shapes_llava)
+    assert rewriter.rewrite("A black cat sleeps.", ["The cat sleeps."], []) == "A black cat sleeps."
+    rewriter.rewrite("A black cat sleeps.", ["The cat sleeps."], ["The cat is black."])
+    assert "- The cat is black." in prompts[-1][0] and prompts[-1][0].endswith("ASSISTANT:")
+
+
+def test_chat_agents_refuse_a_model_without_chat_template(shapes_llava):
+    with pytest.raises(C.CaptionError, match="no chat template"):
+        C.make_agent("decomposer", "lm-chat", shapes_llava).decompose("there is a red circle .")
+
+
+def test_generic_verifier_uses_the_processor_chat_template(shapes_llava, monkeypatch):
+    monkeypatch.setattr(shapes_llava.processor, "chat_template", VLM_CHAT, raising=False)
+    verifier = C.make_verifier("vlm-yesno", shapes_llava)
+    prompt = verifier.question("the red circle is large")
+    assert prompt.startswith("USER: <image> Is the following statement") and prompt.endswith("ASSISTANT:")
+    [(p_t, p_f)] = verifier.verify(W.render(W.generate_scene(1)), ["the red circle is large"])
+    assert 0 <= p_t + p_f <= 1
