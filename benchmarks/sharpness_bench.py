@@ -1,0 +1,103 @@
+"""Forward time with the adaptive-temperature attention function vs plain eager attention.
+
+    OMP_NUM_THREADS=1 python benchmarks/sharpness_bench.py [--tokens 256] [--repeats 5]
+
+Models: `shapes-lm` from the zoo (when installed) and a GPT-2-small-shaped random-weight model built
+in memory from `GPT2Config()` defaults (no download). Each repeat times eager, then the panel's
+function in softmax mode, then adaptive θ, interleaved so machine load hits all three alike; the
+ratios use medians from the same run. Prints a markdown table and writes
+benchmarks/results/sharpness_bench.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from analysis import sharpness as S  # noqa: E402
+from analysis.models import ModelHandle, ModelLoadError, ModelSpec, describe, load_model  # noqa: E402
+
+
+def gpt2_small_random() -> ModelHandle:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(attn_implementation="eager")).eval()
+    return ModelHandle(spec=ModelSpec("local", "gpt2-small-random"), model=model, kind="causal_lm",
+                       info=describe(model, "causal_lm"), language_model=model, tokenizer=None)
+
+
+def time_forwards(handle: ModelHandle, tokens: int, repeats: int) -> dict:
+    vocab = handle.info.vocab_size
+    ids = torch.randint(0, vocab, (1, min(tokens, handle.info.max_positions or tokens)),
+                        generator=torch.Generator().manual_seed(0))
+
+    def eager() -> None:
+        with handle.session():
+            handle.language_model(input_ids=ids, use_cache=False)
+
+    def softmax_fn() -> None:
+        S.tempered_logits(handle, ids, S.Temperature())
+
+    def adaptive() -> None:
+        S.tempered_logits(handle, ids, S.Temperature("adaptive"))
+
+    runs = {"eager": eager, "function, softmax": softmax_fn, "function, adaptive θ": adaptive}
+    for fn in runs.values():  # warm-up
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    best = {k: min(v) for k, v in times.items()}
+    return {
+        "model": handle.spec.label, "parameters": handle.info.parameters, "tokens": int(ids.shape[1]),
+        "repeats": repeats, "median_s": med, "min_s": best, "all_s": times,
+        "ratio_adaptive_vs_eager_min": best["function, adaptive θ"] / best["eager"],
+        "ratio_softmax_fn_vs_eager": med["function, softmax"] / med["eager"],
+        "ratio_adaptive_vs_eager": med["function, adaptive θ"] / med["eager"],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_grad_enabled(False)
+    handles = []
+    try:
+        handles.append(load_model(ModelSpec("zoo", "shapes-lm")))
+    except ModelLoadError as exc:
+        print(f"(skipping shapes-lm: {exc})")
+    handles.append(gpt2_small_random())
+    rows = [time_forwards(h, args.tokens, args.repeats) for h in handles]
+    print(f"Forward of {args.tokens} tokens (batch 1), median of {args.repeats}, torch threads "
+          f"{torch.get_num_threads()}\n")
+    print("| model | params | tokens | eager (ms) | function, softmax (ms) | adaptive θ (ms) | adaptive / eager (median) | (best) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        m = r["median_s"]
+        print(f"| {r['model']} | {r['parameters'] / 1e6:.1f} M | {r['tokens']} | {m['eager'] * 1e3:.1f} "
+              f"| {m['function, softmax'] * 1e3:.1f} | {m['function, adaptive θ'] * 1e3:.1f} "
+              f"| {r['ratio_adaptive_vs_eager']:.2f}x | {r['ratio_adaptive_vs_eager_min']:.2f}x |")
+    out = ROOT / "benchmarks" / "results" / "sharpness_bench.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"tokens": args.tokens, "repeats": args.repeats, "threads": torch.get_num_threads(),
+                               "rows": rows, "goal_ratio": 1.3}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

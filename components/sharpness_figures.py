@@ -1,0 +1,157 @@
+"""Plotly figures of the attention sharpness panel: pure functions of analysis results."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from analysis.sharpness import (
+    HeadStats, LemmaResult, PromptResult, SweepResult, beta_curve, sharpening_interval,
+)
+
+SOFTMAX_COLOUR = "#636efa"
+ADAPTIVE_COLOUR = "#ef553b"
+REFERENCE = dict(color="grey", dash="dot")
+
+
+def _stats(run, sink: bool) -> HeadStats:
+    return run.with_sink if sink else run.without_sink
+
+
+def _sink_note(sink: bool) -> str:
+    return "" if sink else " (first token excluded)"
+
+
+def lemma_figure(result: LemmaResult) -> go.Figure:
+    """p_max and entropy vs n for each θ and the adaptive rule, with 1/n and ln n references."""
+    ns = result.params.ns
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Weight on the maximum", "Entropy of the weights"))
+    for curve in result.curves:
+        style = dict(color=ADAPTIVE_COLOUR, width=3) if curve.label.startswith("adaptive") else {}
+        fig.add_scatter(x=ns, y=curve.p_max, name=curve.label, legendgroup=curve.label, line=style,
+                        row=1, col=1)
+        fig.add_scatter(x=ns, y=curve.entropy, name=curve.label, legendgroup=curve.label, line=style,
+                        showlegend=False, row=1, col=2)
+    fig.add_scatter(x=ns, y=result.uniform, name="1/n (uniform)", line=REFERENCE, row=1, col=1)
+    fig.add_scatter(x=ns, y=result.log_n, name="ln n (uniform)", line=REFERENCE, showlegend=False, row=1, col=2)
+    fig.update_xaxes(type="log", title_text="number of items n (log scale)", tickvals=[n for n in ns if n in (2, 16, 128, 1024, 8192)] or ns)
+    fig.update_yaxes(type="log", title_text="p_max (probability, log scale)", row=1, col=1)
+    fig.update_yaxes(title_text="entropy H (nats)", row=1, col=2)
+    fig.update_layout(title=f"Lemma: one logit δ = {result.params.spread:g} above n - 1 equal ones",
+                      legend_title_text="temperature", height=420)
+    return fig
+
+
+def size_figure(result: SweepResult, layer: int, head: int, sink: bool = True) -> go.Figure:
+    """Entropy, max weight and max-item weight of one head vs n, softmax vs adaptive θ."""
+    ns = [p.n for p in result.points]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(
+        "Entropy (normalised by ln n)", "Largest attention weight", "Weight on the max item's tokens"))
+    for label, colour in (("softmax", SOFTMAX_COLOUR), ("adaptive θ", ADAPTIVE_COLOUR)):
+        runs = [_stats(p.run(label), sink) for p in result.points]
+        for col, field in enumerate(("entropy_norm", "max_weight", "target_weight"), start=1):
+            fig.add_scatter(x=ns, y=[getattr(s, field)[layer][head] for s in runs], name=label,
+                            legendgroup=label, showlegend=col == 1, mode="lines+markers",
+                            line=dict(color=colour), row=1, col=col)
+    fig.add_scatter(x=ns, y=[1.0 / n for n in ns], name="1/n", line=REFERENCE, row=1, col=3)
+    fig.update_xaxes(type="log", title_text="items in the prompt n (log scale)", tickvals=ns)
+    fig.update_yaxes(title_text="H / ln(keys) (0 = one key, 1 = uniform)", range=[0, 1.05], row=1, col=1)
+    fig.update_yaxes(title_text="max weight (probability)", range=[0, 1.05], row=1, col=2)
+    fig.update_yaxes(title_text="weight (probability)", range=[0, 1.05], row=1, col=3)
+    fig.update_layout(title=f"Layer {layer}, head {head}: dispersion as n grows{_sink_note(sink)}", height=400)
+    return fig
+
+
+def theta_sweep_figure(result: SweepResult, layer: int, head: int, sink: bool = True) -> go.Figure:
+    """Entropy and max weight of one head, and P(correct answer), vs θ; one curve per n."""
+    fixed = sorted((r.rule.theta if r.rule.mode == "fixed" else 1.0, r.rule.label)
+                   for r in result.points[0].runs if r.rule.mode != "adaptive")
+    labels = [label for _, label in fixed] + ["adaptive θ"]
+    ticks = [f"{t:g}" for t, _ in fixed] + ["adaptive"]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(
+        f"Entropy, layer {layer} head {head}", f"Max weight, layer {layer} head {head}",
+        "Probability of the correct answer"))
+    for p in result.points:
+        runs = [p.run(label) for label in labels]
+        name = f"n = {p.n}"
+        fig.add_scatter(x=ticks, y=[_stats(r, sink).entropy[layer][head] for r in runs], name=name,
+                        legendgroup=name, mode="lines+markers", row=1, col=1)
+        fig.add_scatter(x=ticks, y=[_stats(r, sink).max_weight[layer][head] for r in runs], name=name,
+                        legendgroup=name, mode="lines+markers", showlegend=False, row=1, col=2)
+        fig.add_scatter(x=ticks, y=[r.answer_prob for r in runs], name=name, legendgroup=name,
+                        mode="lines+markers", showlegend=False, row=1, col=3)
+    fig.update_xaxes(type="category", title_text="temperature θ")
+    fig.update_yaxes(title_text="entropy H (nats)", row=1, col=1)
+    fig.update_yaxes(title_text="max weight (probability)", range=[0, 1.05], row=1, col=2)
+    fig.update_yaxes(title_text="P(correct answer token)", range=[0, 1.05], row=1, col=3)
+    fig.update_layout(title=f"Temperature sweep: every head at θ (1 = softmax), last the adaptive rule{_sink_note(sink)}",
+                      legend_title_text="items", height=400)
+    return fig
+
+
+def beta_figure(result: SweepResult, n: int) -> go.Figure:
+    """β(H) of the adaptive rule, the sharpening band shaded, and every head's observed (H, β) at n."""
+    h, beta = beta_curve(8.0)
+    lo, hi = sharpening_interval()
+    fig = go.Figure()
+    fig.add_vrect(x0=lo, x1=hi, fillcolor=ADAPTIVE_COLOUR, opacity=0.08, line_width=0,
+                  annotation_text=f"sharpens: {lo:.2f} < H < {hi:.2f} nats", annotation_position="top left")
+    fig.add_scatter(x=h, y=beta, name="β(H) = max(poly(H), 1) for H > 0.5", line=dict(color="black"))
+    point = next(p for p in result.points if p.n == n)
+    run = point.run("adaptive θ")
+    for layer in range(result.layers):
+        fig.add_scatter(
+            x=run.with_sink.raw_entropy[layer], y=run.with_sink.beta[layer], mode="markers",
+            name=f"layer {layer}", marker=dict(size=9),
+            text=[f"layer {layer}, head {k}" for k in range(result.heads)], hovertemplate="%{text}<br>H=%{x:.2f} β=%{y:.2f}",
+        )
+    fig.update_xaxes(title_text="entropy H of softmax(s) at the answer position (nats)", range=[0, 8])
+    fig.update_yaxes(title_text="inverse temperature β (1 = unchanged)")
+    fig.update_layout(title=f"Adaptive temperature rule, with each head's observed entropy at n = {n} "
+                            "(mean over prompts)", height=420)
+    return fig
+
+
+def heatmap_figure(result: SweepResult, n: int, sink: bool = True) -> go.Figure:
+    """Layer x head normalised entropy H / ln n, softmax vs adaptive θ, on one colour scale."""
+    point = next(p for p in result.points if p.n == n)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("softmax", "adaptive θ"), horizontal_spacing=0.08)
+    for col, label in enumerate(("softmax", "adaptive θ"), start=1):
+        z = _stats(point.run(label), sink).entropy_norm
+        fig.add_heatmap(z=z, x=list(range(result.heads)), y=list(range(result.layers)), zmin=0, zmax=1,
+                        colorscale="Viridis", showscale=col == 2, colorbar=dict(title="H / ln n"),
+                        text=[[f"{v:.2f}" for v in row] for row in z], texttemplate="%{text}",
+                        hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>", row=1, col=col)
+    fig.update_xaxes(title_text="head", dtick=1)
+    fig.update_yaxes(title_text="layer", dtick=1, autorange="reversed")
+    fig.update_layout(title=f"Normalised entropy per head at n = {n}{_sink_note(sink)} (0 sharp, 1 uniform)",
+                      height=max(300, 60 * result.layers + 160))
+    return fig
+
+
+def accuracy_figure(result: SweepResult) -> go.Figure:
+    rows = result.accuracy_table()
+    ns = [r["n"] for r in rows]
+    fig = go.Figure()
+    fig.add_scatter(x=ns, y=[r["softmax accuracy"] for r in rows], name="softmax", mode="lines+markers",
+                    line=dict(color=SOFTMAX_COLOUR))
+    fig.add_scatter(x=ns, y=[r["adaptive accuracy"] for r in rows], name="adaptive θ", mode="lines+markers",
+                    line=dict(color=ADAPTIVE_COLOUR))
+    fig.update_xaxes(type="log", title_text="items in the prompt n (log scale)", tickvals=ns)
+    fig.update_yaxes(title_text="accuracy (share of prompts answered right)", range=[0, 1.05])
+    fig.update_layout(title="Max retrieval accuracy vs n", height=360)
+    return fig
+
+
+def prompt_weights_figure(result: PromptResult, layer: int, head: int) -> go.Figure:
+    """The last token's attention over the prompt for one head, softmax vs the chosen temperature."""
+    x = [f"{i}:{t}" for i, t in enumerate(result.tokens)]
+    fig = go.Figure()
+    fig.add_bar(x=x, y=result.weights_softmax[layer][head], name="softmax", marker_color=SOFTMAX_COLOUR)
+    fig.add_bar(x=x, y=result.weights_tempered[layer][head], name=result.params.rule.label,
+                marker_color=ADAPTIVE_COLOUR)
+    for pos in result.target_positions:
+        fig.add_vline(x=pos, line=dict(color="green", dash="dash"))
+    fig.update_xaxes(title_text="key token (position:token)", type="category")
+    fig.update_yaxes(title_text="attention weight of the last token (probability)", range=[0, 1.05])
+    fig.update_layout(title=f"Layer {layer}, head {head}: where the last token looks", barmode="group", height=380)
+    return fig

@@ -1,0 +1,84 @@
+"""AppTest of the attention sharpness page: renders, reacts to θ/layer/head, explains bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from analysis.models import ZOO_DIR, ModelSpec
+from conftest import app_with_model
+
+PAGE = "pages/attention_sharpness.py"
+QUERY = {"ns": "4,8,16", "samples": "2"}
+
+
+def metrics(at) -> list[str]:
+    return [m.value for m in at.metric]
+
+
+def test_page_renders_all_views_on_demo_model(tiny_llama_dir):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, QUERY)
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    headers = [h.value for h in at.header]
+    assert len(headers) == 6 and headers[0].startswith("1") and headers[-1].startswith("6")
+    assert len(at.get("plotly_chart")) >= 7
+    assert len(at.caption) >= 6  # the "what am I looking at" notes
+    table = at.dataframe[0].value
+    assert list(table["n"]) == [4, 8, 16]
+    assert table["softmax accuracy"].between(0, 1).all()
+    assert len(metrics(at)) == 5
+    assert at.query_params["theta"] == ["adaptive"] or at.query_params["theta"] == "adaptive"
+
+
+def test_changing_theta_layer_and_head_updates_the_values(tiny_llama_dir):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, QUERY)
+    first = metrics(at)
+    at.select_slider(key="sh_theta").set_value("0.125").run()
+    cold = metrics(at)
+    assert cold != first
+    at.selectbox(key="sh_head").set_value(3).run()
+    other_head = metrics(at)
+    assert other_head != cold
+    at.selectbox(key="sh_layer").set_value(1).run()
+    assert metrics(at) != other_head
+    assert not at.exception
+    assert str(at.query_params["head"]).strip("[]'") == "3"
+
+
+def test_empty_prompt_gives_a_clear_message(tiny_llama_dir):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, QUERY)
+    at.text_area(key="sh_prompt").input("").run()
+    assert not at.exception
+    assert any("prompt is empty" in e.value for e in at.error)
+    assert len(at.header) == 6  # the other views still render
+
+
+def test_model_without_attention_interface_gives_a_clear_message(tiny_llama_dir, monkeypatch):
+    """Llama attention that computes attention itself, bypassing transformers' attention interface."""
+    from transformers.models.llama import modeling_llama
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        b, t, _ = hidden_states.shape
+        q = self.q_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), None
+
+    monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", forward)
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, {"ns": "4,8", "samples": "3"})
+    assert not at.exception
+    assert any("attention interface" in e.value for e in at.error)
+
+
+zoo_lm = pytest.mark.skipif(not (ZOO_DIR / "shapes-lm" / "config.json").is_file(), reason="shapes-lm not built")
+
+
+@zoo_lm
+def test_page_renders_on_shapes_lm_with_training_format():
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, {"ns": "8,64", "samples": "16"})
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert any("shapes-world" in c.value for c in at.caption)
+    table = at.dataframe[0].value
+    assert table["softmax accuracy"].iloc[0] >= 0.7  # n = 8 is inside the trained range (n <= 16)
