@@ -65,6 +65,7 @@ class LayerState:
     positions: torch.Tensor  # (B, H_kv, T) long, original position of each cache entry
     phase: str  # "prefill" | "decode"
     groups: int  # query heads per KV head
+    n_layers: int = 1  # decoder layers (PyramidKV sizes budgets by depth)
     scratch: dict = field(default_factory=dict)  # per-policy buffers, gathered by the policy itself
 
     @property
@@ -199,7 +200,10 @@ class SnapKV(Policy):
         return self.p.window + 1
 
     def select(self, layer, attn, state):
-        c, t, w = self.p.budget, state.length, self.p.window
+        return self.snap(attn, state, self.p.budget)
+
+    def snap(self, attn, state, c: int):
+        t, w = state.length, self.p.window
         if state.phase != "prefill" or t <= c:
             return None  # decoding then grows the cache
         votes = attn[:, :, -w:, : t - w].float().sum(2)  # (B, H_q, T - w)
@@ -207,6 +211,24 @@ class SnapKV(Policy):
         k = self.p.kernel
         pooled = F.avg_pool1d(votes.flatten(0, 1)[:, None], k, stride=1, padding=k // 2)[:, 0]
         return top_plus_recent(pooled.reshape(votes.shape), c - w, t)
+
+
+@register
+class PyramidKV(SnapKV):
+    """SnapKV's prefill vote with per-layer budgets shrinking linearly with depth, mean C (Cai et al., 2024):
+    the first layer keeps 2C - C/beta, the last C/beta (never below window + 1)."""
+
+    name, label = "pyramidkv", "PyramidKV"
+    beta: ClassVar[int] = 20
+
+    def layer_budget(self, layer: int, n_layers: int) -> int:
+        c = self.p.budget
+        low = max(self.p.window + 1, round(c / self.beta))
+        high = 2 * c - low
+        return c if n_layers < 2 else round(high - (high - low) * layer / (n_layers - 1))
+
+    def select(self, layer, attn, state):
+        return self.snap(attn, state, self.layer_budget(layer, state.n_layers))
 
 
 @register
@@ -347,7 +369,8 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
             state = states.get(layer)
             if state is None:
                 state = states[layer] = LayerState(
-                    positions=new_pos.expand(1, n_kv, -1).clone(), phase=phase["now"], groups=n_heads // n_kv)
+                    positions=new_pos.expand(1, n_kv, -1).clone(), phase=phase["now"], groups=n_heads // n_kv,
+                    n_layers=len(modules))
             else:
                 state.positions = torch.cat([state.positions, new_pos.expand(1, n_kv, -1)], dim=-1)
                 state.phase = phase["now"]

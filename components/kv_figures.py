@@ -7,10 +7,10 @@ from analysis.kv_eviction import KvResult, PolicyRun, SweepResult
 
 POLICY_COLOURS = {
     "full": "#444444", "streaming_llm": "#1f77b4", "h2o": "#ff7f0e", "tova": "#2ca02c",
-    "snapkv": "#9467bd", "morphkv": "#d62728",
+    "snapkv": "#9467bd", "pyramidkv": "#8c564b", "morphkv": "#d62728",
 }
 POLICY_LABELS = {"full": "Full cache", "streaming_llm": "StreamingLLM", "h2o": "H2O", "tova": "TOVA",
-                 "snapkv": "SnapKV", "morphkv": "MorphKV"}
+                 "snapkv": "SnapKV", "pyramidkv": "PyramidKV", "morphkv": "MorphKV"}
 
 
 def kept_matrix(result: KvResult, layer_index: int, head: int) -> list[list[float | None]]:
@@ -52,10 +52,10 @@ def retained_heatmap(result: KvResult, layer_index: int, head: int) -> go.Figure
     fig.add_vline(x=result.task.prefill_len - 0.5, line_dash="dot", line_color="#888888")
     label = POLICY_LABELS.get(result.params.policy, result.params.policy)
     fig.update_layout(
-        title=f"{label}: cached tokens per decode step (layer {result.layers[layer_index]}, KV head {head}; "
-              f"dark = kept, dotted line = end of context)",
+        title=f"{label}: cached tokens per decode step (layer {result.layers[layer_index]}, KV head {head})"
+              "<br><sup>dark = kept, light = evicted, dotted line = end of the context, ▲ = needle</sup>",
         xaxis_title="original token position (tokens)", yaxis_title="decode step",
-        yaxis_autorange="reversed", height=max(320, 16 * len(z) + 160), margin=dict(t=60, r=60),
+        yaxis_autorange="reversed", height=max(320, 16 * len(z) + 160), margin=dict(t=60, r=80),
         legend=dict(orientation="h", y=-0.2),
     )
     return fig
@@ -99,7 +99,7 @@ def step_metric_figure(result: KvResult, metric: str = "kl") -> go.Figure:
                                  line=dict(color=POLICY_COLOURS.get(r.policy))))
     for pos in result.task.answer_positions:
         fig.add_vline(x=pos - result.task.prefill_len, line_dash="dot", line_color="#bbbbbb")
-    fig.update_layout(title=f"{title} (budget {result.params.budget}; dotted = answer tokens)",
+    fig.update_layout(title=f"{title}<br><sup>budget {result.params.budget}; dotted lines = answer tokens</sup>",
                       xaxis_title="predicted token index after the context (tokens)", yaxis_title=ytitle,
                       height=360)
     return fig
@@ -148,7 +148,8 @@ def survival_figure(run: PolicyRun, layers: list[int]) -> go.Figure:
     fig = go.Figure(go.Heatmap(z=z, x=[f"head {h}" for h in range(len(z[0]) if z else 0)],
                                y=[f"layer {l}" for l in layers], zmin=0, zmax=1, colorscale="Blues",
                                colorbar=dict(title="share"), texttemplate="%{z:.2f}"))
-    fig.update_layout(title=f"{run.label}: needle survival when the answer is predicted",
+    fig.update_layout(title=f"{run.label}: needle survival<br><sup>share of asked-for needles cached when "
+                            "the answer is predicted</sup>",
                       xaxis_title="KV head", yaxis_title="layer", height=120 + 40 * len(layers))
     return fig
 

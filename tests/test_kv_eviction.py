@@ -10,6 +10,8 @@ from analysis import kv_eviction as kv
 from analysis.models import ModelSpec, load_model
 
 PROMPT, STEPS, BUDGET, WINDOW, SINKS, KERNEL = 24, 6, 12, 4, 2, 3
+# PyramidKV on 2 layers, C=12: first layer 2C - max(w + 1, C/20) = 19, last max(w + 1, C/20) = 5
+PYRAMID = {0: 19, 1: 5}
 
 
 def _tokens(n: int, seed: int = 0) -> list[int]:
@@ -38,8 +40,8 @@ def _record_attention(handle):
 
 
 class Reference:
-    def __init__(self, params: kv.KvParams, heads: int, kv_heads: int, n: int, prompt: int):
-        self.p, self.hq, self.hkv, self.n, self.prompt = params, heads, kv_heads, n, prompt
+    def __init__(self, params: kv.KvParams, heads: int, kv_heads: int, n: int, prompt: int, budget: int):
+        self.p, self.hq, self.hkv, self.n, self.prompt, self.budget = params, heads, kv_heads, n, prompt, budget
         self.g = heads // kv_heads
         self.A: dict[int, list[list[float]]] = {}  # query position -> [head][key position]
         self.kept: list[list[int]] = [[] for _ in range(kv_heads)]  # per kv head, sorted positions
@@ -60,11 +62,11 @@ class Reference:
         return self.kept
 
     def choose(self, cands: list[int], h: int, phase: str, last: int) -> list[int]:
-        p, C = self.p, self.p.budget
+        p, C = self.p, self.budget
         heads = range(h * self.g, (h + 1) * self.g)
         if p.policy == "full" or len(cands) <= C:
             return cands
-        if p.policy == "snapkv":
+        if p.policy in ("snapkv", "pyramidkv"):
             if phase != "prefill":
                 return cands
             w = p.window
@@ -103,7 +105,7 @@ class Reference:
 
 @pytest.mark.parametrize("policy,fusion", [
     ("full", "max"), ("streaming_llm", "max"), ("h2o", "max"), ("tova", "max"), ("snapkv", "max"),
-    ("morphkv", "max"), ("morphkv", "sum"),
+    ("morphkv", "max"), ("morphkv", "sum"), ("pyramidkv", "max"),
 ])
 def test_policy_kept_set_matches_brute_force_reference(tiny_llama, policy, fusion):
     handle = tiny_llama
@@ -117,7 +119,9 @@ def test_policy_kept_set_matches_brute_force_reference(tiny_llama, policy, fusio
         for r in removers:
             r.remove()
     layers = sorted(kv.attention_modules(handle.language_model))
-    refs = {layer: Reference(params, handle.info.heads, handle.info.kv_heads, len(tokens), PROMPT) for layer in layers}
+    budgets = PYRAMID if policy == "pyramidkv" else {layer: BUDGET for layer in layers}
+    refs = {layer: Reference(params, handle.info.heads, handle.info.kv_heads, len(tokens), PROMPT, budgets[layer])
+            for layer in layers}
     forwards = [calls[i:i + len(layers)] for i in range(0, len(calls), len(layers))]
     assert len(forwards) == 1 + STEPS
     for step, forward in enumerate(forwards):
@@ -130,7 +134,7 @@ def test_policy_kept_set_matches_brute_force_reference(tiny_llama, policy, fusio
                 assert got[h].tolist() == expected[h], (policy, step, layer, h)
 
 
-@pytest.mark.parametrize("policy", ["streaming_llm", "h2o", "tova", "morphkv", "snapkv", "full"])
+@pytest.mark.parametrize("policy", ["streaming_llm", "h2o", "tova", "morphkv", "snapkv", "pyramidkv", "full"])
 def test_cache_length_equals_budget_when_it_should(tiny_llama, policy):
     tokens = _tokens(PROMPT + STEPS + 1, seed=1)
     trace = kv.run_policy(tiny_llama, tokens, PROMPT, kv.make_policy(_params(policy)))
@@ -141,6 +145,9 @@ def test_cache_length_equals_budget_when_it_should(tiny_llama, policy):
             expected = BUDGET + step + 1
         else:  # prompt cut at the first decode step, then constant
             expected = BUDGET
+        if policy == "pyramidkv":
+            assert lens == [PYRAMID[0] + step + 1, PYRAMID[1] + step + 1]
+            continue
         assert lens == [expected] * tiny_llama.info.layers, (policy, step)
     if policy == "snapkv":
         assert all(p.shape[-1] == BUDGET for p in trace.prefill_kept)
@@ -183,14 +190,17 @@ def test_full_cache_policy_matches_plain_forward_logits(tiny_llama):
     torch.testing.assert_close(trace.logits, logits, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("policy", ["full", "morphkv", "snapkv"])
+@pytest.mark.parametrize("policy", ["full", "morphkv", "snapkv", "pyramidkv"])
 def test_measured_bytes_equal_analytic_formula(tiny_llama, policy):
     info = tiny_llama.info
     trace = kv.run_policy(tiny_llama, _tokens(PROMPT + STEPS + 1), PROMPT, kv.make_policy(_params(policy)))
     for lens, measured, analytic in zip(trace.cache_len, trace.cache_bytes, trace.analytic_bytes):
-        T = lens[0]
-        assert all(t == T for t in lens)
-        formula = 2 * info.layers * info.kv_heads * info.head_dim * T * 4  # float32
+        if policy == "pyramidkv":  # per-layer lengths differ: sum the formula over layers
+            formula = sum(2 * info.kv_heads * info.head_dim * t * 4 for t in lens)
+        else:
+            T = lens[0]
+            assert all(t == T for t in lens)
+            formula = 2 * info.layers * info.kv_heads * info.head_dim * T * 4  # float32
         assert measured == formula == analytic
 
 

@@ -1,0 +1,142 @@
+"""KV-cache eviction benchmark: decode-step time per policy relative to plain full-cache eager decoding
+(same run), and key-value recall quality per policy and budget on shapes-lm.
+
+    python benchmarks/kv_bench.py [--quick] [--examples 24] [--skip-quality]
+
+Speed: a manual decode loop without any hook is the baseline; every policy runs through the
+eviction runner (hooks, gathers, position bookkeeping) on the same tokens, repeats interleaved, median
+per-step time. Models: shapes-lm (when the zoo has it) and a GPT-2-small-shaped random-weight model
+built in memory from `GPT2Config()` (no download).
+Quality: `budget_sweep` on shapes-lm's key-value recall prompts at 25 / 50 / 75 % of the context.
+Prints markdown tables and writes benchmarks/results/kv_bench.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from analysis import kv_eviction as kv  # noqa: E402
+from analysis.models import ModelHandle, ModelSpec, describe, load_model, zoo_models  # noqa: E402
+
+
+def gpt2_small_random() -> ModelHandle:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(attn_implementation="eager")).eval()
+    return ModelHandle(spec=ModelSpec("local", "gpt2-small-random"), model=model, kind="causal_lm",
+                       info=describe(model, "causal_lm"), language_model=model, tokenizer=None)
+
+
+def plain_decode_times(handle: ModelHandle, tokens: list[int], prompt: int) -> list[float]:
+    """Full-cache eager decoding with no hooks at all: the baseline."""
+    from transformers import DynamicCache
+
+    lm = handle.language_model
+    cache = DynamicCache(config=lm.config)
+    times = []
+    with handle.session():
+        lm(input_ids=torch.tensor([tokens[:prompt]]), position_ids=torch.arange(prompt)[None], cache=cache,
+           use_cache=True, logits_to_keep=1)
+        for pos in range(prompt, len(tokens) - 1):
+            t0 = time.perf_counter()
+            lm(input_ids=torch.tensor([[tokens[pos]]]), position_ids=torch.tensor([[pos]]), cache=cache,
+               use_cache=True)
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def speed(handle: ModelHandle, prompt: int, steps: int, budget: int, repeats: int) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(10, handle.info.vocab_size - 10, (prompt + steps + 1,), generator=g).tolist()
+    params = kv.KvParams(budget=budget, window=8, sinks=4, kernel=5)
+    names = list(kv.POLICIES)
+    samples: dict[str, list[float]] = {"baseline": []}
+    plain_decode_times(handle, tokens, prompt)  # warm-up
+    for _ in range(repeats):
+        samples["baseline"] += plain_decode_times(handle, tokens, prompt)[1:]
+        for name in names:
+            pol = kv.make_policy(kv.KvParams.from_dict({**params.to_dict(), "policy": name}))
+            trace = kv.run_policy(handle, tokens, prompt, pol)
+            samples.setdefault(name, []).extend(trace.step_time[1:])  # step 0 also cuts the prompt
+    base = statistics.median(samples["baseline"])
+    rows = [{"policy": "plain full-cache eager (no hooks)", "ms_per_step": 1000 * base, "ratio": 1.0}]
+    for name in names:
+        med = statistics.median(samples[name])
+        rows.append({"policy": kv.POLICIES[name].label, "ms_per_step": 1000 * med, "ratio": med / base})
+    return rows
+
+
+def quality(handle: ModelHandle, context: int, examples: int) -> dict:
+    params = kv.KvParams(context=context, pairs=4, window=8, sinks=4, kernel=5, examples=examples,
+                         sweep=[0.25, 0.5, 0.75])
+    t0 = time.time()
+    sweep = kv.budget_sweep(handle, params)
+    return {"context": sweep.context, "examples": examples, "full_accuracy": sweep.full_accuracy,
+            "seconds": round(time.time() - t0, 1), "points": [p.to_dict() for p in sweep.points]}
+
+
+def print_speed(title: str, rows: list[dict]) -> None:
+    print(f"\n### Decode-step time, {title}\n")
+    print("| policy | ms / decode step (median) | ratio to plain full cache |")
+    print("|---|---|---|")
+    for r in rows:
+        print(f"| {r['policy']} | {r['ms_per_step']:.2f} | {r['ratio']:.2f}x |")
+
+
+def print_quality(q: dict) -> None:
+    print(f"\n### Key-value recall on shapes-lm (context {q['context']} tokens, {q['examples']} prompts × 4 "
+          f"needles; full cache accuracy {q['full_accuracy']:.2f})\n")
+    shares = sorted({p["share"] for p in q["points"]})
+    head = " | ".join(f"acc @{s:.0%} | KL @{s:.0%}" for s in shares)
+    print(f"| policy | {head} |")
+    print("|---|" + "---|" * (2 * len(shares)))
+    for name in dict.fromkeys(p["policy"] for p in q["points"]):
+        cells = []
+        for s in shares:
+            p = next(p for p in q["points"] if p["policy"] == name and p["share"] == s)
+            cells += [f"{p['accuracy']:.2f}", f"{p['mean_kl']:.3f}"]
+        print(f"| {kv.POLICIES[name].label} | " + " | ".join(cells) + " |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer steps and repeats")
+    ap.add_argument("--examples", type=int, default=24)
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--skip-quality", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    out: dict = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    steps, repeats = (16, 1) if args.quick else (48, 3)
+    if "shapes-lm" in zoo_models():
+        lm = load_model(ModelSpec("zoo", "shapes-lm"))
+        out["shapes_lm_speed"] = speed(lm, 256, steps, 128, repeats)
+        print_speed("shapes-lm (context 256, budget 128)", out["shapes_lm_speed"])
+        if not args.skip_quality:
+            out["shapes_lm_quality"] = quality(lm, args.context, 4 if args.quick else args.examples)
+            print_quality(out["shapes_lm_quality"])
+    else:
+        print("shapes-lm is not in the zoo yet: skipping its rows")
+    gpt2 = gpt2_small_random()
+    out["gpt2_small_speed"] = speed(gpt2, 256, steps // 2, 128, repeats)
+    print_speed("GPT-2-small-shaped random weights (context 256, budget 128)", out["gpt2_small_speed"])
+    target = ROOT / "benchmarks" / "results" / "kv_bench.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(out, indent=2))
+    print(f"\nwrote {target.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
