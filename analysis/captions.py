@@ -177,6 +177,11 @@ def generate_text(handle: ModelHandle, prompt: str, max_new_tokens: int = 64,
     """Greedy continuation of `prompt` by the handle's language model (a VLM's own LM too)."""
     tok = handle.tokenizer
     ids = tok(prompt, return_tensors="pt", add_special_tokens=add_special_tokens).to(handle.device)
+    room = (handle.info.max_positions or 1 << 30) - ids["input_ids"].shape[1]
+    if room <= 0:
+        raise CaptionError(f"The prompt is longer than {handle.spec.label} can read "
+                           f"({handle.info.max_positions} tokens); use a shorter caption.")
+    max_new_tokens = min(max_new_tokens, room)
     with handle.session():
         out = handle.language_model.generate(
             **ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=_pad_id(tok),
@@ -205,10 +210,16 @@ def vlm_prompt(handle: ModelHandle, text: str) -> str:
     return f"{_image_token(handle)} {text}"
 
 
+def speaks_shapes_world(handle: ModelHandle) -> bool:
+    """True for the demo models (and any model whose vocabulary holds every Shapes World word)."""
+    if not has_shapes_world():
+        return False
+    vocab = handle.tokenizer.get_vocab()
+    return all(w in vocab for w in shapes_world().VOCAB)
+
+
 def _shapes_caption_prompt(handle: ModelHandle) -> str | None:
-    if handle.spec.source == "zoo" and handle.spec.name.startswith("shapes-") and has_shapes_world():
-        return shapes_world().VLM_CAPTION_PROMPT
-    return None
+    return shapes_world().VLM_CAPTION_PROMPT if speaks_shapes_world(handle) else None
 
 
 def _image_token(handle: ModelHandle) -> str:
@@ -472,7 +483,7 @@ def _need_lm(lm: ModelHandle | None, name: str) -> ModelHandle:
 
 def default_agent(lm: ModelHandle | None) -> str:
     """Decomposer/rewriter used for 'auto': the demo LM, else an instruct LM, else the grammar."""
-    if lm is not None and lm.spec.source == "zoo" and lm.spec.name == "shapes-lm" and has_shapes_world():
+    if lm is not None and lm.kind == "causal_lm" and speaks_shapes_world(lm):
         return "shapes-lm"
     if lm is not None and getattr(lm.tokenizer, "chat_template", None):
         return "lm-chat"

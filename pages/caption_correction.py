@@ -108,7 +108,7 @@ with right:
         st.text_area("Caption to check (generated)", value=caption, disabled=True, height=100)
 
     lm_choices = (["zoo:shapes-lm"] if "shapes-lm" in zoo else []) + [OWN_LM]
-    demo_vlm = handle.spec.source == "zoo" and handle.spec.name.startswith("shapes-")
+    demo_vlm = C.speaks_shapes_world(handle)
     lm_default = lm_choices[0] if demo_vlm else OWN_LM
     agent_names = ["auto", *C.DECOMPOSERS]
     with st.expander("Agents and threshold", expanded=True):
