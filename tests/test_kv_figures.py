@@ -1,0 +1,49 @@
+"""Figure builders of the KV-cache panel: pure functions of a KvResult."""
+from __future__ import annotations
+
+import pytest
+
+from analysis import kv_eviction as kv
+from components import kv_figures as F
+
+
+@pytest.fixture(scope="module")
+def result(tiny_llama):
+    return kv.analyze(tiny_llama, kv.KvParams(policy="h2o", budget=20, window=4, context=48, pairs=3, new_tokens=6))
+
+
+def test_kept_matrix_marks_exactly_the_kept_positions(result):
+    for layer_index in range(len(result.layers)):
+        for head in range(result.kv_heads):
+            z = F.kept_matrix(result, layer_index, head)
+            for step, row in enumerate(z):
+                newest = result.task.prefill_len + step
+                kept = set(result.kept[layer_index][head][step])
+                assert {j for j, v in enumerate(row) if v == 1.0} == kept
+                assert all(v is None for v in row[newest + 1:])
+                assert len(kept) == 20
+
+
+def test_figures_have_titles_and_axis_titles(result):
+    sweep = kv.SweepResult(model="m", context=48, full_accuracy=0.5, points=[
+        kv.SweepPoint(policy="h2o", share=s, budget=int(48 * s), accuracy=s, mean_kl=1 - s, agreement=s, recall=s)
+        for s in (0.25, 0.5, 0.75)])
+    figs = [F.retained_heatmap(result, 0, 1), F.step_metric_figure(result, "kl"), F.step_metric_figure(result, "dnll"),
+            F.memory_figure(result), F.sweep_figure(sweep, "accuracy"), F.sweep_figure(sweep, "mean_kl"),
+            F.survival_figure(result.run("h2o"), result.layers)]
+    for fig in figs:
+        assert fig.layout.title.text and fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
+    acc = F.sweep_figure(sweep, "accuracy")
+    assert list(acc.data[0].x) == [25.0, 50.0, 75.0] and list(acc.data[0].y) == [0.25, 0.5, 0.75]
+    memory = F.memory_figure(result)
+    assert len(memory.data) == 2 * len(kv.POLICIES)
+
+
+def test_tables_have_a_row_per_policy(result):
+    rows = F.summary_rows(result)
+    assert [r["policy"] for r in rows] == [r.label for r in result.runs]
+    assert rows[0]["mean KL (nats)"] == 0 and rows[0]["top-1 agreement"] == 1
+    assert len(F.text_rows(result)) == len(kv.POLICIES)
+    answers = F.answer_rows(result)
+    assert len(answers) == len(result.task.answer_positions)
+    assert all(set(r) >= {"asked key", "true value", "Full cache"} for r in answers)
