@@ -45,8 +45,10 @@ def generate_caption(model_label: str, image_key: str, _vlm, _image) -> str:
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def verify(vlm_label: str, lm_label: str, image_key: str, params_json: str, _vlm, _lm, _image, _progress):
-    return C.verify_caption(_vlm, _image, C.CorrectionParams.from_json(params_json), _lm, _progress)
+def verify(vlm_label: str, lm_label: str, image_key: str, params_json: str, _vlm, _lm, _image):
+    # The progress bar lives inside the cached call: Streamlit replays (and removes) it on a hit.
+    with progress("Verifying claims ...") as report:
+        return C.verify_caption(_vlm, _image, C.CorrectionParams.from_json(params_json), _lm, report)
 
 
 @st.cache_data(max_entries=64, show_spinner="Rewriting ...")
@@ -145,9 +147,7 @@ params = C.CorrectionParams(caption=caption, pi=pi, decomposer=decomposer, rewri
                             ground=ground, scene_seed=seed)
 verify_params = C.CorrectionParams(**{**vars(params), "pi": C.DEFAULT_PI})  # pi does not change verification
 try:
-    with progress("Verifying claims ...") as report:
-        verification = verify(handle.spec.label, lm.spec.label, image_key, verify_params.to_json(),
-                              handle, lm, image, report)
+    verification = verify(handle.spec.label, lm.spec.label, image_key, verify_params.to_json(), handle, lm, image)
     result = correct(lm.spec.label, verification.to_json(), params.to_json(), lm)
 except C.CaptionError as exc:
     st.error(str(exc))

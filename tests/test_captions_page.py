@@ -75,3 +75,20 @@ def test_pixel_bomb_upload_is_refused_before_decoding(shapes_llava_spec):
     at.run()
     assert not at.exception
     assert any("not decoded" in e and "decompression bomb" in e for e in _errors(at))
+
+
+def test_moving_pi_to_zero_drops_every_claim_without_reverifying(shapes_llava_spec, monkeypatch):
+    scene = W.generate_scene(20000003)
+    at = _pasted(shapes_llava_spec, W.caption(scene), pi="10", ground="0")
+    assert not at.exception and "dropped" not in "".join(at.dataframe[0].value["verdict"])
+    from analysis import captions as C
+
+    def no_verify(*args, **kwargs):
+        raise AssertionError("verification must come from the cache when only pi changes")
+
+    monkeypatch.setattr(C, "verify_caption", no_verify)
+    at.slider(key="cap_pi").set_value(0.0).run()
+    assert not at.exception and not _errors(at)
+    assert set(at.dataframe[0].value["verdict"]) == {"hallucinated (dropped)"}
+    assert "there is nothing ." in at.markdown[-1].value or any("nothing" in m.value for m in at.markdown)
+    assert at.query_params["pi"] == "0.0"
