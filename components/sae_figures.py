@@ -18,6 +18,12 @@ MAX_UPLOAD_PIXELS = 4096 * 4096
 # Tables
 
 
+def concept_label(name: str) -> str:
+    """'colour:red' -> 'colour = red' (a bare ':red' would be a colour directive in Streamlit markdown)."""
+    kind, _, value = name.partition(":")
+    return f"{kind} = {value}" if value else kind
+
+
 def feature_rows(store: FeatureStore) -> list[dict]:
     """One row per feature for the sortable feature list."""
     rows = []
@@ -31,10 +37,10 @@ def feature_rows(store: FeatureStore) -> list[dict]:
             "text density": f.density_text,
             "image density": f.density_image,
             "max act": f.max_act,
-            "concept (both)": both.name if both else "",
+            "concept (both)": concept_label(both.name) if both else "",
             "precision (both)": round(both.precision, 3) if both else None,
-            "concept (text)": f.concept_text.name if f.concept_text else "",
-            "concept (image)": f.concept_image.name if f.concept_image else "",
+            "concept (text)": concept_label(f.concept_text.name) if f.concept_text else "",
+            "concept (image)": concept_label(f.concept_image.name) if f.concept_image else "",
         })
     return rows
 
@@ -152,7 +158,7 @@ def score_distribution_figure(ranking: Ranking) -> go.Figure:
         fig.add_trace(go.Histogram(x=[value(r) for r in ranking.rows if r.kind == kind], name=kind,
                                    opacity=0.6, nbinsx=30))
     auc = ranking.roc_auc if ranking.by == "sum" else ranking.roc_auc_weighted
-    subtitle = f" (ROC AUC clean vs corrupted = {auc:.3f})" if auc is not None else ""
+    subtitle = f"<br><sup>ROC AUC clean vs corrupted = {auc:.3f}</sup>" if auc is not None else ""
     fig.update_layout(
         barmode="overlay", title="Cross-modal score per image–caption pair" + subtitle,
         xaxis_title="s_i = Σ ω over shared features" if ranking.by == "sum"

@@ -1,8 +1,6 @@
 """SAE-V feature browser: feature list, feature pages (permalink ?feature=K), explain an input, data ranking."""
 from __future__ import annotations
 
-import hashlib
-import html
 import io
 from pathlib import Path
 
@@ -164,14 +162,15 @@ def show_feature() -> None:
     st.subheader(f"Feature {index} · {card.label}")
     cols = st.columns(5)
     cols[0].metric("ω (cross-modal weight)", f"{card.omega:.3f}")
-    cols[1].metric("Density", f"{card.density:.4f}")
-    cols[2].metric("Text / image density", f"{card.density_text:.3f} / {card.density_image:.3f}")
+    cols[1].metric("Density", f"{card.density:.2%}")
+    cols[2].metric("Text / image density %", f"{100 * card.density_text:.1f} / {100 * card.density_image:.1f}")
     cols[3].metric("Top-30 tokens: text / image", f"{card.n_text_top} / {card.n_image_top}")
     cols[4].metric("Max activation", f"{card.max_act:.2f}")
     concept_bits = []
     for name, c in (("text", card.concept_text), ("image", card.concept_image), ("both", card.concept_both)):
         if c is not None:
-            concept_bits.append(f"{name}: **{html.escape(c.name)}** (precision {c.precision:.2f} over {c.support})")
+            concept_bits.append(f"{name}: **{figs.concept_label(c.name)}** (precision {c.precision:.2f} over "
+                                f"{c.support} tokens)")
     if concept_bits:
         st.markdown("Ground-truth concept — " + " · ".join(concept_bits))
     st.caption(f"Permalink: this page's URL ends in `?feature={index}`; opening it shows this feature of this SAE.")
@@ -183,7 +182,7 @@ def show_feature() -> None:
         st.markdown("**Top text tokens** (outlined: the token; shading: activation on each word of the caption)")
         if not card.top_text:
             st.caption("No text token activates this feature.")
-        for e in card.top_text:
+        for e in card.top_text[:8]:
             tokens = store.tokens[e.pair]
             st.markdown(f"<small>pair {e.pair} · {e.act:.2f}</small> "
                         + figs.highlighted_tokens_html(tokens, e.context, focus=e.index, scale=card.max_act),
@@ -300,7 +299,7 @@ def show_explain() -> None:
                         f"{patch % result.grid})")
             st.dataframe([{"feature": int(s.key), "activation": s.value, "modality": store.features[int(s.key)].label,
                            "ω": store.features[int(s.key)].omega,
-                           "concept": (store.features[int(s.key)].concept_image.name
+                           "concept": (figs.concept_label(store.features[int(s.key)].concept_image.name)
                                        if store.features[int(s.key)].concept_image else "")}
                           for s in pos.features], hide_index=True, key="sae_patch_feats")
             explain("Pick a feature to see where it fires on the image, and a patch (outlined) to list every "

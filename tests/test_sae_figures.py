@@ -1,0 +1,93 @@
+"""SAE-V figure builders, tables, HTML escaping and upload checks (pure functions)."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from analysis import sae_v
+from components import sae_figures as figs
+
+
+def _card(index, label, omega, density, both=None):
+    return sae_v.FeatureCard(
+        index=index, label=label, omega=omega, density=density, density_text=density, density_image=density,
+        max_act=1.0, mean_act=0.5, n_text_top=0, n_image_top=0, top_text=[], top_images=[], quantiles=[],
+        hist_edges=[0.0, 0.5, 1.0], hist_counts=[3, 1], neighbours=[], coactive=[], logit_tokens=[],
+        concept_both=both)
+
+
+def _ranking(scores_and_flags):
+    rows = [sae_v.PairScore(pair=i, text=f"<b>{i}</b>", corrupted=c, kind="swapped" if c else "clean", score=s,
+                            weighted=s / 10, shared=1, rank=i + 1) for i, (s, c) in enumerate(scores_and_flags)]
+    clean = [r.score for r in rows if not r.corrupted]
+    bad = [r.score for r in rows if r.corrupted]
+    return sae_v.Ranking(model="m", layer=0, by="sum", threshold=0.0, rows=rows, roc_auc=sae_v.roc_auc(clean, bad),
+                         roc_auc_weighted=None, precision=None, recall=None)
+
+
+def test_sort_rows_orders_by_omega_and_filters_modality():
+    cards = [_card(0, "text-only", 0.2, 0.1), _card(1, "cross-modal", 0.9, 0.01),
+             _card(2, "cross-modal", 0.5, 0.3, sae_v.Concept("colour:red", 0.95, 20)), _card(3, "dead", 0.0, 0.0)]
+    store = sae_v.FeatureStore(meta=None, params=sae_v.StoreParams(), pairs=None, tokens=[], grid=0, features=cards)
+    rows = figs.feature_rows(store)
+    assert [r["feature"] for r in figs.sort_rows(rows, "omega")] == [1, 2, 0, 3]
+    assert [r["feature"] for r in figs.sort_rows(rows, "density", ["cross-modal"])] == [2, 1]
+    by_precision = figs.sort_rows(rows, "concept precision")
+    assert by_precision[0]["feature"] == 2 and by_precision[0]["concept (both)"] == "colour = red"
+    fig = figs.feature_scatter(store)
+    assert fig.layout.xaxis.type == "log" and fig.layout.title.text
+    assert sum(len(t.x) for t in fig.data) == 3  # the dead feature has no density to plot
+
+
+def test_highlighted_tokens_escape_model_text():
+    out = figs.highlighted_tokens_html(["<script>", "ok"], [1.0, 0.0], focus=0)
+    assert "<script>" not in out and "&lt;script&gt;" in out
+    assert out.count("outline") == 1
+
+
+def test_roc_figure_runs_from_origin_to_one_and_matches_auc():
+    ranking = _ranking([(3.0, False), (2.0, True), (1.0, False), (0.5, True)])
+    fig = figs.roc_figure(ranking)
+    xs, ys = list(fig.data[0].x), list(fig.data[0].y)
+    assert (xs[0], ys[0]) == (0.0, 0.0) and (xs[-1], ys[-1]) == (1.0, 1.0)
+    area = sum((xs[i + 1] - xs[i]) * (ys[i + 1] + ys[i]) / 2 for i in range(len(xs) - 1))
+    assert area == pytest.approx(ranking.roc_auc)
+    assert "0.750" in figs.score_distribution_figure(ranking).layout.title.text
+
+
+def test_image_heatmap_marks_selected_patch_and_hides_inactive_patches():
+    image = np.zeros((64, 64, 3), dtype=np.uint8)
+    heat = [0.0] * 64
+    heat[9] = 2.0
+    fig = figs.image_heatmap_figure(image, heat, 8, "t", selected=9)
+    z = np.asarray(fig.data[1].z, dtype=float)
+    assert z[1, 1] == 2.0 and np.isnan(z[0, 0])
+    shape = fig.layout.shapes[0]
+    assert (shape.x0, shape.y0) == (8.0, 8.0)
+
+
+def _png(size) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, (10, 20, 30)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_upload_check_accepts_images_and_refuses_others(monkeypatch):
+    image, error = figs.read_image_upload(_png((40, 30)), "a.png")
+    assert error is None and image.size == (40, 30)
+    image, error = figs.read_image_upload(b"hello, not an image", "notes.txt")
+    assert image is None and "not an image" in error
+    monkeypatch.setattr(figs, "MAX_UPLOAD_PIXELS", 100)
+    image, error = figs.read_image_upload(_png((40, 30)), "big.png")
+    assert image is None and "40×30" in error
+    monkeypatch.setattr(figs, "MAX_UPLOAD_BYTES", 10)
+    assert "MB" in figs.read_image_upload(_png((4, 4)), "x.png")[1]
+
+
+def test_ranking_rows_keep_caption_text_and_order():
+    rows = figs.ranking_rows(_ranking([(3.0, False), (2.0, True)]))
+    assert [r["rank"] for r in rows] == [1, 2] and rows[1]["corrupted"] is True
+    assert rows[0]["caption"] == "<b>0</b>"  # raw text: tables are not HTML
