@@ -227,14 +227,9 @@ def _image_token(handle: ModelHandle) -> str:
 
 
 def _vlm_inputs(handle: ModelHandle, images: list, prompts: list[str]) -> dict[str, torch.Tensor]:
-    tok = handle.tokenizer
-    old_side = tok.padding_side
-    tok.padding_side = "left"  # next-token logits sit at the last position of every row
-    try:
-        inputs = handle.processor(images=[_rgb(i) for i in images], text=prompts, return_tensors="pt",
-                                  padding=True)
-    finally:
-        tok.padding_side = old_side
+    # Left padding: every row's next-token logits sit at its last position.
+    inputs = handle.processor(images=[_rgb(i) for i in images], text=prompts, return_tensors="pt",
+                              padding=True, padding_side="left")
     return {k: v.to(handle.device) for k, v in inputs.items()}
 
 
@@ -678,7 +673,7 @@ def score_claims(scene, claims: list[str]) -> CaptionMetrics:
 def pi_sweep(verdicts: list[ClaimVerdict], scene=None, pis: list[float] | None = None) -> list[SweepPoint]:
     """Factuality and coverage of the kept claims as pi varies (claim level, no rewriting)."""
     if pis is None:
-        top = max([v.score for v in verdicts] + [1.0])
+        top = 1.1 * max([v.score for v in verdicts] + [1.0])
         pis = sorted({round(top * k / 40, 4) for k in range(41)} | {0.0})
     points = []
     for pi in pis:

@@ -121,10 +121,13 @@ with right:
                                   index=agent_names.index(url_param("dec", "auto", choices=agent_names)))
         rewriter = c3.selectbox("Rewriter", agent_names, key="cap_rew",
                                 index=agent_names.index(url_param("rew", "auto", choices=agent_names)))
+        ground_default = "1" if handle.info.parameters < 50_000_000 else "0"
         pi = st.slider("Threshold π (nats): drop a claim when H(u) > π", 0.0, 10.0, key="cap_pi",
                        value=url_param("pi", C.DEFAULT_PI, float), step=0.05)
         ground = st.checkbox("Ground each answer in the image (Captum Integrated Gradients)", key="cap_ground",
-                             value=url_param("ground", "1", choices=["0", "1"]) == "1")
+                             value=url_param("ground", ground_default, choices=["0", "1"]) == "1",
+                             help="Integrated Gradients costs about 8 forward/backward passes per claim; "
+                                  "off by default for models above 50 M parameters.")
         st.caption("auto: the demo LM for Shapes World, an instruct model's chat prompts otherwise, "
                    "the grammar reference as a last resort. Verifier: the loaded VLM.")
 
