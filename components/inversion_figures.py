@@ -1,0 +1,147 @@
+"""Figures and tables for the prompt-reconstruction panel (pure functions of the typed results)."""
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+
+from analysis.inversion import (
+    DEFENCE_LABELS, AttackResult, CascadeResult, LayerSweep, NoiseSweep, SpeedComparison,
+)
+
+GOOD, BAD, UNSEEN = "#2e9b4f", "#d1495b", "#d9d9d9"
+
+
+def tokens_html(result: AttackResult) -> str:
+    """Original tokens over recovered ones, green when equal, red when not (all text escaped)."""
+    cells = []
+    for t in result.tokens:
+        colour = GOOD if t.correct else BAD
+        tip = html.escape(f"position {t.position}: distance {t.distance:.3g}, rank {t.rank or 'not reached'}, "
+                          f"{t.evaluations} candidates", quote=True)
+        cells.append(
+            f'<span title="{tip}" style="display:inline-block;margin:2px;padding:2px 6px;border-radius:4px;'
+            f'border:1px solid {colour};font-family:monospace;text-align:center">'
+            f'<span style="color:#666">{html.escape(t.true_token)}</span><br>'
+            f'<span style="color:{colour};font-weight:600">{html.escape(t.recovered_token)}</span></span>'
+        )
+    return '<div style="line-height:1.2">' + "".join(cells) + "</div>"
+
+
+def token_rows(result: AttackResult) -> list[dict]:
+    return [
+        {"position": t.position, "original": t.true_token, "recovered": t.recovered_token, "correct": t.correct,
+         "L1 distance": round(t.distance, 6), "rank of true token": t.rank or None,
+         "candidates scored": t.evaluations, "gradient steps": t.gradient_steps, "certified (< ε)": t.certified}
+        for t in result.tokens
+    ]
+
+
+def distance_figure(result: AttackResult) -> go.Figure:
+    """Per-position L1 distance of the chosen candidate, against the acceptance threshold."""
+    xs = [t.position for t in result.tokens]
+    fig = go.Figure()
+    fig.add_bar(x=xs, y=[max(t.distance, 1e-12) for t in result.tokens], name="distance of recovered token",
+                marker_color=[GOOD if t.correct else BAD for t in result.tokens],
+                hovertext=[f"{t.true_token} → {t.recovered_token}" for t in result.tokens])
+    fig.add_hline(y=result.epsilon, line_dash="dash", annotation_text=f"ε = {result.epsilon:.3g}")
+    fig.update_layout(title="L1 distance to the observed state, per position",
+                      xaxis_title="position (token index)", yaxis_title="L1 distance (log scale)",
+                      yaxis_type="log", height=320, margin=dict(t=50, b=40), showlegend=False)
+    return fig
+
+
+def rank_figure(result: AttackResult) -> go.Figure:
+    """Rank of the true token in the proposal order and candidates scored, per position."""
+    xs = [t.position for t in result.tokens]
+    fig = go.Figure()
+    fig.add_bar(x=xs, y=[t.evaluations for t in result.tokens], name="candidates scored", marker_color="#8da0cb")
+    fig.add_scatter(x=xs, y=[t.rank or None for t in result.tokens], mode="markers", name="rank of true token",
+                    marker=dict(size=10, color="#fc8d62", symbol="diamond"))
+    fig.add_hline(y=result.vocab_size, line_dash="dot",
+                  annotation_text=f"exhaustive: {result.vocab_size:,} per position")
+    fig.update_layout(title="Work per position: candidates scored and the true token's rank",
+                      xaxis_title="position (token index)", yaxis_title="count (log scale)", yaxis_type="log",
+                      height=320, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def layer_figure(sweep: LayerSweep) -> go.Figure:
+    xs = [p.layer for p in sweep.points]
+    fig = go.Figure()
+    fig.add_scatter(x=xs, y=[100 * p.accuracy for p in sweep.points], mode="lines+markers",
+                    name="tokens recovered (%)")
+    fig.add_bar(x=xs, y=[p.evaluations for p in sweep.points], name="candidates scored", yaxis="y2",
+                opacity=0.35, marker_color="#8da0cb")
+    fig.update_layout(title="Recovery by layer", xaxis_title="layer L (0 = embeddings)",
+                      yaxis=dict(title="tokens recovered (%)", range=[-5, 105]),
+                      yaxis2=dict(title="candidates scored (count)", overlaying="y", side="right"),
+                      height=340, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def noise_figure(sweep: NoiseSweep) -> go.Figure:
+    fig = go.Figure()
+    for defence in dict.fromkeys(p.defence for p in sweep.points):
+        pts = [p for p in sweep.points if p.defence == defence]
+        fig.add_scatter(x=[f"{p.noise:g}" for p in pts], y=[100 * p.accuracy for p in pts], mode="lines+markers",
+                        name=DEFENCE_LABELS.get(defence, defence))
+    fig.update_layout(title="Recovery vs Gaussian noise, per permutation defence",
+                      xaxis_title="noise σ (multiples of the hidden states' std)", xaxis_type="category",
+                      yaxis=dict(title="tokens recovered (%)", range=[-5, 105]), height=340,
+                      margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def speed_figure(cmp: SpeedComparison) -> go.Figure:
+    names = ["proposal-ordered attack", "exhaustive search"]
+    evals = [cmp.attack.evaluations, cmp.exhaustive_evaluations_total]
+    secs = [sum(t.seconds for t in cmp.attack.tokens), cmp.exhaustive_seconds_total]
+    fig = go.Figure()
+    fig.add_bar(x=names, y=evals, name="candidates scored", text=[f"{v:,}" for v in evals], marker_color="#8da0cb")
+    fig.add_bar(x=names, y=secs, name="wall time (s)", yaxis="y2", text=[f"{v:.2f} s" for v in secs],
+                marker_color="#66c2a5")
+    extrapolated = cmp.measured_positions < cmp.positions
+    fig.update_layout(
+        title="Attack vs exhaustive search" + (" (exhaustive time extrapolated)" if extrapolated else ""),
+        barmode="group", xaxis_title="method", yaxis=dict(title="candidates scored (count, log)", type="log"),
+        yaxis2=dict(title="wall time (s, log)", type="log", overlaying="y", side="right"),
+        height=340, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25),
+    )
+    return fig
+
+
+def cascade_figure(result: CascadeResult) -> go.Figure:
+    """Which party sees which position (cells), and what the attacking party recovered."""
+    parties = len(result.parties)
+    z, text = [], []
+    for p in range(parties):
+        row, labels = [], []
+        for i, owner in enumerate(result.assignment):
+            if owner == p:
+                rec = result.recovered[i] if p == result.params.attacker else None
+                mark = "" if rec is None else " ✓" if rec == result.token_ids[i] else " ✗"
+                row.append(1.0)
+                labels.append(result.tokens[i] + mark)
+            else:
+                row.append(0.0)
+                labels.append("")
+        z.append(row)
+        text.append(labels)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=list(range(len(result.assignment))), y=[f"party {p}" for p in range(parties)],
+        text=text, texttemplate="%{text}", colorscale=[[0, "#f4f4f4"], [1, "#9ecae1"]], showscale=False,
+        hovertemplate="%{y}, position %{x}<extra></extra>",
+    ))
+    fig.update_layout(title="What each party sees (shaded: its hidden states; ✓/✗: the attacker's brute force right/wrong)",
+                      xaxis_title="position (token index)", yaxis_title="party", yaxis_autorange="reversed",
+                      height=120 + 40 * parties, margin=dict(t=50, b=40))
+    return fig
+
+
+def cascade_rows(result: CascadeResult) -> list[dict]:
+    return [
+        {"party": v.party, "positions seen": len(v.positions), "largest gap (unseen run)": v.largest_gap,
+         "brute-force cost": f"10^{v.log10_cost:.1f} sequences"}
+        for v in result.parties
+    ]
