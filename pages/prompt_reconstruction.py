@@ -1,0 +1,237 @@
+"""Prompt reconstruction: recover a prompt from its hidden states; defences; Cascade sharding."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Callable
+
+import streamlit as st
+
+from analysis import inversion as inv
+from components import inversion_figures as F
+from components.common import explain, progress, require_model, set_url_params, url_param
+from components.share import share_bar
+
+SHAPES_PROMPT = "there is a large red circle at the top left . there is a small blue square at the bottom right ."
+PLAIN_PROMPT = "My password is hunter2 and my PIN is 4921"
+NOISES = [0.0, 0.01, 0.1, 0.3, 1.0, 3.0]
+PERTURBATIONS = ["none", "gaussian_noise", "quantise"]
+SMALL_WORK = 400_000  # candidate evaluations below which sweeps run without asking
+
+st.title("Prompt reconstruction")
+st.write(
+    "If someone can see a model's hidden states, can they read the prompt? With open weights, yes: "
+    "causal attention makes the state at position *i* depend only on tokens 0..*i*, so the prompt can be "
+    "rebuilt one token at a time by trying candidates and keeping the one whose recomputed state matches "
+    "(*Hidden No More*, ICML 2025). This panel runs that attack on the loaded model, against the defences "
+    "people propose, and simulates *Cascade*'s sequence sharding across parties."
+)
+
+handle = require_model("causal_lm", "vlm", panel="Prompt reconstruction")
+n_layers = handle.info.layers
+
+
+@st.cache_resource(max_entries=1)
+def _results() -> tuple[threading.Lock, OrderedDict]:
+    # A bounded dict instead of st.cache_data, so the progress bar is drawn live on a miss.
+    return threading.Lock(), OrderedDict()
+
+
+def cached(kind: str, fn: Callable, params, label: str, **kwargs):
+    lock, store = _results()
+    key = (kind, handle.spec.label, params.to_json(), repr(sorted(kwargs.items())))
+    with lock:
+        if key in store:
+            store.move_to_end(key)
+            return store[key]
+    with progress(label) as report:
+        result = fn(handle, params, progress=report, **kwargs)
+    with lock:
+        store[key] = result
+        while len(store) > 32:
+            store.popitem(last=False)
+    return result
+
+
+def default_prompt() -> str:
+    vocab = handle.tokenizer.get_vocab()
+    return SHAPES_PROMPT if all(w in vocab for w in SHAPES_PROMPT.split()) else PLAIN_PROMPT
+
+
+# --- controls (mirrored to the URL) ------------------------------------------------------------
+
+raw_layer = url_param("layer", max(1, n_layers // 2), int)
+layer_error = None
+try:
+    inv.check_layer(handle, raw_layer)
+except inv.InversionError as exc:
+    layer_error = f"{exc} Showing layer {max(1, n_layers // 2)} instead."
+    raw_layer = max(1, n_layers // 2)
+
+orders = list(inv.ORDERS)
+with st.container(border=True):
+    prompt = st.text_input("Prompt (the secret the attacker tries to recover)", url_param("prompt", default_prompt(), str),
+                           key="inv_prompt", max_chars=2000)
+    c1, c2, c3, c4 = st.columns([1, 1.6, 1.4, 1.6])
+    layer = c1.number_input(f"Layer L (0–{n_layers})", 0, n_layers, raw_layer, key="inv_layer",
+                            help="0 = token embeddings; k = residual stream after decoder block k.")
+    perm = c2.selectbox("Permutation defence", inv.PERMUTATIONS, format_func=inv.DEFENCE_LABELS.get,
+                        index=inv.PERMUTATIONS.index(url_param("perm", "none", choices=inv.PERMUTATIONS)),
+                        key="inv_perm")
+    perturb = c3.selectbox("Perturbation", PERTURBATIONS, format_func=inv.DEFENCE_LABELS.get,
+                           index=PERTURBATIONS.index(url_param("perturb", "none", choices=PERTURBATIONS)),
+                           key="inv_perturb")
+    order = c4.selectbox("Proposal order", orders, format_func=lambda o: inv.ORDERS[o].label,
+                         index=orders.index(url_param("order", "hybrid", choices=orders)), key="inv_order",
+                         help="Which candidates are tried first. Every order ends with the rest of the "
+                              "vocabulary, and the distance check decides, so the order changes only the cost.")
+    c5, c6, c7 = st.columns([1, 1, 1])
+    noise = c5.number_input("Noise σ (× state std)", 0.0, 100.0, url_param("noise", 0.5, float), step=0.1,
+                            key="inv_noise", disabled=perturb != "gaussian_noise")
+    bits = c6.number_input("Quantisation bits", 1, 16, url_param("bits", 4, int), key="inv_bits",
+                           disabled=perturb != "quantise")
+    seed = c7.number_input("Defence seed", 0, 10_000, url_param("seed", 0, int), key="inv_seed",
+                           help="Seeds the permutations and the noise.")
+
+set_url_params(prompt=prompt, layer=layer, perm=perm, perturb=perturb, noise=noise, bits=bits, order=order,
+               seed=seed)
+if layer_error:
+    st.error(layer_error)
+
+defences = [d for d in (perm, perturb) if d != "none"]
+params = inv.AttackParams(prompt=prompt, layer=int(layer), defences=defences, noise=float(noise), bits=int(bits),
+                          order=order, seed=int(seed))
+try:
+    ids = inv.tokenize(handle, prompt, params.max_tokens)
+except inv.InversionError as exc:
+    st.error(str(exc))
+    st.stop()
+
+# --- 1. original vs recovered ------------------------------------------------------------------
+
+st.subheader("Original vs recovered")
+try:
+    result = cached("attack", inv.reconstruct, params, "Reconstructing")
+except inv.InversionError as exc:
+    st.error(str(exc))
+    st.stop()
+m1, m2, m3, m4 = st.columns(4)
+m1.metric("Tokens recovered", f"{result.accuracy:.0%}", help=f"{sum(t.correct for t in result.tokens)} of {len(ids)}")
+m2.metric("Candidates scored", f"{result.evaluations:,}",
+          help=f"Exhaustive search scores {len(ids) * result.vocab_size:,} (vocabulary × positions).")
+m3.metric("Fewer than exhaustive", f"{len(ids) * result.vocab_size / max(result.evaluations, 1):,.0f}×")
+m4.metric("Time", f"{result.seconds:.2f} s")
+st.html(F.tokens_html(result))
+explain(
+    f"Each box is one position: the original token (grey) over the token the attacker recovered from the "
+    f"layer-{params.layer} states (green = right, red = wrong). Hover for the L1 distance and the rank at which "
+    f"the true token came up. A candidate is accepted as soon as its recomputed state is within "
+    f"ε = {result.epsilon:.3g} of an observed row (ε = numerical noise measured on random tokens"
+    + (", plus the largest change the defence can make" if result.epsilon > result.numerical_epsilon else "")
+    + f"; a typical state has L1 norm {result.state_l1:.3g}). If no candidate is within ε, the closest token "
+    "in the whole vocabulary wins."
+)
+c1, c2 = st.columns(2)
+c1.plotly_chart(F.distance_figure(result), key="inv_dist")
+c2.plotly_chart(F.rank_figure(result), key="inv_rank")
+explain(
+    "Left: distance of the chosen candidate; below the dashed ε line the match is certified. Right: how many "
+    "candidates were scored at each position (bars) and where the true token sat in the proposal order "
+    "(diamonds); the dotted line is what exhaustive search pays per position. With gradient inversion, each "
+    "position also spends a few forward+backward passes (in the table)."
+)
+with st.expander("Per-token table"):
+    st.dataframe(F.token_rows(result), hide_index=True)
+
+# --- 2. and 3. sweeps ---------------------------------------------------------------------------
+
+sweep_cost = (n_layers + 1 + len(NOISES) * len(inv.PERMUTATIONS)) * len(ids) * min(result.vocab_size, 64)
+auto = sweep_cost <= SMALL_WORK
+run_sweeps = st.toggle("Run the layer and noise sweeps", value=auto, key="inv_sweeps",
+                       help="Re-runs the attack at every layer and at several noise levels per defence.")
+layer_sweep = noise_sweep = None
+if run_sweeps:
+    st.subheader("Accuracy by layer")
+    layer_sweep = cached("layers", inv.sweep_layers, params, "Sweeping layers")
+    st.plotly_chart(F.layer_figure(layer_sweep), key="inv_layers")
+    explain(
+        "The same attack (with the defences chosen above) on the states of every layer. Deeper layers mix more "
+        "context into each state, but as long as the map from prefix to state is injective the match is exact. "
+        "At layer 0 of a rotary-position model the state is the bare token embedding: shuffled positions then "
+        "hide the order, though not which tokens were used."
+    )
+    st.subheader("Accuracy vs noise, per defence")
+    noise_sweep = cached("noise", inv.sweep_noise, params, "Sweeping noise", noises=NOISES)
+    st.plotly_chart(F.noise_figure(noise_sweep), key="inv_noise_fig")
+    explain(
+        "Gaussian noise (σ in units of the states' standard deviation) added on top of each permutation defence. "
+        "Permutations alone do not help: the attacker matches against every unused row and compares sorted "
+        "vectors. Only noise large enough to bury the difference between neighbouring tokens stops the attack — "
+        "and noise that large also destroys what the states are for."
+    )
+else:
+    st.info("The sweeps re-run the attack many times; switch them on above when you have the time.")
+
+# --- 4. speed vs exhaustive ---------------------------------------------------------------------
+
+st.subheader("Forwards and time vs exhaustive search")
+measure = len(ids) if len(ids) * result.vocab_size <= 60_000 else 1
+speed = cached("speed", inv.compare_exhaustive, params, "Timing exhaustive search", measured_positions=measure)
+st.plotly_chart(F.speed_figure(speed), key="inv_speed")
+same = "the same tokens" if speed.identical_on_measured else "DIFFERENT tokens (see the table)"
+explain(
+    f"Exhaustive search scores all {speed.attack.vocab_size:,} tokens at each of {speed.positions} positions "
+    f"({speed.exhaustive_evaluations_total:,} candidates); the proposal-ordered attack scored "
+    f"{speed.attack.evaluations:,} — {speed.evaluation_ratio:,.0f}× fewer — and {speed.time_ratio:,.1f}× less time. "
+    + (f"Exhaustive search was run on all positions and found {same}."
+       if speed.measured_positions == speed.positions else
+       f"Exhaustive search was run on the first {speed.measured_positions} position(s) only (found {same}) and its "
+       "time extrapolated to the whole prompt; its candidate count is exact.")
+)
+
+# --- 5. Cascade ----------------------------------------------------------------------------------
+
+st.subheader("Cascade: sharding the sequence across parties")
+shardings = list(inv.SHARDINGS)
+with st.container(border=True):
+    d1, d2, d3, d4 = st.columns(4)
+    parties = d1.number_input("Parties k", 1, max(1, len(ids)), min(url_param("parties", 2, int), len(ids)),
+                              key="inv_parties")
+    sharding = d2.selectbox("Sharding", shardings, format_func=lambda s: inv.SHARDINGS[s].label,
+                            index=shardings.index(url_param("sharding", "round_robin", choices=shardings)),
+                            key="inv_sharding")
+    attacker = d3.number_input("Attacking party", 0, int(parties) - 1,
+                               min(url_param("attacker", 0, int), int(parties) - 1), key="inv_attacker")
+    budget = d4.number_input("Brute-force budget (sequences)", 1_000, 5_000_000, url_param("budget", 200_000, int),
+                             step=50_000, key="inv_budget")
+set_url_params(parties=parties, sharding=sharding, attacker=attacker, budget=budget)
+cascade_params = inv.CascadeParams(prompt=prompt, layer=int(layer), parties=int(parties), sharding=sharding,
+                                   attacker=int(attacker), budget=int(budget))
+try:
+    cascade = cached("cascade", inv.simulate_cascade, cascade_params, "Brute-forcing the attacker's view")
+except inv.InversionError as exc:
+    st.error(str(exc))
+else:
+    st.plotly_chart(F.cascade_figure(cascade), key="inv_cascade")
+    st.dataframe(F.cascade_rows(cascade), hide_index=True)
+    (st.warning if cascade.verdict.startswith("Breakable") else st.success)(cascade.verdict)
+    if cascade.brute_force_ran:
+        st.write(f"Party {attacker} brute-forced its view: {cascade.attacker_accuracy:.0%} of its positions "
+                 f"recovered with {cascade.evaluations:,} candidate sequences in {cascade.seconds:.1f} s.")
+    else:
+        st.write(f"Party {attacker}'s view costs more than the budget, so no brute force was run.")
+    explain(
+        "Cascade gives each party the hidden states of only some positions. To invert a position it sees, a party "
+        "must also guess every unseen token since the last position it recovered, so its cost is V^(gap+1) "
+        "sequences for a gap of unseen tokens. Round-robin keeps gaps at k − 1; contiguous blocks hand the first "
+        "party the start of the prompt with no gap at all. With a small vocabulary V the search is cheap and the "
+        "shards are broken outright — the brute force above actually runs when the cost fits the budget."
+    )
+
+share_bar(
+    "prompt_reconstruction", title=f"Prompt reconstruction, layer {params.layer}", params=params.to_dict(),
+    result=result, model=handle.spec.label,
+    figures={"Distances": F.distance_figure(result), "Work per position": F.rank_figure(result),
+             "Speed": F.speed_figure(speed)},
+    tables={"tokens": F.token_rows(result)},
+)
