@@ -219,7 +219,8 @@ class FeatureStore(Result):
     def summary(self) -> dict:
         n = len(self.features)
         labels = [f.label for f in self.features]
-        both = [f for f in self.features if f.concept_both and f.concept_both.precision >= 0.9]
+        both = [f for f in self.features
+                if f.concept_both and f.concept_both.precision >= 0.9 and f.concept_both.support >= 5]
         return {
             "features": n,
             "cross_modal": labels.count("cross-modal"),
@@ -227,6 +228,9 @@ class FeatureStore(Result):
             "image_only": labels.count("image-only"),
             "dead": labels.count("dead"),
             "concept_both_ge_0.9": len(both),
+            "concept_both_ge_0.9_cross_modal": sum(f.label == "cross-modal" for f in both),
+            "omega_mean_cross_modal": round(sum(f.omega for f in self.features if f.label == "cross-modal")
+                                            / max(labels.count("cross-modal"), 1), 4),
             "fve": self.meta.fve,
             "l0": self.meta.l0,
         }
