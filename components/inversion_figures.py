@@ -41,13 +41,16 @@ def distance_figure(result: AttackResult) -> go.Figure:
     """Per-position L1 distance of the chosen candidate, against the acceptance threshold."""
     xs = [t.position for t in result.tokens]
     fig = go.Figure()
-    fig.add_bar(x=xs, y=[max(t.distance, 1e-12) for t in result.tokens], name="distance of recovered token",
+    fig.add_bar(x=xs, y=[max(t.distance, 1e-12) for t in result.tokens], name="distance (green: right, red: wrong)",
                 marker_color=[GOOD if t.correct else BAD for t in result.tokens],
                 hovertext=[f"{t.true_token} → {t.recovered_token}" for t in result.tokens])
-    fig.add_hline(y=result.epsilon, line_dash="dash", annotation_text=f"ε = {result.epsilon:.3g}")
+    # A line trace rather than add_hline: hline annotations are misplaced on log axes.
+    fig.add_scatter(x=[min(xs) - 0.5, max(xs) + 0.5], y=[result.epsilon] * 2, mode="lines",
+                    line=dict(dash="dash", color="#444"), name=f"ε = {result.epsilon:.3g}")
     fig.update_layout(title="L1 distance to the observed state, per position",
                       xaxis_title="position (token index)", yaxis_title="L1 distance (log scale)",
-                      yaxis_type="log", height=320, margin=dict(t=50, b=40), showlegend=False)
+                      yaxis_type="log", height=320, margin=dict(t=50, b=40),
+                      legend=dict(orientation="h", y=-0.25))
     return fig
 
 
@@ -58,8 +61,8 @@ def rank_figure(result: AttackResult) -> go.Figure:
     fig.add_bar(x=xs, y=[t.evaluations for t in result.tokens], name="candidates scored", marker_color="#8da0cb")
     fig.add_scatter(x=xs, y=[t.rank or None for t in result.tokens], mode="markers", name="rank of true token",
                     marker=dict(size=10, color="#fc8d62", symbol="diamond"))
-    fig.add_hline(y=result.vocab_size, line_dash="dot",
-                  annotation_text=f"exhaustive: {result.vocab_size:,} per position")
+    fig.add_scatter(x=[min(xs) - 0.5, max(xs) + 0.5], y=[result.vocab_size] * 2, mode="lines",
+                    line=dict(dash="dot", color="#444"), name=f"exhaustive: {result.vocab_size:,} per position")
     fig.update_layout(title="Work per position: candidates scored and the true token's rank",
                       xaxis_title="position (token index)", yaxis_title="count (log scale)", yaxis_type="log",
                       height=320, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
@@ -72,7 +75,7 @@ def layer_figure(sweep: LayerSweep) -> go.Figure:
     fig.add_scatter(x=xs, y=[100 * p.accuracy for p in sweep.points], mode="lines+markers",
                     name="tokens recovered (%)")
     fig.add_bar(x=xs, y=[p.evaluations for p in sweep.points], name="candidates scored", yaxis="y2",
-                opacity=0.35, marker_color="#8da0cb")
+                opacity=0.3, marker_color="#8da0cb", width=0.4)
     fig.update_layout(title="Recovery by layer", xaxis_title="layer L (0 = embeddings)",
                       yaxis=dict(title="tokens recovered (%)", range=[-5, 105]),
                       yaxis2=dict(title="candidates scored (count)", overlaying="y", side="right"),
@@ -82,10 +85,11 @@ def layer_figure(sweep: LayerSweep) -> go.Figure:
 
 def noise_figure(sweep: NoiseSweep) -> go.Figure:
     fig = go.Figure()
-    for defence in dict.fromkeys(p.defence for p in sweep.points):
+    dashes = ["solid", "dash", "dot", "dashdot"]
+    for n, defence in enumerate(dict.fromkeys(p.defence for p in sweep.points)):
         pts = [p for p in sweep.points if p.defence == defence]
         fig.add_scatter(x=[f"{p.noise:g}" for p in pts], y=[100 * p.accuracy for p in pts], mode="lines+markers",
-                        name=DEFENCE_LABELS.get(defence, defence))
+                        name=DEFENCE_LABELS.get(defence, defence), line=dict(dash=dashes[n % len(dashes)], width=3))
     fig.update_layout(title="Recovery vs Gaussian noise, per permutation defence",
                       xaxis_title="noise σ (multiples of the hidden states' std)", xaxis_type="category",
                       yaxis=dict(title="tokens recovered (%)", range=[-5, 105]), height=340,
@@ -94,20 +98,23 @@ def noise_figure(sweep: NoiseSweep) -> go.Figure:
 
 
 def speed_figure(cmp: SpeedComparison) -> go.Figure:
+    from plotly.subplots import make_subplots
+
     names = ["proposal-ordered attack", "exhaustive search"]
     evals = [cmp.attack.evaluations, cmp.exhaustive_evaluations_total]
     secs = [sum(t.seconds for t in cmp.attack.tokens), cmp.exhaustive_seconds_total]
-    fig = go.Figure()
-    fig.add_bar(x=names, y=evals, name="candidates scored", text=[f"{v:,}" for v in evals], marker_color="#8da0cb")
-    fig.add_bar(x=names, y=secs, name="wall time (s)", yaxis="y2", text=[f"{v:.2f} s" for v in secs],
-                marker_color="#66c2a5")
     extrapolated = cmp.measured_positions < cmp.positions
-    fig.update_layout(
-        title="Attack vs exhaustive search" + (" (exhaustive time extrapolated)" if extrapolated else ""),
-        barmode="group", xaxis_title="method", yaxis=dict(title="candidates scored (count, log)", type="log"),
-        yaxis2=dict(title="wall time (s, log)", type="log", overlaying="y", side="right"),
-        height=340, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25),
-    )
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        "candidates scored", "wall time" + (" (exhaustive extrapolated)" if extrapolated else "")))
+    colours = ["#66c2a5", "#8da0cb"]
+    fig.add_bar(x=names, y=evals, text=[f"{v:,}" for v in evals], marker_color=colours, row=1, col=1)
+    fig.add_bar(x=names, y=secs, text=[f"{v:.2f} s" for v in secs], marker_color=colours, row=1, col=2)
+    fig.update_yaxes(type="log", title_text="candidates (count, log scale)", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="seconds (log scale)", row=1, col=2)
+    fig.update_xaxes(title_text="method")
+    fig.update_layout(title=f"Attack vs exhaustive search: {cmp.evaluation_ratio:,.0f}× fewer candidates, "
+                            f"{cmp.time_ratio:,.1f}× less time", showlegend=False, height=360,
+                      margin=dict(t=70, b=40))
     return fig
 
 
