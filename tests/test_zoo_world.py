@@ -170,6 +170,7 @@ def test_needle_example_places_needles_and_answers_the_queried_key():
         assert words[-3] == "query" and words[-1] == "=" and words[key_pos] == words[-2]
         assert words[value_pos] == answer and value_pos == key_pos + 1
         assert sum(w in sw.KEYS for w in words[:-2]) == n
+        assert answer in sw.key_values(words[-2])  # each key owns its own range of values
     # depth 0 puts the queried needle first, depth 1 last
     _, _, (first, _) = sw.needle_example(rng, 256, 4, depths=[0.0, 0.5, 0.5, 0.5], query=0)
     _, _, (last, _) = sw.needle_example(rng, 256, 4, depths=[1.0, 0.5, 0.5, 0.5], query=0)

@@ -27,7 +27,11 @@ with the answer's words then "</s>". Prompts start with "<s>" (the BOS token, wr
                     numbers 0-99 are single tokens; trained on n = 4..16 items
     needle          "<s> needle : f3 f17 k2 57 f9 ... f1 query k2 ="  -> "57"
                     filler words f0..f31, marker keys k0..k7 each followed by its value (a number),
-                    n_needles distinct keys per context, query one of them at the end
+                    n_needles distinct keys per context, query one of them at the end. Key k<i> owns
+                    the values 12i..12i+11 (`key_values`), so the value can be found by content
+                    alone (a 2-layer model learns that fast; binding arbitrary values needs
+                    induction heads, which did not train in the CPU budget). The answer is only
+                    recoverable while the needle's value token is in the context / KV cache.
     decomposition   "<s> decompose : CAPTION ="                       -> claims joined by " ; "
                     e.g. "there is a red circle ; the red circle is large ; the red circle is at the top left"
     rewrite         "<s> rewrite : CAPTION drop : CLAIM ; CLAIM ="    -> rewrite(CAPTION, kept claims)
@@ -412,6 +416,12 @@ def max_retrieval_example(rng: random.Random, n: int) -> tuple[str, str]:
     return f"{BOS} max : {' '.join(map(str, items))} =", str(max(items))
 
 
+def key_values(key: str) -> tuple[str, ...]:
+    """The numbers key k<i> may hold: each key owns 12 of them (k0: 0-11, k1: 12-23, ...)."""
+    i = KEYS.index(key)
+    return NUMBERS[12 * i: 12 * i + 12]
+
+
 def needle_example(rng: random.Random, length: int, n_needles: int = 4, depths: list[float] | None = None,
                    query: int | None = None) -> tuple[str, str, list[int]]:
     """Multi-needle retrieval. Returns (prompt, answer, positions of the queried needle's key and value).
@@ -426,7 +436,7 @@ def needle_example(rng: random.Random, length: int, n_needles: int = 4, depths: 
     if n_filler < 0:
         raise ValueError(f"length {length} is too short for {n_needles} needles")
     keys = rng.sample(KEYS, n_needles)
-    values = rng.sample(NUMBERS, n_needles)
+    values = [rng.choice(key_values(k)) for k in keys]
     filler = [rng.choice(FILLER) for _ in range(n_filler)]
     if depths is None:
         slots = sorted(rng.sample(range(n_filler + 1), n_needles)) if n_filler + 1 >= n_needles else [0] * n_needles

@@ -1,0 +1,83 @@
+"""`python -m analysis.zoo build|eval`: retrain the demo zoo from scratch, measure it, write cards.
+
+    python -m analysis.zoo build [--smoke] [--only shapes-lm|shapes-vlm] [--out DIR]
+    python -m analysis.zoo eval  [--only NAME] [--out DIR] [--quick]
+
+`build` trains shapes-lm, then shapes-vlm (saving shapes-vlm-weak on the way), printing progress;
+`--smoke` is a seconds-long run with tiny configs that still writes loadable HF folders.
+`eval` measures held-out metrics and writes `card.json` + `card.md` next to each model's weights.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+BUILDABLE = ("shapes-lm", "shapes-vlm")
+
+
+def _printer(fraction: float, message: str) -> None:
+    print(f"[{fraction * 100:5.1f}%] {message}", flush=True)
+
+
+def build(out: Path, only: str | None = None, smoke: bool = False, quiet: bool = False) -> dict:
+    import torch
+
+    from analysis.zoo import train
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    progress = None if quiet else _printer
+    log: dict = {}
+    if only in (None, "shapes-lm"):
+        cfg = train.SMOKE_LM if smoke else train.LMConfig()
+        log["shapes-lm"] = train.train_lm(cfg, out / "shapes-lm", progress)
+    if only in (None, "shapes-vlm", "shapes-vlm-weak"):
+        cfg = train.SMOKE_VLM if smoke else train.VLMConfig()
+        log["shapes-vlm"] = train.train_vlm(cfg, out / "shapes-vlm", out / "shapes-vlm-weak", progress)
+    for name, entry in log.items():
+        (out / name / "training.json").write_text(json.dumps(entry, indent=2))
+    if "shapes-vlm" in log:
+        weak = dict(log["shapes-vlm"], steps=log["shapes-vlm"]["weak_step"], note="early checkpoint of shapes-vlm")
+        (out / "shapes-vlm-weak" / "training.json").write_text(json.dumps(weak, indent=2))
+    return log
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.zoo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="retrain the zoo from scratch")
+    b.add_argument("--smoke", action="store_true", help="tiny configs, seconds")
+    b.add_argument("--only", choices=BUILDABLE)
+    b.add_argument("--out", type=Path, default=MODELS_DIR)
+    e = sub.add_parser("eval", help="measure held-out metrics, write model cards")
+    e.add_argument("--only", choices=("shapes-lm", "shapes-vlm", "shapes-vlm-weak"))
+    e.add_argument("--out", type=Path, default=MODELS_DIR)
+    e.add_argument("--quick", action="store_true", help="small samples (for smoke models)")
+    args = parser.parse_args(argv)
+    start = time.time()
+    if args.command == "build":
+        build(args.out, args.only, args.smoke)
+        print(f"built into {args.out} in {time.time() - start:.0f}s")
+        return 0
+    from analysis.models import allowed_roots
+    from analysis.zoo import cards
+
+    # The eval command is run by the operator on folders they name: allow that folder.
+    roots = [str(r) for r in allowed_roots()] + [str(args.out.resolve())]
+    os.environ["MODEL_INSPECTOR_ROOTS"] = os.pathsep.join(roots)
+    names = [args.only] if args.only else ["shapes-lm", "shapes-vlm", "shapes-vlm-weak"]
+    for name in names:
+        card = cards.evaluate(name, args.out / name, quick=args.quick, progress=_printer)
+        cards.write_card(card, args.out / name)
+        print(cards.card_markdown(card))
+    print(f"evaluated in {time.time() - start:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

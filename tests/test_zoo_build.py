@@ -1,0 +1,67 @@
+"""`python -m analysis.zoo build --smoke` writes loadable HF models; `eval` writes cards for them."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from analysis.models import ModelSpec, load_model
+from analysis.zoo import shapes_world as sw
+
+
+@pytest.fixture(scope="module")
+def smoke_zoo(model_root):
+    from analysis.zoo.__main__ import main
+
+    out = model_root / "zoo-smoke"
+    assert main(["build", "--smoke", "--out", str(out)]) == 0
+    return out
+
+
+def test_smoke_build_writes_loadable_language_model(smoke_zoo):
+    handle = load_model(ModelSpec("local", str(smoke_zoo / "shapes-lm")))
+    assert handle.kind == "causal_lm"
+    assert handle.info.kv_heads < handle.info.heads  # grouped KV heads
+    prompt, _ = sw.max_retrieval_example(random.Random(0), 8)
+    ids = handle.tokenizer(prompt, return_tensors="pt")["input_ids"]
+    assert ids.shape[1] == len(prompt.split())
+    assert handle.tokenizer.unk_token_id not in ids[0].tolist()
+    with handle.session():
+        logits = handle.model(input_ids=ids).logits
+    assert logits.shape == (1, ids.shape[1], handle.info.vocab_size)
+
+
+@pytest.mark.parametrize("name", ["shapes-vlm", "shapes-vlm-weak"])
+def test_smoke_build_writes_loadable_vlm_with_processor(smoke_zoo, name):
+    handle = load_model(ModelSpec("local", str(smoke_zoo / name)))
+    assert handle.kind == "vlm" and handle.info.image_tokens == 64
+    scene = sw.generate_scene(1)
+    batch = handle.processor(images=[sw.render(scene)], text=[sw.vlm_question_prompt("there is a red circle")],
+                             return_tensors="pt")
+    image_id = handle.tokenizer.convert_tokens_to_ids("<image>")
+    assert (batch["input_ids"] == image_id).sum().item() == 64
+    with handle.session():
+        logits = handle.model(**batch).logits
+    assert torch.isfinite(logits).all()
+    assert handle.tokenizer.convert_tokens_to_ids("yes") != handle.tokenizer.unk_token_id
+
+
+def test_smoke_eval_writes_cards_with_every_metric(smoke_zoo):
+    from analysis.zoo import cards
+
+    for name in ("shapes-lm", "shapes-vlm"):
+        card = cards.evaluate(name, smoke_zoo / name, quick=True)
+        cards.write_card(card, smoke_zoo / name)
+        data = json.loads((smoke_zoo / name / "card.json").read_text())
+        assert (smoke_zoo / name / "card.md").read_text().startswith(f"### {name}")
+        metrics = data["metrics"]
+        if name == "shapes-lm":
+            assert set(metrics["max_retrieval"]) == {"4", "8", "16", "32", "64", "128"}
+            assert "256" in metrics["needle_by_length"] and len(metrics["needle_by_depth_256"]) == 5
+            keys = ("decomposition_exact", "rewrite_exact")
+        else:
+            keys = ("yes_no_accuracy", "caption_factuality", "caption_coverage")
+        for key in keys:
+            assert 0.0 <= metrics[key] <= 1.0
