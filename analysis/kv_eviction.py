@@ -287,7 +287,7 @@ class Trace:
 
     tokens: list[int]
     prompt_len: int
-    logits: torch.Tensor  # (N - P, V): predictions for tokens[P:]
+    logits: torch.Tensor  # (N - P, V) on the CPU: predictions for tokens[P:]
     kept: list[list[torch.Tensor | None]]  # [decode step][layer] -> (H_kv, K) positions after eviction
     prefill_kept: list[torch.Tensor | None]  # [layer] after the prefill forward
     cache_len: list[list[int]]  # [decode step][layer]
@@ -375,7 +375,7 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
                 state.positions = torch.cat([state.positions, new_pos.expand(1, n_kv, -1)], dim=-1)
                 state.phase = phase["now"]
             if record_attention:
-                attention_log[layer] = attn[0, :, -1, :].float().clone()
+                attention_log[layer] = attn[0, :, -1, :].float().cpu()
             keep = policy.select(layer, attn, state)
             if keep is not None:
                 cached.keys = gather_kv(cached.keys, keep)
@@ -395,7 +395,7 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
         out = lm(input_ids=ids, position_ids=torch.arange(prompt_len, device=device)[None], cache=cache,
                  use_cache=True, logits_to_keep=1)
         logits.append(out.logits[0, -1].float())
-        prefill_kept = [states[i].positions[0].clone() if i in states else None for i in range(len(modules))]
+        prefill_kept = [states[i].positions[0].cpu() if i in states else None for i in range(len(modules))]
         phase["now"] = "decode"
         if generate:
             seq.append(int(logits[-1].argmax()))
@@ -409,7 +409,7 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
             logits.append(out.logits[0, -1].float())
             if generate:
                 seq.append(int(logits[-1].argmax()))
-            kept.append([states[i].positions[0].clone() if i in states else None for i in range(len(modules))])
+            kept.append([states[i].positions[0].cpu() if i in states else None for i in range(len(modules))])
             lens = [c.get_seq_length() for c in cache.layers]
             cache_len.append(lens)
             cache_bytes.append(sum(c.keys.nbytes + c.values.nbytes for c in cache.layers if c.is_initialized))
@@ -420,7 +420,7 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
                 done = pos + 1 - prompt_len
                 progress(done / max(1, target_len - 1 - prompt_len), f"{policy.label}: step {done}")
     n_pred = len(seq) - prompt_len
-    return Trace(tokens=seq, prompt_len=prompt_len, logits=torch.stack(logits[:n_pred]), kept=kept,
+    return Trace(tokens=seq, prompt_len=prompt_len, logits=torch.stack(logits[:n_pred]).cpu(), kept=kept,
                  prefill_kept=prefill_kept, cache_len=cache_len, cache_bytes=cache_bytes, analytic_bytes=analytic,
                  step_time=step_time, attention=attn_rows if record_attention else None, cache=cache)
 
