@@ -576,12 +576,27 @@ class SweepResult(Result):
     def rules(self) -> list[str]:
         return [r.rule.label for r in self.points[0].runs] if self.points else []
 
+    def retrieval_head(self) -> tuple[int, int]:
+        """(layer, head) putting the most softmax weight on the max item at the smallest n."""
+        tw = self.points[0].run("softmax").with_sink.target_weight
+        return max(((l, h) for l in range(len(tw)) for h in range(len(tw[l]))), key=lambda lh: tw[lh[0]][lh[1]])
+
     def accuracy_table(self) -> list[dict]:
-        return [{"n": p.n, "tokens": p.tokens,
-                 "softmax accuracy": p.run("softmax").accuracy, "adaptive accuracy": p.run("adaptive θ").accuracy,
-                 "softmax max-item weight": _mean2(p.run("softmax").with_sink.target_weight),
-                 "adaptive max-item weight": _mean2(p.run("adaptive θ").with_sink.target_weight)}
-                for p in self.points]
+        """Per n: accuracy and max-item weight (mean over heads, and the retrieval head), softmax vs adaptive."""
+        l, h = self.retrieval_head()
+        rows = []
+        for p in self.points:
+            soft, ada = p.run("softmax"), p.run("adaptive θ")
+            rows.append({
+                "n": p.n, "tokens": p.tokens,
+                "softmax accuracy": soft.accuracy, "adaptive accuracy": ada.accuracy,
+                "softmax P(answer)": soft.answer_prob, "adaptive P(answer)": ada.answer_prob,
+                f"softmax max-item weight L{l}H{h}": soft.with_sink.target_weight[l][h],
+                f"adaptive max-item weight L{l}H{h}": ada.with_sink.target_weight[l][h],
+                "softmax max-item weight, mean of heads": _mean2(soft.with_sink.target_weight),
+                "adaptive max-item weight, mean of heads": _mean2(ada.with_sink.target_weight),
+            })
+        return rows
 
 
 def _mean2(rows: list[list[float]]) -> float:
@@ -679,11 +694,12 @@ def cli(argv: list[str]) -> int:
         print(result.to_json())
         return 0
     print(f"{result.model}: max retrieval ({result.format} format), {params.samples} prompts per n\n")
-    print("| n | tokens | softmax acc | adaptive acc | softmax max-item weight | adaptive max-item weight |")
-    print("|---|---|---|---|---|---|")
-    for row in result.accuracy_table():
-        print(f"| {row['n']} | {row['tokens']} | {row['softmax accuracy']:.3f} | {row['adaptive accuracy']:.3f} "
-              f"| {row['softmax max-item weight']:.3f} | {row['adaptive max-item weight']:.3f} |")
+    rows = result.accuracy_table()
+    keys = list(rows[0])
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for row in rows:
+        print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()) + " |")
     if result.skipped:
         print(f"\nskipped (longer than the context): {result.skipped}")
     return 0

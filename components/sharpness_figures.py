@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import plotly.graph_objects as go
+import torch
 from plotly.subplots import make_subplots
 
 from analysis.sharpness import (
-    HeadStats, LemmaResult, PromptResult, SweepResult, beta_curve, sharpening_interval,
+    HeadStats, LemmaResult, PromptResult, SweepResult, adaptive_beta, beta_curve, sharpening_interval,
 )
 
 SOFTMAX_COLOUR = "#636efa"
 ADAPTIVE_COLOUR = "#ef553b"
 REFERENCE = dict(color="grey", dash="dot")
+N_COLOURS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#b5de2b", "#fde725", "#f89540", "#cc4778", "#7e03a8"]
 
 
 def _stats(run, sink: bool) -> HeadStats:
@@ -70,15 +72,16 @@ def theta_sweep_figure(result: SweepResult, layer: int, head: int, sink: bool = 
     fig = make_subplots(rows=1, cols=3, subplot_titles=(
         f"Entropy, layer {layer} head {head}", f"Max weight, layer {layer} head {head}",
         "Probability of the correct answer"))
-    for p in result.points:
+    for i, p in enumerate(result.points):
         runs = [p.run(label) for label in labels]
         name = f"n = {p.n}"
+        line = dict(color=N_COLOURS[i % len(N_COLOURS)])
         fig.add_scatter(x=ticks, y=[_stats(r, sink).entropy[layer][head] for r in runs], name=name,
-                        legendgroup=name, mode="lines+markers", row=1, col=1)
+                        legendgroup=name, mode="lines+markers", line=line, row=1, col=1)
         fig.add_scatter(x=ticks, y=[_stats(r, sink).max_weight[layer][head] for r in runs], name=name,
-                        legendgroup=name, mode="lines+markers", showlegend=False, row=1, col=2)
+                        legendgroup=name, mode="lines+markers", line=line, showlegend=False, row=1, col=2)
         fig.add_scatter(x=ticks, y=[r.answer_prob for r in runs], name=name, legendgroup=name,
-                        mode="lines+markers", showlegend=False, row=1, col=3)
+                        mode="lines+markers", line=line, showlegend=False, row=1, col=3)
     fig.update_xaxes(type="category", title_text="temperature θ")
     fig.update_yaxes(title_text="entropy H (nats)", row=1, col=1)
     fig.update_yaxes(title_text="max weight (probability)", range=[0, 1.05], row=1, col=2)
@@ -99,15 +102,19 @@ def beta_figure(result: SweepResult, n: int) -> go.Figure:
     point = next(p for p in result.points if p.n == n)
     run = point.run("adaptive θ")
     for layer in range(result.layers):
+        h_mean = run.with_sink.raw_entropy[layer]
         fig.add_scatter(
-            x=run.with_sink.raw_entropy[layer], y=run.with_sink.beta[layer], mode="markers",
-            name=f"layer {layer}", marker=dict(size=9),
-            text=[f"layer {layer}, head {k}" for k in range(result.heads)], hovertemplate="%{text}<br>H=%{x:.2f} β=%{y:.2f}",
+            x=h_mean, y=adaptive_beta(torch.tensor(h_mean, dtype=torch.float64)).tolist(), mode="markers",
+            name=f"layer {layer}", marker=dict(size=10),
+            customdata=run.with_sink.beta[layer],
+            text=[f"layer {layer}, head {k}" for k in range(result.heads)],
+            hovertemplate="%{text}<br>mean H = %{x:.2f} nats<br>β(mean H) = %{y:.2f}"
+                          "<br>mean β applied = %{customdata:.2f}<extra></extra>",
         )
     fig.update_xaxes(title_text="entropy H of softmax(s) at the answer position (nats)", range=[0, 8])
     fig.update_yaxes(title_text="inverse temperature β (1 = unchanged)")
-    fig.update_layout(title=f"Adaptive temperature rule, with each head's observed entropy at n = {n} "
-                            "(mean over prompts)", height=420)
+    fig.update_layout(title=f"Adaptive temperature rule; dots: each head at its mean observed entropy at n = {n}",
+                      height=420)
     return fig
 
 

@@ -180,7 +180,8 @@ st.header("4 · The adaptive rule, β(H)")
 st.plotly_chart(F.beta_figure(result, n_view), key="fig_beta")
 explain("The paper's rule picks β = 1/θ from the entropy H of the plain softmax row. It only sharpens "
         "(β > 1) inside the shaded band; sharp rows (H ≤ 0.5) and very diffuse rows are left as they "
-        "are. Dots: every head of this model at the answer position, where they sit on the curve.")
+        "are. Dots: every head of this model at the answer position, placed at its mean entropy over the "
+        "prompts (hover for the mean β it actually got).")
 
 st.header("5 · Which heads are sharp")
 st.plotly_chart(F.heatmap_figure(result, n_view, sink), key="fig_heat")
@@ -192,9 +193,12 @@ rows = result.accuracy_table()
 st.dataframe(rows, hide_index=True, column_config={
     k: st.column_config.NumberColumn(format="%.3f") for k in rows[0] if k not in ("n", "tokens")})
 st.plotly_chart(F.accuracy_figure(result), key="fig_acc")
+rl, rh = result.retrieval_head()
 explain(f"Share of {result.params.samples} prompts per n where the model's most likely next token is the "
-        "largest number, with softmax everywhere and with adaptive θ everywhere; and the mean weight all "
-        "heads put on the largest number's tokens.")
+        "largest number, and the mean probability it gives that number, with softmax in every head and with "
+        f"adaptive θ in every head. Max-item weight: attention of the answer position on the largest "
+        f"number's tokens, in the retrieval head (layer {rl}, head {rh}: the one with the most such weight at "
+        "the smallest n) and averaged over all heads.")
 
 share_bar("sharpness", title=f"Attention sharpness on {handle.spec.label}", params=params.to_dict(),
           result=result, model=handle.spec.label,

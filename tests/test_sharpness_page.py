@@ -30,6 +30,13 @@ def test_page_renders_all_views_on_demo_model(tiny_llama_dir):
     assert at.query_params["theta"] == ["adaptive"] or at.query_params["theta"] == "adaptive"
 
 
+def test_page_runs_on_a_vlm_language_model(tiny_llava_dir):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, {"ns": "4,8", "samples": "2"})
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert len(at.header) == 6 and len(metrics(at)) == 5
+
+
 def test_changing_theta_layer_and_head_updates_the_values(tiny_llama_dir):
     at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, QUERY)
     first = metrics(at)
