@@ -529,32 +529,24 @@ def collect_activations(handle: ModelHandle, pairs: PairSet, layer: int, batch_s
             hidden = captured[0]
             ids = enc["input_ids"].cpu()
             mask = enc["attention_mask"].cpu().bool()
+            is_image = (ids == img_id) & mask if is_vlm else torch.zeros_like(mask)
+            is_text = mask & ~is_image & ~torch.isin(ids, torch.tensor(sorted(skip), dtype=ids.dtype))
             for row, i in enumerate(batch):
-                text_tokens: list[str] = []
-                patch_no = 0
-                for pos in range(ids.shape[1]):
-                    tid = int(ids[row, pos])
-                    if not mask[row, pos]:
-                        continue
-                    if is_vlm and tid == img_id:
-                        mod, idx = IMAGE, patch_no
-                        patch_no += 1
-                    elif tid in skip:
-                        continue
-                    else:
-                        mod, idx = TEXT, len(text_tokens)
-                        text_tokens.append(tok.convert_ids_to_tokens(tid))
-                    acts.append(hidden[row, pos])
-                    modality.append(mod)
-                    pair_idx.append(i)
-                    index.append(idx)
-                tokens.append(text_tokens)
+                keep = (is_text[row] | is_image[row]).nonzero().squeeze(1)  # positions in order
+                image_here = is_image[row, keep]
+                # text tokens count 0, 1, 2, ... and image tokens count patches 0, 1, 2, ... separately
+                idx = torch.where(image_here, image_here.long().cumsum(0) - 1, (~image_here).long().cumsum(0) - 1)
+                acts.append(hidden[row, keep])
+                modality.append(image_here.long() * IMAGE + (~image_here).long() * TEXT)
+                pair_idx.append(torch.full((keep.numel(),), i, dtype=torch.long))
+                index.append(idx)
+                tokens.append(tok.convert_ids_to_tokens(ids[row, keep[~image_here]].tolist()))
             progress(batch[-1] / max(n, 1), f"activations {batch[-1] + 1}/{n}")
-    if not acts:
+    if not sum(a.shape[0] for a in acts):
         raise ValueError("No text or image positions were found in the inputs.")
     return Activations(
-        acts=torch.stack(acts), modality=torch.tensor(modality), pair=torch.tensor(pair_idx),
-        index=torch.tensor(index), tokens=tokens, layer=layer, grid=grid,
+        acts=torch.cat(acts), modality=torch.cat(modality), pair=torch.cat(pair_idx),
+        index=torch.cat(index), tokens=tokens, layer=layer, grid=grid,
     )
 
 
