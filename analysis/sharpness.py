@@ -89,22 +89,36 @@ class Temperature(Result):
         return {"softmax": "softmax", "adaptive": "adaptive θ"}.get(self.mode, f"θ = {self.theta:g}")
 
 
-def tempered_softmax(scores: torch.Tensor, rule: Temperature) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def tempered_softmax(scores: torch.Tensor, rule: Temperature) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Apply `rule` to attention logits `s` (already scaled and masked) along the last axis.
 
-    Returns (probabilities used, entropy of plain softmax(s), β used per row).
+    Returns (probabilities used, entropy of plain softmax(s), β per row); for plain softmax the last
+    two are None (they are not needed to compute the output; `row_entropy` gives them when wanted).
     """
     s = scores.to(torch.promote_types(scores.dtype, torch.float32))  # never softmax in half precision
-    s = s - s.amax(-1, keepdim=True)  # shift-invariant; keeps β·s finite for masked keys
-    p = torch.softmax(s, dim=-1)
-    h = entropy_nats(p)
     if rule.mode == "softmax":
-        return p, h, torch.ones_like(h)
+        return torch.softmax(s, dim=-1), None, None
+    s = s - s.amax(-1, keepdim=True)  # shift-invariant; keeps β·s finite for masked keys
     if rule.mode == "fixed":
-        beta = torch.full_like(h, 1.0 / rule.theta)
-    else:
-        beta = adaptive_beta(h)
-    return torch.softmax(s * beta.unsqueeze(-1), dim=-1), h, beta
+        return torch.softmax(s.mul_(1.0 / rule.theta), dim=-1), None, None
+    h = row_entropy(s)
+    beta = adaptive_beta(h)
+    return torch.softmax(s.mul_(beta.unsqueeze(-1)), dim=-1), h, beta
+
+
+def row_entropy(scores: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of softmax(scores) along the last axis, without forming p ln p with p = 0."""
+    log_p = torch.log_softmax(scores, dim=-1)
+    return -(log_p.exp().mul_(log_p)).sum(-1)
+
+
+def rule_beta(rule: Temperature, entropy: torch.Tensor) -> torch.Tensor:
+    """β the rule applies to rows with the given softmax entropy."""
+    if rule.mode == "softmax":
+        return torch.ones_like(entropy)
+    if rule.mode == "fixed":
+        return torch.full_like(entropy, 1.0 / rule.theta)
+    return adaptive_beta(entropy)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +172,7 @@ def temperature_attention(module, query, key, value, attention_mask, scaling=Non
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask[:, :, :, : key.shape[-2]]
-    probs, raw_entropy, beta = tempered_softmax(scores, rule)
+    probs, _, _ = tempered_softmax(scores, rule)
     probs = probs.to(value.dtype)
     output = torch.matmul(probs, value).transpose(1, 2).contiguous()
     if active is not None and active.recorder is not None:
@@ -166,10 +180,12 @@ def temperature_attention(module, query, key, value, attention_mask, scaling=Non
         layer = getattr(module, "layer_idx", None)
         layer = rec.calls if layer is None else int(layer)
         rec.calls += 1
-        rec.scores[layer] = scores[:, :, -1, :].float().detach()
+        last = scores[:, :, -1, :].float()
+        raw_entropy = row_entropy(last)
+        rec.scores[layer] = last.detach()
         rec.probs[layer] = probs[:, :, -1, :].float().detach()
-        rec.raw_entropy[layer] = raw_entropy[:, :, -1].detach()
-        rec.beta[layer] = beta[:, :, -1].detach()
+        rec.raw_entropy[layer] = raw_entropy.detach()
+        rec.beta[layer] = rule_beta(rule, raw_entropy).detach()
     return output, probs
 
 
@@ -259,7 +275,7 @@ def lemma_demo(params: LemmaParams | None = None) -> LemmaResult:
         for n in params.ns:
             s = torch.zeros(1, n, dtype=torch.float64)
             s[0, 0] = params.spread
-            p, _, _ = tempered_softmax(s, rule)
+            p = tempered_softmax(s, rule)[0]
             p_max.append(float(p[0, 0]))
             ent.append(float(entropy_nats(p)[0]))
         curves.append(LemmaCurve(rule.label, p_max, ent))

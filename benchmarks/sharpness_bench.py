@@ -74,13 +74,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--model", default="zoo:shapes-lm", help="the trained model to time besides GPT-2 small")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     handles = []
     try:
-        handles.append(load_model(ModelSpec("zoo", "shapes-lm")))
+        handles.append(load_model(ModelSpec.parse(args.model)))
     except ModelLoadError as exc:
-        print(f"(skipping shapes-lm: {exc})")
+        print(f"(skipping {args.model}: {exc})")
     handles.append(gpt2_small_random())
     rows = [time_forwards(h, args.tokens, args.repeats) for h in handles]
     print(f"Forward of {args.tokens} tokens (batch 1), median of {args.repeats}, torch threads "
