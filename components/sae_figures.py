@@ -139,6 +139,12 @@ def image_heatmap_figure(image: np.ndarray, heatmap: list[float], grid: int, tit
         customdata=np.arange(grid * grid).reshape(grid, grid),
         hovertemplate="patch %{customdata}<br>activation %{z:.3f}<extra></extra>",
     ))
+    xs, ys = np.meshgrid(centres, centres)
+    fig.add_trace(go.Scatter(  # near-invisible markers, one per patch, so a click selects the patch
+        x=xs.ravel(), y=ys.ravel(), mode="markers", customdata=np.arange(grid * grid), showlegend=False,
+        marker=dict(symbol="square", size=max(4, int(height * 0.8 / grid)), opacity=0.01, color="white"),
+        hovertemplate="patch %{customdata}<extra></extra>", name="patch",
+    ))
     if selected is not None:
         r, c = divmod(selected, grid)
         fig.add_shape(type="rect", x0=c * step, x1=(c + 1) * step, y0=r * step, y1=(r + 1) * step,

@@ -249,6 +249,18 @@ def _png(image) -> bytes:
     return buf.getvalue()
 
 
+def _clicked_patch(event) -> int | None:
+    try:
+        points = event["selection"]["points"]
+        data = points[0]["customdata"]
+    except (TypeError, KeyError, IndexError):
+        return None
+    try:
+        return int(data[0] if isinstance(data, (list, tuple)) else data)
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
 def show_explain() -> None:
     image = None
     default_text = store.pairs.pairs[0].text if store.pairs.pairs else ""
@@ -282,18 +294,25 @@ def show_explain() -> None:
     if not result.totals:
         st.warning("No feature is active on this input.")
         return
-    options = [int(s.key) for s in result.totals[:40]]
+    # features that fire on the image first (strongest patch first), so the map shows something
+    on_image = sorted(result.image_max, key=lambda f: -result.image_max[f])
+    options = (on_image + [int(s.key) for s in result.totals if int(s.key) not in result.image_max])[:60]
     left, right = st.columns([2, 3])
     with left:
         if is_vlm and image is not None:
             feature = st.selectbox("Feature to map over the image", options, key="sae_explain_feature",
-                                   format_func=lambda f: f"{f} · {store.features[f].label} · max "
-                                                         f"{dict((int(s.key), s.value) for s in result.totals)[f]:.2f}")
-            patch = int(st.number_input("Patch (row-major index)", 0, result.grid ** 2 - 1, 0, key="sae_patch"))
+                                   format_func=lambda f: f"{f} · {store.features[f].label} · max on image "
+                                                         f"{result.image_max.get(f, 0.0):.2f}")
+            clicked = _clicked_patch(st.session_state.get("sae_explain_map"))
+            if clicked is not None and clicked != st.session_state.get("sae_patch_clicked"):
+                st.session_state["sae_patch"] = clicked  # a click on the map picks the patch
+                st.session_state["sae_patch_clicked"] = clicked
+            patch = int(st.number_input("Patch (row-major index; or click the map)", 0, result.grid ** 2 - 1, 0,
+                                        key="sae_patch"))
             heat = figs.explanation_patch_heatmap(result, feature)
             fig = figs.image_heatmap_figure(figs.fit_image(image, handle.info.image_size), heat, result.grid,
                                             f"Feature {feature} over the image", selected=patch, height=360)
-            st.plotly_chart(fig, key="sae_explain_map")
+            st.plotly_chart(fig, key="sae_explain_map", on_select="rerun", selection_mode="points")
             pos = next(p for p in result.positions if p.modality == sae_v.IMAGE and p.index == patch)
             st.markdown(f"**Features active on patch {patch}** (row {patch // result.grid}, column "
                         f"{patch % result.grid})")
