@@ -365,3 +365,37 @@ def test_cli_trains_and_prints_json(tiny_llava_dir, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["meta"]["layer"] == 1 and out["summary"]["features"] == 16
     assert set(out["ranking"]) == {"roc_auc", "roc_auc_weighted", "precision", "recall"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The committed demo SAE cannot drift from its model
+
+
+DEMO = sae_v.SAE_ROOT / "shapes-vlm"
+
+
+@pytest.mark.skipif(not list(DEMO.glob("layer*/" + sae_v.STORE_FILE)), reason="demo SAE not built")
+def test_demo_store_matches_a_recomputation_from_the_committed_weights():
+    from analysis.models import ModelSpec, load_model, zoo_models
+
+    if "shapes-vlm" not in zoo_models():
+        pytest.skip("shapes-vlm not built")
+    folder = sorted(DEMO.glob("layer*/" + sae_v.STORE_FILE))[0].parent
+    handle = load_model(ModelSpec("zoo", "shapes-vlm"))
+    sae, meta = sae_v.load_sae(folder)
+    store = sae_v.load_store(folder)
+    # re-run the model on the pairs behind the strongest examples of a few live features
+    cards = [c for c in store.features if c.top_text and c.top_images][:4]
+    wanted = sorted({c.top_text[0].pair for c in cards} | {c.top_images[0].pair for c in cards})
+    subset = sae_v.PairSet(store.pairs.dataset, store.pairs.seed, store.pairs.image_size,
+                           [store.pairs.pairs[i] for i in wanted])
+    acts = sae_v.collect_activations(handle, subset, meta.layer)
+    codes = sae_v.encode(sae, acts.acts)
+    for card in cards:
+        t, im = card.top_text[0], card.top_images[0]
+        row = ((acts.pair == wanted.index(t.pair)) & (acts.modality == TEXT) & (acts.index == t.index)).nonzero().item()
+        assert float(codes[row, card.index]) == pytest.approx(t.act, rel=1e-3, abs=1e-3)
+        rows = ((acts.pair == wanted.index(im.pair)) & (acts.modality == IMAGE)).nonzero().squeeze(1)
+        assert codes[rows, card.index].tolist() == pytest.approx(im.heatmap, rel=1e-3, abs=1e-3)
+    fve, l0, _ = sae_v.reconstruction_metrics(sae, acts.acts)
+    assert fve > meta.fve - 0.1 and l0 == pytest.approx(meta.l0, rel=0.5)
