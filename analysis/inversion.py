@@ -7,8 +7,10 @@ position i, recompute their layer-L state (only the first L layers run, and the 
 shared by the whole candidate batch) and keep the candidate whose state is closest (L1) to the
 observed one. Candidates are tried in a proposal order (the model's own next-token distribution,
 the token embeddings closest to the observed state, or both interleaved); the first candidate whose
-distance is under a calibrated epsilon is accepted, otherwise the global minimum over the whole
-vocabulary wins. The distance check is the certificate, so the order only changes the cost.
+distance is under a calibrated epsilon (numerical noise) is accepted, otherwise the global minimum
+over the whole vocabulary wins. The distance check is the certificate, so the order only changes
+the cost. Under noise or quantisation no state matches exactly, so the attack scores the whole
+vocabulary and takes the nearest state (the strongest decision, not the first "close enough" one).
 
 Defences (each a small class in `DEFENCES`): shuffled positions (the attacker matches against every
 row not yet used), shuffled hidden dimensions (sorted vectors are compared, which a permutation
@@ -73,7 +75,7 @@ class TokenRecovery(Result):
     rank: int  # 1-based rank of the true token among the candidates tried (0: not reached)
     evaluations: int  # candidates whose layer-L state was computed at this position
     gradient_steps: int  # forward+backward passes spent by gradient inversion at this position
-    certified: bool  # accepted under epsilon (else: global minimum over the vocabulary)
+    certified: bool  # distance within epsilon: consistent with the defence (exact match without one)
     matched_row: int  # row of the observed matrix it was matched to
     seconds: float
 
@@ -91,8 +93,8 @@ class AttackResult(Result):
     proposal_forwards: int  # full-model forwards (batch 1) that produced next-token distributions
     gradient_steps: int
     calibration_evaluations: int
-    epsilon: float  # acceptance threshold actually used (numerical + defence tolerance)
-    numerical_epsilon: float
+    epsilon: float  # numerical + defence tolerance: a distance this small is consistent with the defence
+    numerical_epsilon: float  # early-acceptance threshold (calibrated numerical noise)
     state_l1: float  # mean L1 norm of an observed state, to read distances against
     seconds: float
 
@@ -307,7 +309,7 @@ class Defence:
         return states
 
     def tolerance(self, states: torch.Tensor) -> float:
-        """Largest L1 change (w.h.p.) the defence adds to a true match, added to epsilon."""
+        """Largest L1 change (w.h.p.) the defence adds to a true match (reported, not used to stop early)."""
         return 0.0
 
 
@@ -593,7 +595,7 @@ def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress = 
                 if float(dist[j]) < best[0]:
                     best = (float(dist[j]), int(batch[j]), int(row_index[which[j]]))
                 if not params.exhaustive:
-                    hits = torch.nonzero(dist <= epsilon).flatten()
+                    hits = torch.nonzero(dist <= numerical_eps).flatten()
                     if len(hits):
                         k = int(hits[0])
                         best = (float(dist[k]), int(batch[k]), int(row_index[which[k]]))

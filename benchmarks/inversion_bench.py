@@ -52,6 +52,9 @@ def row(model: str, layer: int, method: str, result: inv.AttackResult, exhaustiv
         "accuracy": result.accuracy, "candidates": result.evaluations, "gradient_steps": result.gradient_steps,
         "proposal_forwards": result.proposal_forwards, "seconds": round(seconds, 3),
         "candidate_ratio": round(exhaustive_evals * len(result.tokens) / positions / max(result.evaluations, 1), 1),
+        # All work in forward-equivalents: a gradient step (forward + backward) counted as 3 forwards.
+        "work_ratio": round(exhaustive_evals * len(result.tokens) / positions / max(
+            result.evaluations + 3 * result.gradient_steps + result.proposal_forwards, 1), 1),
         "time_ratio": round(exhaustive_seconds * len(result.tokens) / positions / max(seconds, 1e-9), 1),
         "recovered": [t.recovered_id for t in result.tokens], "note": note,
     }
@@ -69,7 +72,7 @@ def bench(handle: ModelHandle, name: str, layer: int, ids: list[int], orders: li
     rows = [{
         "model": name, "layer": layer, "method": "exhaustive", "positions": measured,
         "accuracy": exhaustive.accuracy, "candidates": ex_evals, "gradient_steps": 0, "proposal_forwards": 0,
-        "seconds": round(ex_seconds, 3), "candidate_ratio": 1.0, "time_ratio": 1.0,
+        "seconds": round(ex_seconds, 3), "candidate_ratio": 1.0, "work_ratio": 1.0, "time_ratio": 1.0,
         "recovered": [t.recovered_id for t in exhaustive.tokens], "note": note,
     }]
     for order in orders:
@@ -84,16 +87,45 @@ def bench(handle: ModelHandle, name: str, layer: int, ids: list[int], orders: li
 
 def table(rows: list[dict]) -> str:
     head = ("| model | layer | method | accuracy | candidates scored | gradient steps | wall time (s) | "
-            "fewer candidates | less time | same tokens as exhaustive |")
-    lines = [head, "|" + "---|" * 10]
+            "fewer candidates | less work (all passes) | less time | same tokens as exhaustive |")
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         same = "—" if r["method"] == "exhaustive" else ("yes" if r.get("identical_to_exhaustive") else "NO")
         star = " *" if r["note"] else ""
         lines.append(f"| {r['model']} | {r['layer']} | {r['method']} | {r['accuracy']:.0%} | {r['candidates']:,} | "
                      f"{r['gradient_steps']} | {r['seconds']:.1f}{star} | {r['candidate_ratio']:,.0f}× | "
+                     f"{r['work_ratio']:,.0f}× | "
                      f"{r['time_ratio']:,.1f}× | {same} |")
     notes = sorted({f"* exhaustive on {r['model']}: {r['note']}" for r in rows if r["note"]})
     return "\n".join(lines + [""] + notes)
+
+
+def noise_model() -> tuple[str, ModelHandle]:
+    if "shapes-lm" in zoo_models():
+        return "shapes-lm", load_model(ModelSpec("zoo", "shapes-lm"))
+    import tempfile
+
+    from analysis.tiny_models import save_tiny_llama
+
+    folder = save_tiny_llama(Path(tempfile.mkdtemp()) / "tiny-llama")
+    os.environ["MODEL_INSPECTOR_ROOTS"] = str(folder.parent)
+    return "tiny random Llama", load_model(ModelSpec("local", str(folder)))
+
+
+def noise_table(named: tuple[str, ModelHandle], quick: bool) -> str:
+    """Accuracy vs Gaussian noise for each permutation defence (16 random tokens, middle layer)."""
+    name, handle = named
+    layer = max(1, handle.info.layers // 2)
+    words = sorted(w for w in handle.tokenizer.get_vocab() if not w.startswith("<"))
+    prompt = " ".join(words[i] for i in random_ids(len(words), 8 if quick else 16, seed=2))
+    noises = [0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0]
+    sweep = inv.sweep_noise(handle, inv.AttackParams(prompt=prompt, layer=layer, order="hybrid"), noises)
+    acc = {(p.defence, p.noise): p.accuracy for p in sweep.points}
+    lines = [f"Accuracy vs Gaussian noise on {name}, layer {layer} (σ in units of the states' std):", "",
+             "| defence | " + " | ".join(f"σ={s:g}" for s in noises) + " |", "|---|" + "---|" * len(noises)]
+    for perm in inv.PERMUTATIONS:
+        lines.append(f"| {inv.DEFENCE_LABELS[perm]} | " + " | ".join(f"{acc[(perm, s)]:.0%}" for s in noises) + " |")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -123,7 +155,7 @@ def main() -> int:
     ids = random_ids(inv.vocab_size(handle), n, seed=3)
     rows += bench(handle, "GPT-2-small shape, random weights", handle.info.layers // 2, ids, ["hybrid", "gradient"],
                   args.exhaustive_positions)
-    md = table(rows)
+    md = table(rows) + "\n\n" + noise_table(noise_model(), args.quick)
     print(md)
     out = ROOT / "benchmarks" / "results" / "inversion_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import math
 
 import plotly.graph_objects as go
 
@@ -45,8 +46,12 @@ def distance_figure(result: AttackResult) -> go.Figure:
                 marker_color=[GOOD if t.correct else BAD for t in result.tokens],
                 hovertext=[f"{t.true_token} → {t.recovered_token}" for t in result.tokens])
     # A line trace rather than add_hline: hline annotations are misplaced on log axes.
-    fig.add_scatter(x=[min(xs) - 0.5, max(xs) + 0.5], y=[result.epsilon] * 2, mode="lines",
-                    line=dict(dash="dash", color="#444"), name=f"ε = {result.epsilon:.3g}")
+    span = [min(xs) - 0.5, max(xs) + 0.5]
+    fig.add_scatter(x=span, y=[result.numerical_epsilon] * 2, mode="lines", line=dict(dash="dash", color="#444"),
+                    name=f"exact match: ε = {result.numerical_epsilon:.3g}")
+    if result.epsilon > result.numerical_epsilon:
+        fig.add_scatter(x=span, y=[result.epsilon] * 2, mode="lines", line=dict(dash="dot", color="#999"),
+                        name=f"within the defence's reach: {result.epsilon:.3g}")
     fig.update_layout(title="L1 distance to the observed state, per position",
                       xaxis_title="position (token index)", yaxis_title="L1 distance (log scale)",
                       yaxis_type="log", height=320, margin=dict(t=50, b=40),
@@ -76,9 +81,10 @@ def layer_figure(sweep: LayerSweep) -> go.Figure:
                     name="tokens recovered (%)")
     fig.add_bar(x=xs, y=[p.evaluations for p in sweep.points], name="candidates scored", yaxis="y2",
                 opacity=0.3, marker_color="#8da0cb", width=0.4)
-    fig.update_layout(title="Recovery by layer", xaxis_title="layer L (0 = embeddings)",
+    fig.update_layout(title="Recovery by layer", xaxis=dict(title="layer L (0 = embeddings)", dtick=1),
                       yaxis=dict(title="tokens recovered (%)", range=[-5, 105]),
-                      yaxis2=dict(title="candidates scored (count)", overlaying="y", side="right"),
+                      yaxis2=dict(title="candidates scored (count)", overlaying="y", side="right",
+                                  rangemode="tozero", showgrid=False),
                       height=340, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
     return fig
 
@@ -109,8 +115,11 @@ def speed_figure(cmp: SpeedComparison) -> go.Figure:
     colours = ["#66c2a5", "#8da0cb"]
     fig.add_bar(x=names, y=evals, text=[f"{v:,}" for v in evals], marker_color=colours, row=1, col=1)
     fig.add_bar(x=names, y=secs, text=[f"{v:.2f} s" for v in secs], marker_color=colours, row=1, col=2)
-    fig.update_yaxes(type="log", title_text="candidates (count, log scale)", row=1, col=1)
-    fig.update_yaxes(type="log", title_text="seconds (log scale)", row=1, col=2)
+    # Explicit log ranges: plotly's autorange can start above the smaller bar and hide it.
+    fig.update_yaxes(type="log", title_text="candidates (count, log scale)", row=1, col=1,
+                     range=[0, math.log10(max(max(evals), 1)) + 0.3])
+    fig.update_yaxes(type="log", title_text="seconds (log scale)", row=1, col=2,
+                     range=[math.log10(max(min(secs), 1e-4)) - 0.5, math.log10(max(max(secs), 1e-4)) + 0.3])
     fig.update_xaxes(title_text="method")
     fig.update_layout(title=f"Attack vs exhaustive search: {cmp.evaluation_ratio:,.0f}× fewer candidates, "
                             f"{cmp.time_ratio:,.1f}× less time", showlegend=False, height=360,

@@ -35,7 +35,7 @@ def test_attack_figures_are_titled_and_show_epsilon_and_exhaustive_reference():
     dist, rank = F.distance_figure(result), F.rank_figure(result)
     assert_labelled(dist)
     assert_labelled(rank)
-    assert any(tr.y[0] == result.epsilon for tr in dist.data if tr.type == "scatter")
+    assert any(tr.y[0] == result.numerical_epsilon for tr in dist.data if tr.type == "scatter")
     assert any(tr.y[0] == result.vocab_size for tr in rank.data if tr.type == "scatter")
     assert F.token_rows(result)[1]["rank of true token"] is None
 
