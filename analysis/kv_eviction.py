@@ -49,8 +49,10 @@ class KvParams(Result):
     new_tokens: int = 24  # tokens generated after a custom prompt (and for the text comparison)
     seed: int = 0  # key-value task sample
     pairs: int = 4  # key-value task: needles (key/value pairs) in the context
+    queries: int = 1  # key-value task: needles asked after the context
+    prefill: float = 0.5  # share of the context prefilled in one forward; the rest is decoded token by token
     examples: int = 1  # budget sweep: key-value prompts averaged (seeds seed, seed+1, ...)
-    context: int = 192  # key-value task: context length in tokens (approximate)
+    context: int = 128  # key-value task: context length in tokens
     sweep: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])  # budgets, share of context
 
 
@@ -340,8 +342,8 @@ def evictable_layers(handle: ModelHandle) -> list[int]:
 
 def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: Policy, *,
                generate: int = 0, record_attention: bool = False, progress: Progress | None = None) -> Trace:
-    """Prefill tokens[:prompt_len], then decode one token at a time: teacher-forced over the rest of
-    `tokens`, or (generate > 0) greedily for `generate` new tokens. Batch 1."""
+    """Prefill tokens[:prompt_len], decode the rest of `tokens` one at a time (teacher forcing), then
+    `generate` more tokens greedily. Batch 1."""
     lm = handle.language_model
     modules = attention_modules(lm)
     layers = evictable_layers(handle)
@@ -383,7 +385,7 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
                 state.positions = state.positions.gather(-1, keep)
         return hook
 
-    seq = list(tokens[:prompt_len] if generate else tokens)
+    seq = list(tokens)
     kept, cache_len, cache_bytes, analytic, step_time, attn_rows, logits = [], [], [], [], [], [], []
     bytes_per = torch.finfo(next(lm.parameters()).dtype).bits // 8
     with handle.patch() as p, torch.no_grad():
@@ -397,9 +399,9 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
         logits.append(out.logits[0, -1].float())
         prefill_kept = [states[i].positions[0].cpu() if i in states else None for i in range(len(modules))]
         phase["now"] = "decode"
-        if generate:
+        target_len = len(seq) + generate
+        if len(seq) == prompt_len and generate:
             seq.append(int(logits[-1].argmax()))
-        target_len = prompt_len + generate if generate else len(seq)
         for pos in range(prompt_len, target_len - 1):
             step_pos["start"] = pos
             t0 = time.perf_counter()
@@ -407,7 +409,7 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
                      position_ids=torch.tensor([[pos]], device=device), cache=cache, use_cache=True)
             step_time.append(time.perf_counter() - t0)
             logits.append(out.logits[0, -1].float())
-            if generate:
+            if pos + 1 == len(seq) and len(seq) < target_len:
                 seq.append(int(logits[-1].argmax()))
             kept.append([states[i].positions[0].cpu() if i in states else None for i in range(len(modules))])
             lens = [c.get_seq_length() for c in cache.layers]
@@ -431,13 +433,29 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
 
 @dataclass
 class KvTask(Result):
-    """Tokens to run; tokens[:prefill_len] is the cached context, the rest is teacher-forced."""
+    """tokens[:prefill_len] is prefilled in one forward; every later token is fed one at a time (teacher
+    forcing), so eviction also happens while the rest of the context is read. tokens[:context_len] is the
+    context; the questions and answers follow it."""
 
     tokens: list[int]
     prefill_len: int
+    context_len: int
     answer_positions: list[int] = field(default_factory=list)  # tokens scored for retrieval accuracy
-    needle_positions: list[list[int]] = field(default_factory=list)  # per answer: where its key/value sit
+    needle_positions: list[list[int]] = field(default_factory=list)  # per answer: its key and value positions
     source: str = "key-value recall"
+
+
+def _with_questions(context: list[int], questions: list[tuple[list[int], int, list[int]]], prefill: float,
+                    source: str) -> KvTask:
+    """Append each (asking tokens, answer token, needle positions) to the context."""
+    tokens, answers, needles = list(context), [], []
+    for ask, answer, needle in questions:
+        tokens += [*ask, answer]
+        answers.append(len(tokens) - 1)
+        needles.append(list(needle))
+    prefill_len = max(1, min(len(context), round(prefill * len(context))))
+    return KvTask(tokens=tokens, prefill_len=prefill_len, context_len=len(context), answer_positions=answers,
+                  needle_positions=needles, source=source)
 
 
 def _plain_ids(tokenizer, vocab_size: int) -> list[int]:
@@ -445,9 +463,10 @@ def _plain_ids(tokenizer, vocab_size: int) -> list[int]:
     return [i for i in range(min(vocab_size, len(tokenizer))) if i not in special]
 
 
-def synthetic_kv_task(tokenizer, vocab_size: int, *, context: int, pairs: int, seed: int) -> KvTask:
-    """Filler tokens with `pairs` key/value token pairs scattered in them, then each key asked once.
-    Any vocabulary works; a model not trained on this format will simply score near chance."""
+def synthetic_kv_task(tokenizer, vocab_size: int, *, context: int, pairs: int, seed: int, queries: int | None = None,
+                      prefill: float = 0.5) -> KvTask:
+    """Filler tokens with `pairs` key/value token pairs scattered in them, then `queries` keys asked
+    ("key" -> value). Any vocabulary works; a model not trained on this format scores near chance."""
     rng = random.Random(seed)
     ids = _plain_ids(tokenizer, vocab_size)
     if len(ids) < 3 * pairs + 4:
@@ -456,65 +475,65 @@ def synthetic_kv_task(tokenizer, vocab_size: int, *, context: int, pairs: int, s
     keys, values, filler = ids[:pairs], ids[pairs:2 * pairs], ids[2 * pairs:]
     body = [rng.choice(filler) for _ in range(max(context - 2 * pairs, pairs))]
     slots = sorted(rng.sample(range(len(body)), pairs))
-    tokens, where = [], {}
+    ctx, where = [], {}
     for i, tok in enumerate(body):
-        tokens.append(tok)
+        ctx.append(tok)
         if i in slots:
             j = slots.index(i)
-            where[j] = (len(tokens), len(tokens) + 1)
-            tokens += [keys[j], values[j]]
-    prefill = len(tokens)
-    answers, needles = [], []
-    for j in rng.sample(range(pairs), pairs):
-        tokens += [keys[j], values[j]]
-        answers.append(len(tokens) - 1)
-        needles.append(list(where[j]))
-    return KvTask(tokens=tokens, prefill_len=prefill, answer_positions=answers, needle_positions=needles,
-                  source="synthetic key-value recall")
+            where[j] = (len(ctx), len(ctx) + 1)
+            ctx += [keys[j], values[j]]
+    asked = rng.sample(range(pairs), min(pairs, queries or pairs))
+    return _with_questions(ctx, [([keys[j]], values[j], where[j]) for j in asked], prefill,
+                           "synthetic key-value recall")
 
 
-def shapes_kv_task(tokenizer, *, context: int, pairs: int, seed: int) -> KvTask:
-    """Shapes World's multi-needle prompt (`needle_example`), with every needle then asked in turn:
-    "... query k3 = 41 query k0 = 7 ...". The context up to the first "query" is the cached prefill."""
+def shapes_kv_task(tokenizer, *, context: int, pairs: int, seed: int, queries: int = 1,
+                   prefill: float = 0.5) -> KvTask:
+    """Shapes World's multi-needle prompt (`needle_example`, the format shapes-lm was trained on):
+    "<s> needle : f3 k2 41 f9 ... query k2 = 41". With queries > 1 further needles are asked in turn
+    ("... = 41 query k0 = 7"), which is beyond the training format."""
     from analysis.zoo import shapes_world as sw
 
     rng = random.Random(seed)
     prompt, _, _ = sw.needle_example(rng, context, max(1, min(pairs, len(sw.KEYS))))
     words = prompt.split()
     asked, body = words[-2], words[:-3]
-    needles = {w: [i, i + 1] for i, w in enumerate(body[:-1]) if w in sw.KEYS}
-    order = [asked] + [k for k in needles if k != asked]
-    seq, answers, needle_pos = list(body), [], []
-    for key in order:
-        seq += ["query", key, "=", body[needles[key][1]]]
-        answers.append(len(seq) - 1)
-        needle_pos.append(needles[key])
-    ids = tokenizer(" ".join(seq), add_special_tokens=False)["input_ids"]
-    if len(ids) != len(seq):
+    needles = {w: (i, i + 1) for i, w in enumerate(body[:-1]) if w in sw.KEYS}
+    order = ([asked] + [k for k in needles if k != asked])[:max(1, queries)]
+    ids = tokenizer(" ".join(body + ["query", "="] + [body[needles[k][1]] for k in order]),
+                    add_special_tokens=False)["input_ids"]
+    if len(ids) != len(body) + 2 + len(order):
         raise KvEvictionError("This tokenizer does not map Shapes World words to single tokens.")
-    return KvTask(tokens=ids, prefill_len=len(body), answer_positions=answers, needle_positions=needle_pos,
-                  source="Shapes World key-value recall")
+    ctx, query_id, eq_id = ids[:len(body)], ids[len(body)], ids[len(body) + 1]
+    questions = [([query_id, ctx[needles[k][0]], eq_id], ctx[needles[k][1]], needles[k]) for k in order]
+    return _with_questions(ctx, questions, prefill, "Shapes World key-value recall")
 
 
 def _is_shapes_model(handle: ModelHandle) -> bool:
     tok = handle.tokenizer
     vocab = tok.get_vocab() if hasattr(tok, "get_vocab") else {}
-    return handle.spec.source == "zoo" or all(w in vocab for w in ("needle", "query", "k0", "f0", "="))
+    return all(w in vocab for w in ("needle", "query", "k0", "f0", "="))
 
 
 def build_task(handle: ModelHandle, params: KvParams, seed: int | None = None) -> KvTask:
-    """The user's prompt followed by the full-cache greedy continuation, or the key-value task."""
+    """The user's prompt followed by the full cache's greedy continuation, or the key-value task."""
     tok = handle.tokenizer
     seed = params.seed if seed is None else seed
+    if not 0.0 < params.prefill <= 1.0:
+        raise KvEvictionError("The prefilled share of the context must be in (0, 1].")
     if params.prompt.strip():
         ids = tok(params.prompt, add_special_tokens=True)["input_ids"]
         if len(ids) < 2:
             raise KvEvictionError("The prompt is too short: it needs at least two tokens.")
         full = run_policy(handle, ids, len(ids), FullCache(params), generate=max(2, params.new_tokens))
-        return KvTask(tokens=full.tokens, prefill_len=len(ids), source="custom prompt")
+        task = _with_questions(ids, [], params.prefill, "custom prompt")
+        task.tokens = full.tokens
+        return task
     if _is_shapes_model(handle):
-        return shapes_kv_task(tok, context=params.context, pairs=params.pairs, seed=seed)
-    return synthetic_kv_task(tok, handle.info.vocab_size, context=params.context, pairs=params.pairs, seed=seed)
+        return shapes_kv_task(tok, context=params.context, pairs=params.pairs, seed=seed, queries=params.queries,
+                              prefill=params.prefill)
+    return synthetic_kv_task(tok, handle.info.vocab_size, context=params.context, pairs=params.pairs, seed=seed,
+                             queries=params.queries, prefill=params.prefill)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -648,7 +667,7 @@ class KvResult(Result):
 
 def check_params(handle: ModelHandle, params: KvParams, task: KvTask) -> Policy:
     policy = make_policy(params)
-    context = task.prefill_len
+    context = task.context_len
     if params.policy != "full" and params.budget >= context:
         raise KvEvictionError(
             f"The budget ({params.budget} entries) is not smaller than the context ({context} tokens), so "
@@ -691,14 +710,15 @@ def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = N
 
 
 def generate_texts(handle, params, task, names, progress=None) -> list[GeneratedText]:
-    """Greedy continuation of the context under each policy (budget clipped to fit the policy)."""
+    """Greedy continuation under each policy, after the context and the first question."""
+    start = task.answer_positions[0] if task.answer_positions else task.context_len
     out, reference = [], None
     for i, name in enumerate(names):
         if progress:
             progress(0.7 + 0.3 * i / len(names), f"generating ({name}) ...")
         pol = make_policy(KvParams.from_dict({**params.to_dict(), "policy": name}))
-        trace = run_policy(handle, task.tokens, task.prefill_len, pol, generate=max(2, params.new_tokens))
-        new = trace.tokens[task.prefill_len:]
+        trace = run_policy(handle, task.tokens[:start], task.prefill_len, pol, generate=max(2, params.new_tokens))
+        new = trace.tokens[start:]
         reference = reference or new
         out.append(GeneratedText(
             policy=name, label=pol.label, text=handle.tokenizer.decode(new),
@@ -727,7 +747,7 @@ def budget_sweep(handle: ModelHandle, params: KvParams, progress: Progress | Non
     total, done = n_ex * len(names) * len(params.sweep), 0
     for ex in range(n_ex):
         task = build_task(handle, params, seed=params.seed + ex)
-        context = task.prefill_len
+        context = task.context_len
         full = run_policy(handle, task.tokens, task.prefill_len, FullCache(params), record_attention=True)
         n_ans = len(task.answer_positions)
         full_run = compare(full, full, task, FullCache(params), layers, groups)
@@ -735,7 +755,7 @@ def budget_sweep(handle: ModelHandle, params: KvParams, progress: Progress | Non
         full_n += n_ans
         for share in params.sweep:
             for name in names:
-                p = _sweep_params(params, name, share, task.prefill_len)
+                p = _sweep_params(params, name, share, task.context_len)
                 pol = make_policy(p)
                 if progress:
                     progress(done / total, f"{pol.label} at {share:.0%} ...")
@@ -782,12 +802,16 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--context", type=int, default=KvParams.context, help="key-value task context length")
     ap.add_argument("--examples", type=int, default=1, help="key-value prompts averaged in --sweep")
+    ap.add_argument("--pairs", type=int, default=KvParams.pairs, help="needles in the key-value context")
+    ap.add_argument("--queries", type=int, default=KvParams.queries, help="needles asked after the context")
+    ap.add_argument("--prefill", type=float, default=KvParams.prefill, help="share of the context prefilled")
     ap.add_argument("--sweep", action="store_true", help="budget sweep (25/50/75%% of the context) instead")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
     params = KvParams(policy=args.policy, budget=args.budget, window=args.window, sinks=args.sinks,
                       kernel=args.kernel, fusion=args.fusion, prompt=args.prompt, new_tokens=args.new_tokens,
-                      seed=args.seed, context=args.context, examples=args.examples)
+                      seed=args.seed, context=args.context, examples=args.examples, pairs=args.pairs,
+                      queries=args.queries, prefill=args.prefill)
     handle = load_model(ModelSpec.parse(args.model))
     result = budget_sweep(handle, params) if args.sweep else analyze(handle, params)
     if args.json:
@@ -801,7 +825,7 @@ def cli(argv: list[str]) -> int:
             print(f"| {pt.policy} | {pt.share:.0%} | {pt.budget} | {acc} | {pt.mean_kl:.4f} | "
                   f"{pt.agreement:.2f} | {pt.recall:.3f} |")
     else:
-        print(f"{result.task.source}: context {result.task.prefill_len} tokens, budget {params.budget}")
+        print(f"{result.task.source}: context {result.task.context_len} tokens, budget {params.budget}")
         print("| policy | accuracy | mean KL | top-1 agreement | recall | cache entries (last step) |")
         print("|---|---|---|---|---|---|")
         for r in result.runs:

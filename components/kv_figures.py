@@ -49,13 +49,16 @@ def retained_heatmap(result: KvResult, layer_index: int, head: int) -> go.Figure
         if 0 <= d < len(z):
             fig.add_annotation(x=n - 0.5, y=d, text="answer", showarrow=False, xanchor="left",
                                font=dict(size=10, color="#d62728"))
-    fig.add_vline(x=result.task.prefill_len - 0.5, line_dash="dot", line_color="#888888")
+    fig.add_vline(x=result.task.prefill_len - 0.5, line_dash="dot", line_color="#888888",
+                  annotation_text="end of prefill", annotation_position="top")
+    fig.add_vline(x=result.task.context_len - 0.5, line_dash="dash", line_color="#888888",
+                  annotation_text="questions", annotation_position="top right")
     label = POLICY_LABELS.get(result.params.policy, result.params.policy)
     fig.update_layout(
         title=f"{label}: cached tokens per decode step (layer {result.layers[layer_index]}, KV head {head})"
-              "<br><sup>dark = kept, light = evicted, dotted line = end of the context, ▲ = needle</sup>",
+              "<br><sup>dark = kept, light = evicted, blank = not read yet, ▲ = needle (key, value)</sup>",
         xaxis_title="original token position (tokens)", yaxis_title="decode step",
-        yaxis_autorange="reversed", height=max(320, 16 * len(z) + 160), margin=dict(t=60, r=80),
+        yaxis_autorange="reversed", height=max(360, 4 * len(z) + 200), margin=dict(t=90, r=80),
         legend=dict(orientation="h", y=-0.2),
     )
     return fig

@@ -67,21 +67,29 @@ with st.container(border=True):
     sinks = c4.number_input("Sinks S (StreamingLLM)", 0, 256, url_param("sinks", defaults.sinks, int), key="kv_sinks")
     kernel = c5.number_input("SnapKV pooling kernel", 1, 31, url_param("kernel", defaults.kernel, int), step=2,
                              key="kv_kernel")
-    c6, c7, c8, c9 = st.columns([1.2, 1.2, 1.2, 4])
+    c6, c7, c8, c9, c10, c11 = st.columns([1, 1.2, 1.2, 1, 1, 1])
     fusions = ["max", "sum"]
     fusion = c6.selectbox("MorphKV fusion", fusions, index=fusions.index(url_param("fusion", "max", choices=fusions)),
                           key="kv_fusion")
-    context = c7.number_input("Context (tokens)", 32, 2048, url_param("context", defaults.context, int), step=32,
-                              key="kv_context", help="Length of the key-value prompt.")
-    seed = c8.number_input("Example seed", 0, 10_000, url_param("seed", 0, int), key="kv_seed")
-    prompt = c9.text_input("Your own prompt (optional)", url_param("prompt", "", str), key="kv_prompt",
+    context = c7.number_input("Context (tokens)", 16, 4096, url_param("context", defaults.context, int), step=32,
+                              key="kv_context", help="Length of the key-value context.")
+    prefill = c8.slider("Prefilled share", 0.05, 1.0, url_param("prefill", defaults.prefill, float), step=0.05,
+                        key="kv_prefill", help="Share of the context read in one forward pass; the rest is read "
+                                               "token by token, with eviction after every token.")
+    pairs = c9.number_input("Needles", 1, 8, url_param("pairs", defaults.pairs, int), key="kv_pairs")
+    queries = c10.number_input("Questions", 1, 8, url_param("queries", defaults.queries, int), key="kv_queries",
+                               help="Needles asked after the context (shapes-lm was trained on one).")
+    seed = c11.number_input("Example seed", 0, 10_000, url_param("seed", 0, int), key="kv_seed")
+    prompt = st.text_input("Your own prompt (optional)", url_param("prompt", "", str), key="kv_prompt",
                            help="Leave empty for the key-value recall task. With a prompt, the full cache's "
                                 "greedy continuation is the reference every policy is scored on.")
 
 params = kv.KvParams(policy=policy, budget=int(budget), window=int(window), sinks=int(sinks), kernel=int(kernel),
-                     fusion=fusion, prompt=prompt, context=int(context), seed=int(seed))
+                     fusion=fusion, prompt=prompt, context=int(context), prefill=float(prefill), pairs=int(pairs),
+                     queries=int(queries), seed=int(seed))
 set_url_params(policy=policy, budget=int(budget), window=int(window), sinks=int(sinks), kernel=int(kernel),
-               fusion=fusion, context=int(context), seed=int(seed), prompt=prompt)
+               fusion=fusion, context=int(context), prefill=float(prefill), pairs=int(pairs), queries=int(queries),
+               seed=int(seed), prompt=prompt)
 
 try:
     result: kv.KvResult = cached("analyze", kv.analyze, params, "Running every policy on identical tokens ...")
@@ -91,8 +99,9 @@ except kv.KvEvictionError as exc:
 
 task = result.task
 chosen = result.run(policy)
-st.caption(f"{task.source}: context {task.prefill_len} tokens, then {len(task.tokens) - task.prefill_len} "
-           f"teacher-forced tokens · budget {params.budget} = {params.budget / task.prefill_len:.0%} of the context · "
+st.caption(f"{task.source}: context {task.context_len} tokens ({task.prefill_len} prefilled in one forward, the rest "
+           f"read token by token), then {len(task.tokens) - task.context_len} question/answer tokens · budget "
+           f"{params.budget} = {params.budget / task.context_len:.0%} of the context · "
            f"{len(result.layers)} evictable layers × {result.kv_heads} KV heads")
 m1, m2, m3, m4, m5 = st.columns(5)
 m1.metric("Key-value accuracy", "n/a" if chosen.accuracy is None else f"{chosen.accuracy:.0%}",
@@ -119,10 +128,11 @@ if result.kept[layer_idx][head]:
     st.plotly_chart(heatmap, key="kv_heatmap")
 else:
     st.info("No decode steps to show: the prompt has nothing after the context.")
-explain("Each row is one decode step, each column a token of the prompt by its original position. Dark cells "
-        "are the keys/values this layer and KV head still holds after the step's eviction; light cells were "
-        "evicted (they never come back); blank cells are tokens not generated yet. Red triangles mark the "
-        "needles (key and value); the dotted line ends the cached context. StreamingLLM shows two bands "
+explain("Each row is one decode step, each column a token by its original position. The first part of the "
+        "context is prefilled in one forward (dotted line); the rest, then the questions (dashed line), are read "
+        "one token per step. Dark cells are the keys/values this layer and KV head still holds after the step's "
+        "eviction; light cells were evicted (they never come back); blank cells are tokens not read yet. Red "
+        "triangles mark the needles (key and value). StreamingLLM shows two bands "
         "(sinks + recent), SnapKV a fixed pattern that then grows, MorphKV and H2O a pattern that keeps "
         "changing per head.")
 
@@ -151,7 +161,8 @@ explain("Measured size of the key/value tensors (lines) and the analytic 2 · la
         "one entry per step; the full cache grows from the whole context.")
 
 st.subheader("Budget sweep")
-sweep_params = kv.KvParams.from_dict({**params.to_dict(), "policy": "full", "budget": 1})
+examples = max(1, min(64, url_param("examples", 4, int)))
+sweep_params = kv.KvParams.from_dict({**params.to_dict(), "policy": "full", "budget": 1, "examples": examples})
 try:
     sweep = cached("sweep", kv.budget_sweep, sweep_params, "Sweeping budgets ...")
 except kv.KvEvictionError as exc:
@@ -164,9 +175,10 @@ metric = st.radio("Metric", ["accuracy", "mean_kl", "recall", "agreement"], hori
                                "agreement": "top-1 agreement"}.get)
 set_url_params(metric=metric)
 st.plotly_chart(F.sweep_figure(sweep, metric), key="kv_sweep")
-explain("Each policy at budgets of 25 %, 50 % and 75 % of the context (window, sinks and kernel as set above), "
-        "on this prompt. The dashed line is the full cache. With one prompt and a handful of answers the "
-        "accuracy steps are coarse; the README table averages many prompts.")
+explain(f"Each policy at budgets of 25 %, 50 % and 75 % of the context (window, sinks and kernel as set above), "
+        f"averaged over {examples} key-value prompts (seeds {params.seed} to {params.seed + examples - 1}; "
+        "`examples` in the URL). The dashed line is the full cache's accuracy. With few prompts the accuracy "
+        "steps are coarse; the README table averages more.")
 
 st.subheader("Generated text per policy")
 st.dataframe(F.text_rows(result), hide_index=True)

@@ -7,7 +7,7 @@ from conftest import app_with_model
 from analysis.models import ModelSpec, zoo_models
 
 PAGE = "pages/kv_cache.py"
-SMALL = {"context": "64", "budget": "24", "window": "4"}
+SMALL = {"context": "64", "budget": "24", "window": "4", "examples": "1"}
 
 
 @pytest.fixture(scope="module")
