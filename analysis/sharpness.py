@@ -302,6 +302,7 @@ class RetrievalPrompt(Result):
     target: list[int]
     values: list[int]
     format: str  # "shapes-world" | "numbers" | "vocabulary"
+    runner_up_id: int = -1  # token of the second-largest distinct value (-1: all values equal)
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -379,9 +380,11 @@ def _generic_builder(tokenizer, fmt: ItemFormat) -> Callable[[int, int], Retriev
         if fmt.suffix:
             ids += _encode(tokenizer, fmt.suffix)
         answer = fmt.items[top]
+        second = [v for v in values if v != top]
         return RetrievalPrompt(
             n=n, text=tokenizer.decode(ids), input_ids=ids, answer_id=_encode(tokenizer, answer)[0],
             answer=answer.strip(), target=target, values=values, format=fmt.name,
+            runner_up_id=_encode(tokenizer, fmt.items[max(second)])[0] if second else -1,
         )
 
     return build
@@ -405,10 +408,12 @@ def _zoo_builder(tokenizer) -> Callable[[int, int], RetrievalPrompt] | None:
             raise SharpnessError("The zoo tokenizer does not map the prompt's words one to one.")
         items = words[words.index(":") + 1: -1]
         first = words.index(":") + 1
+        second = [int(w) for w in items if w != answer]
         return RetrievalPrompt(
             n=n, text=text, input_ids=ids, answer_id=_encode(tokenizer, answer)[0], answer=answer,
             target=[first + i for i, w in enumerate(items) if w == answer], values=[int(w) for w in items],
             format="shapes-world",
+            runner_up_id=_encode(tokenizer, str(max(second)))[0] if second else -1,
         )
 
     return build
@@ -564,6 +569,7 @@ class RunStats(Result):
     rule: Temperature
     accuracy: float  # argmax of the answer position == the largest item
     answer_prob: float  # mean probability of the correct answer token
+    runner_up: float  # share of prompts answered with the second-largest value (a near miss)
     with_sink: HeadStats
     without_sink: HeadStats
 
@@ -607,6 +613,7 @@ class SweepResult(Result):
                 "n": p.n, "tokens": p.tokens,
                 "softmax accuracy": soft.accuracy, "adaptive accuracy": ada.accuracy,
                 "softmax P(answer)": soft.answer_prob, "adaptive P(answer)": ada.answer_prob,
+                "softmax runner-up": soft.runner_up, "adaptive runner-up": ada.runner_up,
                 f"softmax max-item weight L{l}H{h}": soft.with_sink.target_weight[l][h],
                 f"adaptive max-item weight L{l}H{h}": ada.with_sink.target_weight[l][h],
                 "softmax max-item weight, mean of heads": _mean2(soft.with_sink.target_weight),
@@ -626,19 +633,22 @@ def _evaluate(handle: ModelHandle, prompts: list[RetrievalPrompt], rule: Tempera
     for pr in prompts:
         by_len.setdefault(len(pr.input_ids), []).append(pr)
     sink, no_sink = [], []
-    correct, prob = 0, 0.0
+    correct, runner_up, prob = 0, 0, 0.0
     for group in by_len.values():
         for i in range(0, len(group), batch):
             chunk = group[i:i + batch]
             rec = Recorder()
             logits = tempered_logits(handle, torch.tensor([p.input_ids for p in chunk]), rule, rec)[:, -1]
             answers = torch.tensor([p.answer_id for p in chunk], device=logits.device)
-            correct += int((logits.argmax(-1) == answers).sum())
+            predicted = logits.argmax(-1)
+            correct += int((predicted == answers).sum())
+            runner_up += int((predicted == torch.tensor([p.runner_up_id for p in chunk], device=logits.device)).sum())
             prob += float(torch.softmax(logits, -1).gather(1, answers[:, None]).sum())
             targets = [p.target for p in chunk]
             sink.append(head_stats(rec, targets, False))
             no_sink.append(head_stats(rec, targets, True))
     return RunStats(rule=rule, accuracy=correct / len(prompts), answer_prob=prob / len(prompts),
+                    runner_up=runner_up / len(prompts),
                     with_sink=_mean_stats(sink), without_sink=_mean_stats(no_sink))
 
 

@@ -195,7 +195,8 @@ st.dataframe(rows, hide_index=True, column_config={
 st.plotly_chart(F.accuracy_figure(result), key="fig_acc")
 rl, rh = result.retrieval_head()
 explain(f"Share of {result.params.samples} prompts per n where the model's most likely next token is the "
-        "largest number, and the mean probability it gives that number, with softmax in every head and with "
+        "largest number, the mean probability it gives that number, and the share answered with the "
+        "second-largest number instead (a near miss), with softmax in every head and with "
         f"adaptive θ in every head. Max-item weight: attention of the answer position on the largest "
         f"number's tokens, in the retrieval head (layer {rl}, head {rh}: the one with the most such weight at "
         "the smallest n) and averaged over all heads.")

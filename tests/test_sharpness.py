@@ -294,12 +294,16 @@ def test_size_sweep_reports_every_rule_and_round_trips(tiny_llama):
 def test_size_sweep_accuracy_counts_argmax_hits(tiny_llama):
     res = S.size_sweep(tiny_llama, S.SweepParams(ns=[6], thetas=[], samples=4))
     build = S.prompt_builder(tiny_llama.tokenizer)
-    hits = 0
+    hits = near = 0
     for k in range(4):
         pr = build(6, k)
+        second = max(v for v in pr.values if v != max(pr.values))
+        assert pr.runner_up_id == tiny_llama.tokenizer.convert_tokens_to_ids(f"w{second}")
         logits = S.tempered_logits(tiny_llama, torch.tensor([pr.input_ids]), S.Temperature())
         hits += int(logits[0, -1].argmax()) == pr.answer_id
+        near += int(logits[0, -1].argmax()) == pr.runner_up_id
     assert res.points[0].run("softmax").accuracy == hits / 4
+    assert res.points[0].run("softmax").runner_up == near / 4
 
 
 def test_single_prompt_stats_change_with_theta_and_find_target(tiny_llama):
