@@ -552,7 +552,7 @@ class PolicyRun(Result):
     needle_survival: list[list[float]]  # [layer][kv head]: share of needles present when asked for
     accuracy: float | None  # share of answers predicted right (key-value task)
     answers: list[int]  # predicted token at each answer position
-    cache_len: list[int]  # per decode step, entries per head in the first evictable layer
+    cache_len: list[float]  # per decode step, entries per KV head, mean over the evictable layers
     cache_bytes: list[int]
     analytic_bytes: list[int]
     step_ms: list[float]
@@ -599,11 +599,10 @@ def compare(full: Trace, run: Trace, task: KvTask, policy: Policy, layers: list[
     preds = [int(lp[a - task.prefill_len].argmax()) for a in task.answer_positions]
     accuracy = (sum(int(p == task.tokens[a]) for p, a in zip(preds, task.answer_positions)) / len(preds)
                 if preds else None)
-    first = layers[0]
     return PolicyRun(
         policy=policy.name, label=policy.label, budget=policy.p.budget, kl=kl.tolist(), top1=top1.tolist(),
         dnll=dnll.tolist(), recall=recall, needle_survival=survival, accuracy=accuracy, answers=preds,
-        cache_len=[lens[first] for lens in run.cache_len], cache_bytes=run.cache_bytes,
+        cache_len=[sum(lens[l] for l in layers) / len(layers) for lens in run.cache_len], cache_bytes=run.cache_bytes,
         analytic_bytes=run.analytic_bytes, step_ms=[1000 * t for t in run.step_time],
     )
 
@@ -831,5 +830,5 @@ def cli(argv: list[str]) -> int:
         for r in result.runs:
             acc = "n/a" if r.accuracy is None else f"{r.accuracy:.2f}"
             print(f"| {r.label} | {acc} | {r.mean_kl:.4f} | {r.agreement:.2f} | {r.mean_recall:.3f} | "
-                  f"{r.cache_len[-1] if r.cache_len else 0} |")
+                  f"{r.cache_len[-1] if r.cache_len else 0:g} |")
     return 0

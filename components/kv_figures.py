@@ -77,7 +77,7 @@ def summary_rows(result: KvResult) -> list[dict]:
             "mean ΔNLL (nats)": round(mean_dnll, 4),
             "attention recall": round(r.mean_recall, 3),
             "needle survival": _mean_matrix(r.needle_survival),
-            "cache entries/head (last step)": r.cache_len[-1] if r.cache_len else None,
+            "cache entries per head (last step, mean over layers)": round(r.cache_len[-1], 1) if r.cache_len else None,
             "cache KiB (last step)": round(r.cache_bytes[-1] / 1024, 1) if r.cache_bytes else None,
             "ms / decode step": round(sum(r.step_ms) / max(1, len(r.step_ms)), 2),
         })

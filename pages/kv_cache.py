@@ -111,7 +111,7 @@ m2.metric("Mean KL vs full (nats)", f"{chosen.mean_kl:.4f}")
 m3.metric("Top-1 agreement", f"{chosen.agreement:.0%}")
 m4.metric("Attention recall", f"{chosen.mean_recall:.1%}")
 m5.metric("Cache at last step", f"{chosen.cache_bytes[-1] / 1024:.1f} KiB" if chosen.cache_bytes else "—",
-          f"{chosen.cache_len[-1]} entries/head" if chosen.cache_len else None, delta_color="off")
+          f"{chosen.cache_len[-1]:g} entries/head" if chosen.cache_len else None, delta_color="off")
 
 # --- retained-token heatmap --------------------------------------------------------------------
 
