@@ -149,8 +149,10 @@ with st.expander("Per-token table"):
 noisy = sum(s > 0 for s in NOISES) * len(inv.PERMUTATIONS)
 sweep_cost = len(ids) * ((n_layers + 1 + len(inv.PERMUTATIONS)) * min(result.vocab_size, 64) + noisy * result.vocab_size)
 auto = sweep_cost <= SMALL_WORK
-run_sweeps = st.toggle("Run the layer and noise sweeps", value=auto, key="inv_sweeps",
-                       help="Re-runs the attack at every layer and at several noise levels per defence.")
+run_sweeps = st.toggle("Run the layer and noise sweeps", value=url_param("sweeps", int(auto), int) == 1,
+                       key="inv_sweeps", help="Re-runs the attack at every layer and at several noise levels "
+                                              "per defence.")
+set_url_params(sweeps=int(run_sweeps))
 layer_sweep = noise_sweep = None
 if run_sweeps:
     st.subheader("Accuracy by layer")
@@ -180,9 +182,11 @@ st.subheader("Forwards and time vs exhaustive search")
 small = len(ids) * result.vocab_size <= 60_000
 measure = len(ids) if small else 1
 speed = None
-if st.toggle("Time exhaustive search", value=small, key="inv_speed_on",
-             help=f"Exhaustive search scores all {result.vocab_size:,} tokens per position. For a large vocabulary "
-                  "it runs on the first position only and its time is extrapolated."):
+timing = st.toggle("Time exhaustive search", value=url_param("exhaustive", int(small), int) == 1, key="inv_speed_on",
+                   help=f"Exhaustive search scores all {result.vocab_size:,} tokens per position. For a large vocabulary "
+                        "it runs on the first position only and its time is extrapolated.")
+set_url_params(exhaustive=int(timing))
+if timing:
     speed = cached("speed", inv.compare_exhaustive, params, "Timing exhaustive search", measured_positions=measure)
     st.plotly_chart(F.speed_figure(speed), key="inv_speed")
     same = "the same tokens" if speed.identical_on_measured else "DIFFERENT tokens (see the table)"

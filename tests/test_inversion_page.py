@@ -79,3 +79,11 @@ def test_page_renders_on_the_demo_model():
     at = app_with_model(ModelSpec("zoo", "shapes-lm"), page=PAGE, timeout=180)
     assert not at.exception, at.exception
     assert metric(at, "Tokens recovered") == "100%"
+
+
+def test_page_works_on_a_vlm(tiny_llava_dir):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), page=PAGE,
+                        query={"prompt": PROMPT, "layer": "2", "perm": "shuffle_positions", "sweeps": "0",
+                               "exhaustive": "0"})
+    assert not at.exception, at.exception
+    assert metric(at, "Tokens recovered") == "100%"
