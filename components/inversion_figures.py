@@ -149,7 +149,8 @@ def cascade_figure(result: CascadeResult) -> go.Figure:
         text=text, texttemplate="%{text}", colorscale=[[0, "#f4f4f4"], [1, "#9ecae1"]], showscale=False,
         hovertemplate="%{y}, position %{x}<extra></extra>",
     ))
-    fig.update_layout(title="What each party sees (shaded: its hidden states; ✓/✗: the attacker's brute force right/wrong)",
+    fig.update_layout(title="What each party sees (shaded: its hidden states; "
+                            "✓/✗: the attacker's brute force right/wrong)",
                       xaxis_title="position (token index)", yaxis_title="party", yaxis_autorange="reversed",
                       height=120 + 40 * parties, margin=dict(t=50, b=40))
     return fig

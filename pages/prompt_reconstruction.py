@@ -70,8 +70,8 @@ except inv.InversionError as exc:
 
 orders = list(inv.ORDERS)
 with st.container(border=True):
-    prompt = st.text_input("Prompt (the secret the attacker tries to recover)", url_param("prompt", default_prompt(), str),
-                           key="inv_prompt", max_chars=2000)
+    prompt = st.text_input("Prompt (the secret the attacker tries to recover)",
+                           url_param("prompt", default_prompt(), str), key="inv_prompt", max_chars=2000)
     c1, c2, c3, c4 = st.columns([1, 1.6, 1.4, 1.6])
     layer = c1.number_input(f"Layer L (0–{n_layers})", 0, n_layers, raw_layer, key="inv_layer",
                             help="0 = token embeddings; k = residual stream after decoder block k.")
@@ -147,7 +147,8 @@ with st.expander("Per-token table"):
 
 # Rough candidate count: clean runs stop early (~64 candidates a position); noisy runs score everything.
 noisy = sum(s > 0 for s in NOISES) * len(inv.PERMUTATIONS)
-sweep_cost = len(ids) * ((n_layers + 1 + len(inv.PERMUTATIONS)) * min(result.vocab_size, 64) + noisy * result.vocab_size)
+clean_runs = n_layers + 1 + len(inv.PERMUTATIONS)
+sweep_cost = len(ids) * (clean_runs * min(result.vocab_size, 64) + noisy * result.vocab_size)
 auto = sweep_cost <= SMALL_WORK
 run_sweeps = st.toggle("Run the layer and noise sweeps", value=url_param("sweeps", int(auto), int) == 1,
                        key="inv_sweeps", help="Re-runs the attack at every layer and at several noise levels "
@@ -183,8 +184,8 @@ small = len(ids) * result.vocab_size <= 60_000
 measure = len(ids) if small else 1
 speed = None
 timing = st.toggle("Time exhaustive search", value=url_param("exhaustive", int(small), int) == 1, key="inv_speed_on",
-                   help=f"Exhaustive search scores all {result.vocab_size:,} tokens per position. For a large vocabulary "
-                        "it runs on the first position only and its time is extrapolated.")
+                   help=f"Exhaustive search scores all {result.vocab_size:,} tokens per position. For a large "
+                        "vocabulary it runs on the first position only and its time is extrapolated.")
 set_url_params(exhaustive=int(timing))
 if timing:
     speed = cached("speed", inv.compare_exhaustive, params, "Timing exhaustive search", measured_positions=measure)
@@ -238,9 +239,9 @@ else:
     explain(
         "Cascade gives each party the hidden states of only some positions. To invert a position it sees, a party "
         "must also guess every unseen token since the last position it recovered, so its cost is V^(gap+1) "
-        "sequences for a gap of unseen tokens. Round-robin keeps every gap at most k − 1; contiguous blocks hand the first "
-        "party the start of the prompt with no gap at all. With a small vocabulary V the search is cheap and the "
-        "shards are broken outright — the brute force above actually runs when the cost fits the budget."
+        "sequences for a gap of unseen tokens. Round-robin keeps every gap at most k − 1; contiguous blocks hand "
+        "the first party the start of the prompt with no gap at all. With a small vocabulary V the search is cheap "
+        "and the shards are broken outright — the brute force above actually runs when the cost fits the budget."
     )
 
 share_bar(

@@ -59,7 +59,8 @@ def test_exhaustive_agrees_with_a_brute_force_reference_distance(tiny_gpt2):
     layer = 1
     observed = inv.observed_states(tiny_gpt2, ids, layer)
     prefix = ids[:2]
-    refs = torch.stack([inv.observed_states(tiny_gpt2, prefix + [c], layer)[-1] for c in range(inv.vocab_size(tiny_gpt2))])
+    vocab = inv.vocab_size(tiny_gpt2)
+    refs = torch.stack([inv.observed_states(tiny_gpt2, prefix + [c], layer)[-1] for c in range(vocab)])
     best = int((refs - observed[2]).abs().sum(1).argmin())
     result = inv.reconstruct(tiny_gpt2, inv.AttackParams(layer=layer, exhaustive=True), ids=ids)
     assert best == ids[2] == result.tokens[2].recovered_id
