@@ -789,22 +789,34 @@ def simulate_cascade(handle: ModelHandle, params: CascadeParams, progress: Progr
     seen_ok = [recovered[i] == ids[i] for i in view.positions]
     accuracy = sum(seen_ok) / max(len(seen_ok), 1) if ran else 0.0
     largest = max(v.largest_gap for v in views)
-    cheapest = min(views, key=lambda v: v.log10_cost)
-    v_text = f"V = {vocab:,}"
-    if cheapest.log10_cost <= 12:
-        verdict = (f"Breakable: party {cheapest.party} can brute-force its whole view with about "
-                   f"10^{cheapest.log10_cost:.1f} candidate sequences ({v_text}, largest gap {cheapest.largest_gap}). "
-                   "Sharding only multiplies the search by V per hidden token, so with a vocabulary "
-                   "this small (or a party that sees the start of the prompt) it does not protect the prompt.")
-    else:
-        verdict = (f"Out of brute-force reach: the cheapest party needs about 10^{cheapest.log10_cost:.1f} "
-                   f"candidate sequences ({v_text}, largest gap {cheapest.largest_gap}).")
     return CascadeResult(
         params=params, model=handle.spec.label, vocab_size=vocab,
         tokens=[token_text(handle, t) for t in ids], token_ids=ids,
         assignment=assignment, parties=views, largest_gap=largest, brute_force_ran=ran, recovered=recovered,
-        attacker_accuracy=accuracy, evaluations=evaluations, seconds=time.perf_counter() - t0, verdict=verdict,
+        attacker_accuracy=accuracy, evaluations=evaluations, seconds=time.perf_counter() - t0,
+        verdict=cascade_verdict(views, vocab),
     )
+
+
+BREAKABLE_LOG10 = 9  # about 15 minutes at a million candidate sequences a second
+EXPENSIVE_LOG10 = 13  # about four months at that rate
+
+
+def cascade_verdict(views: list[PartyView], vocab: int) -> str:
+    """A plain sentence on whether the weakest party can brute-force its view."""
+    cheapest = min(views, key=lambda v: v.log10_cost)
+    cost = f"10^{cheapest.log10_cost:.1f} candidate sequences (V = {vocab:,}, largest gap {cheapest.largest_gap})"
+    days = 10 ** cheapest.log10_cost / 1e6 / 86_400
+    if cheapest.log10_cost <= BREAKABLE_LOG10:
+        why = ("its vocabulary is this small" if vocab <= 1000 and cheapest.largest_gap > 0
+               else "a party sees the start of the prompt" if cheapest.largest_gap == 0 else "the gaps are short")
+        return (f"Breakable: party {cheapest.party} can brute-force its whole view with about {cost}. Sharding "
+                f"multiplies the search by V for each unseen token, and here {why}, so it does not protect "
+                "the prompt.")
+    if cheapest.log10_cost <= EXPENSIVE_LOG10:
+        return (f"Expensive but within reach: the weakest party needs about {cost}, roughly {days:,.1f} days at a "
+                "million sequences a second — a determined attacker with GPUs gets there.")
+    return f"Out of brute-force reach: the weakest party needs about {cost}."
 
 
 def _brute_force(handle: ModelHandle, layer: int, ids: list[int], view: PartyView,

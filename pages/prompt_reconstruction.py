@@ -230,7 +230,7 @@ except inv.InversionError as exc:
 else:
     st.plotly_chart(F.cascade_figure(cascade), key="inv_cascade")
     st.dataframe(F.cascade_rows(cascade), hide_index=True)
-    (st.warning if cascade.verdict.startswith("Breakable") else st.success)(cascade.verdict)
+    (st.success if cascade.verdict.startswith("Out of") else st.warning)(cascade.verdict)
     if cascade.brute_force_ran:
         st.write(f"Party {attacker} brute-forced its view: {cascade.attacker_accuracy:.0%} of its positions "
                  f"recovered with {cascade.evaluations:,} candidate sequences in {cascade.seconds:.1f} s.")

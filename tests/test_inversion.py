@@ -163,6 +163,17 @@ def test_shardings_assign_positions_and_gaps():
     assert first_block.gaps == [0, 0, 0]
 
 
+def test_cascade_verdict_depends_on_vocabulary_gap_and_sharding():
+    def verdict(vocab, parties, sharding="round_robin", n=12):
+        assignment = inv.SHARDINGS[sharding].assign(n, parties)
+        return inv.cascade_verdict([inv._party_view(p, assignment, vocab) for p in range(parties)], vocab)
+
+    assert verdict(120, 2).startswith("Breakable") and "vocabulary" in verdict(120, 2)
+    assert verdict(50_257, 2).startswith("Expensive")
+    assert verdict(50_257, 4).startswith("Out of brute-force reach")
+    assert verdict(50_257, 4, "blocks").startswith("Breakable") and "start of the prompt" in verdict(50_257, 4, "blocks")
+
+
 def test_cascade_brute_force_recovers_a_round_robin_view_on_a_small_vocabulary(tiny_llama):
     prompt = random_prompt(tiny_llama, n=5, seed=23)
     result = inv.simulate_cascade(tiny_llama, inv.CascadeParams(prompt=prompt, layer=2, parties=2, attacker=0))
