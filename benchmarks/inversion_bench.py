@@ -1,6 +1,6 @@
 """Prompt reconstruction: candidate evaluations and wall time of the attack vs exhaustive search.
 
-    python benchmarks/inversion_bench.py [--gpt2-positions 8] [--exhaustive-positions 1] [--quick]
+    python benchmarks/inversion_bench.py [--gpt2-positions 8] [--exhaustive-positions 2] [--parts shapes,gpt2,noise]
 
 Two models: `shapes-lm` from the demo zoo (small vocabulary, so exhaustive search runs on every
 position) and a GPT-2-small-shaped random-weight model built in memory from `GPT2Config()`
@@ -131,38 +131,48 @@ def noise_table(named: tuple[str, ModelHandle], quick: bool) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpt2-positions", type=int, default=8, help="prompt length on GPT-2-small")
-    ap.add_argument("--exhaustive-positions", type=int, default=1, help="GPT-2 positions searched exhaustively")
+    ap.add_argument("--exhaustive-positions", type=int, default=2, help="GPT-2 positions searched exhaustively")
     ap.add_argument("--shapes-positions", type=int, default=16)
+    ap.add_argument("--parts", default="shapes,gpt2,noise",
+                    help="comma list of shapes, gpt2, noise; parts not run keep their rows from the last JSON")
     ap.add_argument("--quick", action="store_true", help="3-token GPT-2 prompt (smoke test)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "2"))))
-    rows: list[dict] = []
-    if "shapes-lm" in zoo_models():
-        handle = load_model(ModelSpec("zoo", "shapes-lm"))
-        layer = max(1, handle.info.layers // 2)
-        ids = random_ids(inv.vocab_size(handle), args.shapes_positions, seed=1)
-        rows += bench(handle, "shapes-lm (random tokens)", layer, ids,
-                      ["hybrid", "model", "gradient", "embedding", "vocab"], 0)
-        from analysis.zoo import shapes_world as sw
-
-        text = sw.caption(sw.generate_scene(5))
-        ids = inv.tokenize(handle, text)
-        rows += bench(handle, "shapes-lm (caption)", layer, ids, ["hybrid", "model", "gradient"], 0)
-    else:
-        print("shapes-lm is not in the zoo yet: skipped", file=sys.stderr)
-    handle = gpt2_small_random()
-    n = 3 if args.quick else args.gpt2_positions
-    ids = random_ids(inv.vocab_size(handle), n, seed=3)
-    rows += bench(handle, "GPT-2-small shape, random weights", handle.info.layers // 2, ids, ["hybrid", "gradient"],
-                  args.exhaustive_positions)
-    md = table(rows) + "\n\n" + noise_table(noise_model(), args.quick)
-    print(md)
     out = ROOT / "benchmarks" / "results" / "inversion_bench.json"
+    old = json.loads(out.read_text()) if out.is_file() else {}
+    rows: dict[str, list[dict]] = {k: v for k, v in old.get("parts", {}).items() if k not in parts}
+    noise_md = old.get("noise_markdown", "") if "noise" not in parts else ""
+    if "shapes" in parts:
+        if "shapes-lm" in zoo_models():
+            handle = load_model(ModelSpec("zoo", "shapes-lm"))
+            layer = max(1, handle.info.layers // 2)
+            ids = random_ids(inv.vocab_size(handle), args.shapes_positions, seed=1)
+            rows["shapes"] = bench(handle, "shapes-lm (random tokens)", layer, ids,
+                                   ["hybrid", "model", "gradient", "embedding", "vocab"], 0)
+            from analysis.zoo import shapes_world as sw
+
+            ids = inv.tokenize(handle, sw.caption(sw.generate_scene(5)))
+            rows["shapes"] += bench(handle, "shapes-lm (caption)", layer, ids, ["hybrid", "model", "gradient"], 0)
+        else:
+            print("shapes-lm is not in the zoo yet: skipped", file=sys.stderr)
+    if "gpt2" in parts:
+        handle = gpt2_small_random()
+        n = 3 if args.quick else args.gpt2_positions
+        ids = random_ids(inv.vocab_size(handle), n, seed=3)
+        rows["gpt2"] = bench(handle, "GPT-2-small shape, random weights", handle.info.layers // 2, ids,
+                             ["hybrid", "gradient"], args.exhaustive_positions)
+    if "noise" in parts:
+        noise_md = noise_table(noise_model(), args.quick)
+    all_rows = [r for key in ("shapes", "gpt2") for r in rows.get(key, [])]
+    md = table(all_rows) + "\n\n" + noise_md
+    print(md)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
                    f"{torch.get_num_threads()} thread(s)",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows, "markdown": md,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": all_rows, "parts": rows,
+        "noise_markdown": noise_md, "markdown": md,
     }, indent=1))
     return 0
 

@@ -60,6 +60,21 @@ def default_prompt() -> str:
 
 # --- controls (mirrored to the URL) ------------------------------------------------------------
 
+
+def bounded(name: str, default, lo, hi, cast=int):
+    """A URL value clamped to a widget's range (an out-of-range value would crash the widget)."""
+    return min(max(url_param(name, default, cast), lo), hi)
+
+
+def forget_if_outside(key: str, lo, hi) -> None:
+    """Drop a widget's remembered value when the range changed (e.g. a model with fewer layers)."""
+    value = st.session_state.get(key)
+    if value is not None and not lo <= value <= hi:
+        del st.session_state[key]
+
+
+forget_if_outside("inv_layer", 0, n_layers)
+
 raw_layer = url_param("layer", max(1, n_layers // 2), int)
 layer_error = None
 try:
@@ -86,11 +101,11 @@ with st.container(border=True):
                          help="Which candidates are tried first. Every order ends with the rest of the "
                               "vocabulary, and the distance check decides, so the order changes only the cost.")
     c5, c6, c7 = st.columns([1, 1, 1])
-    noise = c5.number_input("Noise σ (× state std)", 0.0, 100.0, url_param("noise", 0.5, float), step=0.1,
-                            key="inv_noise", disabled=perturb != "gaussian_noise")
-    bits = c6.number_input("Quantisation bits", 1, 16, url_param("bits", 4, int), key="inv_bits",
+    noise = c5.number_input("Noise σ (× state std)", 0.0, 100.0, bounded("noise", 0.5, 0.0, 100.0, float),
+                            step=0.1, key="inv_noise", disabled=perturb != "gaussian_noise")
+    bits = c6.number_input("Quantisation bits", 1, 16, bounded("bits", 4, 1, 16), key="inv_bits",
                            disabled=perturb != "quantise")
-    seed = c7.number_input("Defence seed", 0, 10_000, url_param("seed", 0, int), key="inv_seed",
+    seed = c7.number_input("Defence seed", 0, 10_000, bounded("seed", 0, 0, 10_000), key="inv_seed",
                            help="Seeds the permutations and the noise.")
 
 set_url_params(prompt=prompt, layer=layer, perm=perm, perturb=perturb, noise=noise, bits=bits, order=order,
@@ -209,17 +224,18 @@ else:
 
 st.subheader("Cascade: sharding the sequence across parties")
 shardings = list(inv.SHARDINGS)
+forget_if_outside("inv_parties", 1, len(ids))
 with st.container(border=True):
     d1, d2, d3, d4 = st.columns(4)
-    parties = d1.number_input("Parties k", 1, max(1, len(ids)), min(url_param("parties", 2, int), len(ids)),
-                              key="inv_parties")
+    parties = d1.number_input("Parties k", 1, len(ids), bounded("parties", 2, 1, len(ids)), key="inv_parties")
     sharding = d2.selectbox("Sharding", shardings, format_func=lambda s: inv.SHARDINGS[s].label,
                             index=shardings.index(url_param("sharding", "round_robin", choices=shardings)),
                             key="inv_sharding")
+    forget_if_outside("inv_attacker", 0, int(parties) - 1)
     attacker = d3.number_input("Attacking party", 0, int(parties) - 1,
-                               min(url_param("attacker", 0, int), int(parties) - 1), key="inv_attacker")
-    budget = d4.number_input("Brute-force budget (sequences)", 1_000, 5_000_000, url_param("budget", 200_000, int),
-                             step=50_000, key="inv_budget")
+                               bounded("attacker", 0, 0, int(parties) - 1), key="inv_attacker")
+    budget = d4.number_input("Brute-force budget (sequences)", 1_000, 5_000_000,
+                             bounded("budget", 200_000, 1_000, 5_000_000), step=50_000, key="inv_budget")
 set_url_params(parties=parties, sharding=sharding, attacker=attacker, budget=budget)
 cascade_params = inv.CascadeParams(prompt=prompt, layer=int(layer), parties=int(parties), sharding=sharding,
                                    attacker=int(attacker), budget=int(budget))

@@ -62,8 +62,8 @@ def test_empty_prompt_gives_a_clear_message(app):
 
 
 def test_layer_out_of_range_gives_a_clear_message(app):
-    at = app(layer="99")
-    assert not at.exception
+    at = app(layer="99", bits="99", parties="999", attacker="-3", sweeps="0", exhaustive="0")
+    assert not at.exception, at.exception
     assert "out of range" in errors(at)
     assert metric(at, "Tokens recovered") == "100%"  # falls back to a valid layer
 
