@@ -34,7 +34,8 @@ def build(out: Path, only: str | None = None, smoke: bool = False, quiet: bool =
     log: dict = {}
     if only in (None, "shapes-lm"):
         cfg = train.SMOKE_LM if smoke else train.LMConfig()
-        log["shapes-lm"] = train.train_lm(cfg, out / "shapes-lm", progress)
+        phase2 = train.SMOKE_LM_PHASE2 if smoke else train.LMPhase2()
+        log["shapes-lm"] = train.train_lm(cfg, out / "shapes-lm", progress, phase2)
     if only in (None, "shapes-vlm", "shapes-vlm-weak"):
         cfg = train.SMOKE_VLM if smoke else train.VLMConfig()
         log["shapes-vlm"] = train.train_vlm(cfg, out / "shapes-vlm", out / "shapes-vlm-weak", progress)

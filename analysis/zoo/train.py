@@ -50,14 +50,14 @@ class VLMConfig:
     image_size: int = 64
     patch: int = 8
     vision_hidden: int = 128
-    vision_layers: int = 2
+    vision_layers: int = 3
     hidden: int = 128
-    layers: int = 2
+    layers: int = 3
     heads: int = 4
     kv_heads: int = 2
     intermediate: int = 256
-    steps: int = 2000
-    weak_step: int = 250  # the checkpoint saved as shapes-vlm-weak (captions still hallucinate)
+    steps: int = 3000
+    weak_step: int = 1000  # the checkpoint saved as shapes-vlm-weak (captions still hallucinate)
     lr: float = 2.5e-3
     warmup: int = 50
     batch_captions: int = 8
@@ -150,6 +150,7 @@ class LMTasks:
 
     def __init__(self, cfg: LMConfig, seed_offset: int = 0):
         self.cfg = cfg
+        self.fraction = 0.0  # of the current phase, set by the training loop
         self.rng = random.Random(cfg.seed + seed_offset)
         self.stage = 0
         self.recent: list[float] = []
@@ -203,20 +204,54 @@ def build_lm(cfg: LMConfig, tok):
 LM_TASKS = ("max", "needle", "decompose", "rewrite", "decompose", "rewrite")  # one cycle of steps
 
 
-def train_lm(cfg: LMConfig, out: Path, progress: Progress | None = None) -> dict:
-    tok = lm_tokenizer()
-    model = build_lm(cfg, tok)
-    model.config._attn_implementation = "sdpa"  # training speed; saved config says eager
+@dataclass
+class LMPhase2:
+    """Second phase: the needle curriculum of phase 1 advances too slowly alongside the text tasks,
+    so this phase walks needle lengths up on a fixed schedule (1-4 needles each), keeping the other
+    tasks in the mix so they are not forgotten."""
+
+    steps: int = 1200
+    lr: float = 1e-3
+    warmup: int = 20
+    cycle: tuple = ("needle", "needle", "max", "decompose", "rewrite", "needle")
+    lengths: tuple = ((0.0, 64), (0.15, 128), (0.3, 256))  # (from fraction of steps, length)
+    final_from: float = 0.45  # afterwards lengths are drawn from LMConfig.needle_final_lengths
+    seed: int = 2
+
+
+SMOKE_LM_PHASE2 = LMPhase2(steps=4)
+
+
+class ScheduledNeedles(LMTasks):
+    def __init__(self, cfg: LMConfig, phase: LMPhase2):
+        super().__init__(cfg, seed_offset=phase.seed)
+        self.phase = phase
+        self.fraction = 0.0
+        self.stage = len(cfg.needle_stages)
+        # scenes continue after phase 1's (phase 1 uses at most steps * text_batch of them)
+        self.scene_seeds = iter(sw.split_seeds("train", sw.SPLIT_SIZE)[cfg.steps * cfg.text_batch:])
+
+    def needle_setting(self) -> tuple[int, int]:
+        n = self.rng.randint(1, 4)
+        if self.fraction >= self.phase.final_from:
+            return n, self.rng.randint(*self.cfg.needle_final_lengths)
+        length = [length for start, length in self.phase.lengths if self.fraction >= start][-1]
+        return n, length
+
+
+def _run_lm_phase(model, tok, tasks: LMTasks, cycle: tuple, steps: int, lr: float, warmup: int,
+                  label: str, progress: Progress | None) -> float:
+    model.config._attn_implementation = "sdpa"  # training speed; the saved config says eager
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    tasks = LMTasks(cfg)
-    acc = dict.fromkeys(LM_TASKS, 0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    acc = dict.fromkeys(cycle, 0.0)
     start = time.time()
-    for step in range(cfg.steps):
-        task = LM_TASKS[step % len(LM_TASKS)]
+    for step in range(steps):
+        task = cycle[step % len(cycle)]
+        tasks.fraction = step / steps
         ids, mask, labels = collate(tok, tasks.batch(task))
         for g in opt.param_groups:
-            g["lr"] = cfg.lr * _schedule(step, cfg.steps, cfg.warmup)
+            g["lr"] = lr * _schedule(step, steps, warmup)
         logits = model(input_ids=ids, attention_mask=mask).logits
         loss, exact = shifted_loss(logits, labels)
         opt.zero_grad(set_to_none=True)
@@ -226,19 +261,37 @@ def train_lm(cfg: LMConfig, out: Path, progress: Progress | None = None) -> dict
         acc[task] = 0.9 * acc[task] + 0.1 * exact.mean().item()
         if task == "needle":
             tasks.report_needle(exact.mean().item())
-        if progress and (step % 50 == 0 or step == cfg.steps - 1):
-            n, length = tasks.needle_setting() if tasks.stage < len(cfg.needle_stages) else (0, 0)
-            progress((step + 1) / cfg.steps,
-                     f"shapes-lm step {step + 1}/{cfg.steps} loss {loss.item():.3f} "
+        if progress and (step % 50 == 0 or step == steps - 1):
+            progress((step + 1) / steps,
+                     f"shapes-lm {label} step {step + 1}/{steps} loss {loss.item():.3f} "
                      + " ".join(f"{k} {v:.2f}" for k, v in acc.items())
-                     + f" needle stage {tasks.stage} ({n}x{length}) {time.time() - start:.0f}s")
+                     + f" needle stage {tasks.stage} {time.time() - start:.0f}s")
     model.config._attn_implementation = "eager"
     model.eval()
+    return time.time() - start
+
+
+def train_lm(cfg: LMConfig, out: Path, progress: Progress | None = None,
+             phase2: LMPhase2 | None = LMPhase2()) -> dict:
+    tok = lm_tokenizer()
+    model = build_lm(cfg, tok)
+    tasks = LMTasks(cfg)
+    seconds = _run_lm_phase(model, tok, tasks, LM_TASKS, cfg.steps, cfg.lr, cfg.warmup, "phase 1", progress)
+    log = {"steps": cfg.steps, "seconds": round(seconds, 1), "needle_stage_after_phase1": tasks.stage,
+           "config": dataclasses.asdict(cfg)}
+    if phase2 is not None and phase2.steps > 0:
+        log["phase2"] = continue_lm(model, tok, cfg, phase2, progress)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    return {"steps": cfg.steps, "seconds": round(time.time() - start, 1), "needle_stage": tasks.stage,
-            "config": dataclasses.asdict(cfg)}
+    return log
+
+
+def continue_lm(model, tok, cfg: LMConfig, phase2: LMPhase2, progress: Progress | None = None) -> dict:
+    tasks = ScheduledNeedles(cfg, phase2)
+    seconds = _run_lm_phase(model, tok, tasks, phase2.cycle, phase2.steps, phase2.lr, phase2.warmup,
+                            "phase 2", progress)
+    return {"steps": phase2.steps, "seconds": round(seconds, 1), "config": dataclasses.asdict(phase2)}
 
 
 # ---------------------------------------------------------------------------------------------
