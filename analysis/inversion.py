@@ -60,7 +60,7 @@ class AttackParams(Result):
     max_tokens: int = MAX_TOKENS
     first_batch: int = 16  # candidates in the first batch; later batches grow 4x up to max_batch
     max_batch: int = 1024
-    gradient_steps: int = 12  # Adam steps of gradient inversion (orders "gradient" and "hybrid")
+    gradient_steps: int = 8  # Adam steps of gradient inversion (orders "gradient" and "hybrid")
 
 
 @dataclass
@@ -177,6 +177,7 @@ class _Probe:
         self.layer = layer
         self.stopping = True
         self.captured: torch.Tensor | None = None
+        self._embedding_stats: tuple[torch.Tensor, float] | None = None
         blocks = decoder_blocks(self.lm)
         if layer == 0:
             patch.hook(blocks[0], self._before, pre=True, with_kwargs=True)
@@ -231,8 +232,11 @@ class _Probe:
         """An input embedding whose layer-L state at `position` is L1-close to one of `rows`,
         found by Adam from the mean embedding (no weights change; gradients flow only to it)."""
         table = self.lm.get_input_embeddings().weight.detach()
-        embed = table.mean(0).clone().requires_grad_(True)
-        opt = torch.optim.Adam([embed], lr=0.15 * float(table.float().std()))
+        if self._embedding_stats is None:  # std over V x d values is slow enough to compute once
+            self._embedding_stats = (table.mean(0), float(table.float().std()))
+        start, scale = self._embedding_stats
+        embed = start.clone().requires_grad_(True)
+        opt = torch.optim.Adam([embed], lr=0.15 * scale)
         rows = rows.to(table.device)
         positions = torch.tensor([[position]], device=table.device)
         with torch.enable_grad():
@@ -462,7 +466,7 @@ class GradientOrder(Order):
 
     def proposals(self, ctx):
         target = ctx.invert()
-        yield torch.cdist(ctx.embeddings[None], target[None, None])[0, :, 0].argsort()
+        yield (ctx.embeddings - target).square().sum(dim=1).argsort()  # cdist is ~10x slower for one target
 
 
 class HybridOrder(Order):
@@ -489,6 +493,8 @@ ORDERS: dict[str, Order] = {
 def _distances(cands: torch.Tensor, rows: torch.Tensor, sorted_dims: bool) -> torch.Tensor:
     if sorted_dims:
         cands = cands.sort(dim=1).values
+    if len(rows) <= 8:  # broadcasting beats cdist for a few rows
+        return (cands[:, None, :] - rows[None]).abs().sum(dim=-1)
     return torch.cdist(cands[None], rows[None], p=1)[0]  # (B, R)
 
 
