@@ -89,21 +89,41 @@ class Temperature(Result):
         return {"softmax": "softmax", "adaptive": "adaptive θ"}.get(self.mode, f"θ = {self.theta:g}")
 
 
-def tempered_softmax(scores: torch.Tensor, rule: Temperature) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def tempered_softmax(scores: torch.Tensor, rule: Temperature, inplace: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Apply `rule` to attention logits `s` (already scaled and masked) along the last axis.
 
     Returns (probabilities used, entropy of plain softmax(s), β per row); for plain softmax the last
     two are None (they are not needed to compute the output; `row_entropy` gives them when wanted).
+    `inplace` lets it overwrite float32 `scores` (saves one allocation per attention call).
     """
     s = scores.to(torch.promote_types(scores.dtype, torch.float32))  # never softmax in half precision
     if rule.mode == "softmax":
         return torch.softmax(s, dim=-1), None, None
-    s = s - s.amax(-1, keepdim=True)  # shift-invariant; keeps β·s finite for masked keys
+    # β·s of a masked key overflows to -inf, which softmax handles (and fast); a fully masked row
+    # (a padding query) would become all -inf, so it keeps β = 1 and stays uniform as in eager.
+    top = s.amax(-1)
+    live = top > torch.finfo(s.dtype).min / 2
     if rule.mode == "fixed":
-        return torch.softmax(s.mul_(1.0 / rule.theta), dim=-1), None, None
-    h = row_entropy(s)
-    beta = adaptive_beta(h)
-    return torch.softmax(s.mul_(beta.unsqueeze(-1)), dim=-1), h, beta
+        scale = torch.where(live, 1.0 / rule.theta, 1.0).unsqueeze(-1)
+        return torch.softmax(s.mul_(scale) if inplace else s * scale, dim=-1), None, None
+    p = torch.softmax(s, dim=-1)
+    h = softmax_entropy(s, p, top, live)
+    beta = torch.where(live, adaptive_beta(h), 1.0)
+    scale = beta.unsqueeze(-1)
+    return torch.softmax(s.mul_(scale) if inplace else s * scale, dim=-1), h, beta
+
+
+def softmax_entropy(s: torch.Tensor, p: torch.Tensor, top: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """Entropy of p = softmax(s) as logsumexp(s) - Σ p s, with logsumexp(s) = max s - ln max p.
+
+    Reductions only, no second exp pass (exp of very negative masked logits is slow on CPU).
+    `top` = max s per row; rows not `live` (fully masked) are uniform: H = ln(keys).
+    """
+    h = top - p.amax(-1).log() - torch.linalg.vecdot(p, s)
+    if torch.isnan(h).any():  # a -inf logit gives 0 * -inf; redo with finite logits
+        h = top - p.amax(-1).log() - torch.linalg.vecdot(p, s.clamp_min(torch.finfo(s.dtype).min))
+    return torch.where(live, h, math.log(s.shape[-1])).clamp_min(0.0)
 
 
 def row_entropy(scores: torch.Tensor) -> torch.Tensor:
@@ -169,23 +189,23 @@ def temperature_attention(module, query, key, value, attention_mask, scaling=Non
     groups = query.shape[1] // key.shape[1]
     key = _repeat_kv(key, groups)
     value = _repeat_kv(value, groups)
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
     if attention_mask is not None:
-        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
-    probs, _, _ = tempered_softmax(scores, rule)
+        scores.add_(attention_mask[:, :, :, : key.shape[-2]])
+    recorder = active.recorder if active is not None else None
+    last = scores[:, :, -1, :].float().clone() if recorder is not None else None
+    probs, _, _ = tempered_softmax(scores, rule, inplace=True)  # scores is ours: overwrite it
     probs = probs.to(value.dtype)
     output = torch.matmul(probs, value).transpose(1, 2).contiguous()
-    if active is not None and active.recorder is not None:
-        rec = active.recorder
+    if recorder is not None:
         layer = getattr(module, "layer_idx", None)
-        layer = rec.calls if layer is None else int(layer)
-        rec.calls += 1
-        last = scores[:, :, -1, :].float()
+        layer = recorder.calls if layer is None else int(layer)
+        recorder.calls += 1
         raw_entropy = row_entropy(last)
-        rec.scores[layer] = last.detach()
-        rec.probs[layer] = probs[:, :, -1, :].float().detach()
-        rec.raw_entropy[layer] = raw_entropy.detach()
-        rec.beta[layer] = rule_beta(rule, raw_entropy).detach()
+        recorder.scores[layer] = last
+        recorder.probs[layer] = probs[:, :, -1, :].float().detach()
+        recorder.raw_entropy[layer] = raw_entropy
+        recorder.beta[layer] = rule_beta(rule, raw_entropy)
     return output, probs
 
 

@@ -331,3 +331,17 @@ def test_cli_prints_json_result(tiny_gpt2_dir, capsys):
     data = json.loads(capsys.readouterr().out)
     assert [p["n"] for p in data["points"]] == [4, 8]
     assert S.SweepResult.from_dict(data).points[0].run("θ = 0.5").rule.theta == 0.5
+
+
+def test_fully_masked_and_minus_infinity_rows_stay_finite():
+    low = torch.finfo(torch.float32).min
+    rows = torch.randn(4, 6, generator=torch.Generator().manual_seed(1)) * 3
+    rows[0] = low  # a fully masked row (a padding query)
+    rows[1, 3:] = -float("inf")  # a mask written with -inf
+    for rule in (S.Temperature("adaptive"), S.Temperature("fixed", 0.2)):
+        out = S.tempered_softmax(rows, rule)[0]
+        assert bool(torch.isfinite(out).all()) and torch.allclose(out.sum(-1), torch.ones(4))
+        assert float(out[1, 3:].abs().max()) == 0.0
+    _, h, _ = S.tempered_softmax(rows, S.Temperature("adaptive"))
+    assert math.isclose(float(h[0]), math.log(6), rel_tol=1e-5)
+    assert math.isclose(float(h[1]), float(S.row_entropy(rows[1, :3])), rel_tol=1e-4, abs_tol=1e-5)
