@@ -136,6 +136,7 @@ class SaeMeta(Result):
     l0: float
     dead: int
     train_seconds: float = 0.0
+    model_fingerprint: str = ""  # of the weights it was trained on; a mismatch means the SAE is stale
 
 
 @dataclass
@@ -1028,6 +1029,21 @@ class BuildParams(Result):
     store: StoreParams = field(default_factory=StoreParams)
 
 
+def model_fingerprint(handle: ModelHandle) -> str:
+    """A short hash of the model's weight files (empty when they are not on disk)."""
+    digest = hashlib.sha256()
+    files = sorted(Path(handle.path).glob("*.safetensors")) if handle.path else []
+    for f in files:
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16] if files else ""
+
+
+def is_stale(handle: ModelHandle, meta: SaeMeta) -> bool:
+    return bool(meta.model_fingerprint) and meta.model_fingerprint != model_fingerprint(handle)
+
+
 def demo_folder(handle: ModelHandle, layer: int) -> Path | None:
     """The committed SAE for a demo-zoo model and layer, if there is one."""
     if handle.spec.source != "zoo":
@@ -1075,7 +1091,8 @@ def build(handle: ModelHandle, params: BuildParams, folder: str | Path | None = 
     fve, l0, dead = reconstruction_metrics(sae, eval_acts.acts, params.store.threshold)
     meta = SaeMeta(model=handle.spec.label, layer=params.layer, d_in=int(train_acts.acts.shape[1]),
                    train=params.train, dataset=dataset, n_pairs=len(train_set.pairs), n_tokens=len(train_acts),
-                   fve=round(fve, 4), l0=round(l0, 3), dead=dead, train_seconds=round(seconds, 1))
+                   fve=round(fve, 4), l0=round(l0, 3), dead=dead, train_seconds=round(seconds, 1),
+                   model_fingerprint=model_fingerprint(handle))
     store = build_feature_store(handle, sae, meta, eval_acts, eval_set, params.store,
                                 progress=lambda f, m: progress(0.8 + 0.2 * f, m))
     save_sae(sae, meta, folder)

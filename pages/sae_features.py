@@ -91,6 +91,14 @@ except Exception as exc:  # a damaged or foreign folder
     st.error(f"Could not read the SAE in '{folder}': {exc}")
     st.stop()
 n_features = len(store.features)
+@st.cache_data(max_entries=8, show_spinner=False)
+def fingerprint(model_label: str, path: str) -> str:
+    return sae_v.model_fingerprint(handle)
+
+
+if meta.model_fingerprint and meta.model_fingerprint != fingerprint(handle.spec.label, handle.path):
+    st.warning("This SAE was trained on different weights of this model (the model was rebuilt since). Its "
+               "features may no longer match: train a new SAE above.")
 
 feature_from_url = st.query_params.get("feature")
 view_default = "feature" if feature_from_url is not None else "list"

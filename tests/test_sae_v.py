@@ -364,6 +364,7 @@ def test_cli_trains_and_prints_json(tiny_llava_dir, tmp_path, capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["meta"]["layer"] == 1 and out["summary"]["features"] == 16
+    assert len(out["meta"]["model_fingerprint"]) == 16
     assert set(out["ranking"]) == {"roc_auc", "roc_auc_weighted", "precision", "recall"}
 
 
