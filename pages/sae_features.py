@@ -20,15 +20,20 @@ handle = require_model("vlm", "causal_lm", panel="SAE-V feature browser")
 is_vlm = handle.kind == "vlm"
 
 
-@st.cache_resource(max_entries=4, show_spinner="Loading the SAE and its feature store ...")
-def load_bundle(folder: str, stamp: float):
-    sae, meta = sae_v.load_sae(folder)
-    return sae, meta, sae_v.load_store(folder)
+@st.cache_resource(max_entries=4, show_spinner="Loading the feature store ...")
+def load_feature_store(folder: str, stamp: float):
+    return sae_v.load_store(folder)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Loading the SAE (sae-lens) ...")
+def load_sae(folder: str, stamp: float):
+    """Only the views that run the model need the SAE itself (importing sae-lens takes seconds)."""
+    return sae_v.load_sae(folder)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def pair_image(folder: str, stamp: float, pair: int, size: int):
-    image = load_bundle(folder, stamp)[2].pairs.image(pair)
+    image = load_feature_store(folder, stamp).pairs.image(pair)
     return None if image is None else figs.fit_image(image, size)
 
 
@@ -86,7 +91,8 @@ folder = folders[names.index(st.selectbox("SAE", names, index=names.index(chosen
     folders[names.index(n)]), key="sae_pick"))]
 stamp = _stamp(folder)
 try:
-    sae, meta, store = load_bundle(str(folder), stamp)
+    store = load_feature_store(str(folder), stamp)
+    meta = store.meta
 except Exception as exc:  # a damaged or foreign folder
     st.error(f"Could not read the SAE in '{folder}': {exc}")
     st.stop()
@@ -246,7 +252,7 @@ def show_feature() -> None:
 def explain_cached(folder: str, stamp: float, model_label: str, text: str, image_bytes: bytes | None):
     from PIL import Image
 
-    sae_, meta_, _ = load_bundle(folder, stamp)
+    sae_, meta_ = load_sae(folder, stamp)
     image = Image.open(io.BytesIO(image_bytes)).convert("RGB") if image_bytes else None
     return sae_v.explain_input(handle, sae_, meta_.layer, text, image, per_position=16)
 
@@ -352,7 +358,8 @@ def show_explain() -> None:
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def ranking_cached(folder: str, stamp: float, model_label: str, by: str, threshold: float):
-    sae_, meta_, store_ = load_bundle(folder, stamp)
+    sae_, meta_ = load_sae(folder, stamp)
+    store_ = load_feature_store(folder, stamp)
     with progress("Scoring pairs ...") as cb:
         return sae_v.rank_dataset(handle, sae_, meta_, store_, store_.pairs, by=by, threshold=threshold, progress=cb)
 
