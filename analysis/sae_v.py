@@ -17,7 +17,6 @@ Pipeline, top to bottom:
 """
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import hashlib
 import json
@@ -31,7 +30,7 @@ from typing import Any, Callable, Iterator
 import torch
 import warnings
 
-from analysis.models import ModelHandle, ModelLoadError
+from analysis.models import ModelHandle
 from analysis.results import Result
 
 Progress = Callable[[float, str], None]
