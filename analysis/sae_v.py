@@ -23,12 +23,12 @@ import json
 import math
 import os
 import random
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
-import warnings
 
 from analysis.models import ModelHandle
 from analysis.results import Result
