@@ -186,7 +186,8 @@ def generate_text(handle: ModelHandle, prompt: str, max_new_tokens: int = 64,
         out = handle.language_model.generate(
             **ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=_pad_id(tok),
         )
-    return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True,
+                      clean_up_tokenization_spaces=False).strip()
 
 
 def caption_image(handle: ModelHandle, image, prompt: str | None = None, max_new_tokens: int = 96) -> str:
@@ -198,7 +199,8 @@ def caption_image(handle: ModelHandle, image, prompt: str | None = None, max_new
     with handle.session():
         out = handle.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                     pad_token_id=_pad_id(handle.tokenizer))
-    return handle.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    return handle.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True,
+                      clean_up_tokenization_spaces=False).strip()
 
 
 def vlm_prompt(handle: ModelHandle, text: str) -> str:

@@ -64,6 +64,10 @@ class TrainParams(Result):
     batch_size: int = 256
     lr: float = 2e-3
     seed: int = 0
+    # Scale each modality to the same mean norm before the SAE. Image-token residuals can be tens of
+    # times larger than text ones (they come from the projector); without this the reconstruction
+    # loss is spent almost entirely on image tokens.
+    balance_modalities: bool = True
 
 
 @dataclass
@@ -136,6 +140,9 @@ class SaeMeta(Result):
     dead: int
     train_seconds: float = 0.0
     model_fingerprint: str = ""  # of the weights it was trained on; a mismatch means the SAE is stale
+    scales: list[float] = field(default_factory=lambda: [1.0, 1.0])  # input scale for text, image tokens
+    fve_text: float | None = None
+    fve_image: float | None = None
 
 
 @dataclass
@@ -622,6 +629,23 @@ def train_sae(acts: torch.Tensor, params: TrainParams, progress: Progress | None
     return sae.eval()
 
 
+def modality_scales(acts: Activations) -> list[float]:
+    """Per-modality factors that give each modality a mean norm of sqrt(d) (1.0 for an absent one)."""
+    d = acts.acts.shape[1]
+    out = []
+    for mod in (TEXT, IMAGE):
+        rows = acts.modality == mod
+        norm = float(acts.acts[rows].norm(dim=1).mean()) if rows.any() else 0.0
+        out.append(math.sqrt(d) / norm if norm > 0 else 1.0)
+    return out
+
+
+def scaled(acts: Activations, scales: list[float]) -> torch.Tensor:
+    """The SAE's input: each token's residual times its modality's scale."""
+    factor = torch.tensor(scales, dtype=acts.acts.dtype)[acts.modality]
+    return acts.acts * factor[:, None]
+
+
 def encode(sae, acts: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
     with torch.no_grad():
         return torch.cat([sae.encode(acts[i:i + batch_size].float()) for i in range(0, acts.shape[0], batch_size)])
@@ -808,7 +832,7 @@ def build_feature_store(handle: ModelHandle, sae, meta: SaeMeta, acts: Activatio
     params = params or StoreParams()
     progress = progress or _noop
     progress(0.0, "encoding")
-    codes = encode(sae, acts.acts)
+    codes = encode(sae, scaled(acts, meta.scales))
     n_tok, n_feat = codes.shape
     thr = params.threshold
     active = codes > thr
@@ -974,14 +998,14 @@ def rank_dataset(handle: ModelHandle, sae, meta: SaeMeta, store: FeatureStore, p
     """Collect activations for `pairs`, encode them, and rank with the store's omega."""
     acts = collect_activations(handle, pairs, meta.layer, progress=progress)
     omega = torch.tensor([f.omega for f in store.features])
-    return rank_pairs(meta, omega, encode(sae, acts.acts), acts, pairs, by=by, threshold=threshold)
+    return rank_pairs(meta, omega, encode(sae, scaled(acts, meta.scales)), acts, pairs, by=by, threshold=threshold)
 
 
 # =============================================================================================
 # 6. One input
 
 
-def explain_input(handle: ModelHandle, sae, layer: int, text: str, image=None, per_position: int = 8,
+def explain_input(handle: ModelHandle, sae, meta: SaeMeta, text: str, image=None, per_position: int = 8,
                   threshold: float = 0.0) -> InputExplanation:
     """Active features at every text token and image patch of one input."""
     if handle.kind == "vlm" and image is None:
@@ -989,8 +1013,9 @@ def explain_input(handle: ModelHandle, sae, layer: int, text: str, image=None, p
     if handle.kind != "vlm" and image is not None:
         raise ValueError(f"{handle.spec.label} is a text-only model; it cannot read an image.")
     pairs = PairSet(dataset="", seed=0, image_size=handle.info.image_size, pairs=[Pair(text=text)])
+    layer = meta.layer
     acts = collect_activations(handle, pairs, layer, images=[image] if image is not None else None)
-    codes = encode(sae, acts.acts)
+    codes = encode(sae, scaled(acts, meta.scales))
     tokens = acts.tokens[0]
     positions = []
     for r in range(len(acts)):
@@ -1083,15 +1108,21 @@ def build(handle: ModelHandle, params: BuildParams, folder: str | Path | None = 
     train_acts = collect_activations(handle, train_set, params.layer,
                                      progress=lambda f, m: progress(0.15 * f, m))
     start = time.perf_counter()
-    sae = train_sae(train_acts.acts, params.train, progress=lambda f, m: progress(0.15 + 0.6 * f, m))
+    scales = modality_scales(train_acts) if params.train.balance_modalities else [1.0, 1.0]
+    sae = train_sae(scaled(train_acts, scales), params.train, progress=lambda f, m: progress(0.15 + 0.6 * f, m))
     seconds = time.perf_counter() - start
     eval_acts = collect_activations(handle, eval_set, params.layer,
                                     progress=lambda f, m: progress(0.75 + 0.05 * f, m))
-    fve, l0, dead = reconstruction_metrics(sae, eval_acts.acts, params.store.threshold)
+    eval_in = scaled(eval_acts, scales)
+    fve, l0, dead = reconstruction_metrics(sae, eval_in, params.store.threshold)
+    fve_mod = [reconstruction_metrics(sae, eval_in[eval_acts.modality == m], params.store.threshold)[0]
+               if bool((eval_acts.modality == m).sum() > 1) else None for m in (TEXT, IMAGE)]
     meta = SaeMeta(model=handle.spec.label, layer=params.layer, d_in=int(train_acts.acts.shape[1]),
                    train=params.train, dataset=dataset, n_pairs=len(train_set.pairs), n_tokens=len(train_acts),
                    fve=round(fve, 4), l0=round(l0, 3), dead=dead, train_seconds=round(seconds, 1),
-                   model_fingerprint=model_fingerprint(handle))
+                   model_fingerprint=model_fingerprint(handle), scales=[round(x, 8) for x in scales],
+                   fve_text=None if fve_mod[0] is None else round(fve_mod[0], 4),
+                   fve_image=None if fve_mod[1] is None else round(fve_mod[1], 4))
     store = build_feature_store(handle, sae, meta, eval_acts, eval_set, params.store,
                                 progress=lambda f, m: progress(0.8 + 0.2 * f, m))
     save_sae(sae, meta, folder)

@@ -66,18 +66,20 @@ def main() -> int:
     timings["full forward (baseline)"] = time.perf_counter() - t
     test_acts = sae_v.collect_activations(handle, test, layer)
 
+    scales = sae_v.modality_scales(acts)
+    train_in, test_in = sae_v.scaled(acts, scales), sae_v.scaled(test_acts, scales)
     rows = []
     for arch in sae_v.ARCHITECTURES:
         params = sae_v.TrainParams(architecture=arch, d_sae=512, k=8, steps=args.steps)
         t = time.perf_counter()
-        sae = sae_v.train_sae(acts.acts, params)
+        sae = sae_v.train_sae(train_in, params)
         seconds = time.perf_counter() - t
-        fve, l0, dead = sae_v.reconstruction_metrics(sae, test_acts.acts)
-        codes = sae_v.encode(sae, test_acts.acts)
+        fve, l0, dead = sae_v.reconstruction_metrics(sae, test_in)
+        codes = sae_v.encode(sae, test_in)
         labels, _, _ = sae_v.modality_labels(codes, test_acts.modality)
         omega = sae_v.cross_modal_weights(test_acts.acts, codes, test_acts.modality)
         meta = sae_v.SaeMeta(model=args.model, layer=layer, d_in=acts.acts.shape[1], train=params, dataset=dataset,
-                             n_pairs=len(train.pairs), n_tokens=len(acts), fve=fve, l0=l0, dead=dead)
+                             n_pairs=len(train.pairs), n_tokens=len(acts), fve=fve, l0=l0, dead=dead, scales=scales)
         ranking = sae_v.rank_pairs(meta, omega, codes, test_acts, test)
         row = {"architecture": arch, "train s": round(seconds, 1), "steps/s": round(args.steps / seconds, 1),
                "FVE": round(fve, 4), "L0": round(l0, 2), "dead": dead,

@@ -254,7 +254,7 @@ def explain_cached(folder: str, stamp: float, model_label: str, text: str, image
 
     sae_, meta_ = load_sae(folder, stamp)
     image = Image.open(io.BytesIO(image_bytes)).convert("RGB") if image_bytes else None
-    return sae_v.explain_input(handle, sae_, meta_.layer, text, image, per_position=16)
+    return sae_v.explain_input(handle, sae_, meta_, text, image, per_position=16)
 
 
 def _png(image) -> bytes:

@@ -221,6 +221,14 @@ def test_activations_are_the_layer_outputs_at_text_and_image_positions(tiny_llav
     assert torch.allclose(mine[mod == TEXT], hidden[text_pos], atol=1e-4)
 
 
+def test_modality_scales_equalise_mean_norms(tiny_llava, llava_pairs):
+    acts = sae_v.collect_activations(tiny_llava, llava_pairs, layer=1)
+    x = sae_v.scaled(acts, sae_v.modality_scales(acts))
+    d = x.shape[1]
+    for mod in (TEXT, IMAGE):
+        assert float(x[acts.modality == mod].norm(dim=1).mean()) == pytest.approx(math.sqrt(d), rel=1e-4)
+
+
 def test_layer_out_of_range_is_a_clear_error(tiny_llava, llava_pairs):
     with pytest.raises(ValueError, match="out of range"):
         sae_v.collect_activations(tiny_llava, llava_pairs, layer=7)
@@ -230,9 +238,10 @@ def test_layer_out_of_range_is_a_clear_error(tiny_llava, llava_pairs):
 def tiny_store(tiny_llava, llava_pairs):
     acts = sae_v.collect_activations(tiny_llava, llava_pairs, layer=1)
     params = sae_v.TrainParams(d_sae=32, k=4, steps=60, batch_size=64)
-    sae = sae_v.train_sae(acts.acts, params)
+    scales = sae_v.modality_scales(acts)
+    sae = sae_v.train_sae(sae_v.scaled(acts, scales), params)
     meta = sae_v.SaeMeta(model="tiny", layer=1, d_in=acts.acts.shape[1], train=params, dataset="noise",
-                         n_pairs=12, n_tokens=len(acts), fve=0, l0=0, dead=0)
+                         n_pairs=12, n_tokens=len(acts), fve=0, l0=0, dead=0, scales=scales)
     store = sae_v.build_feature_store(tiny_llava, sae, meta, acts, llava_pairs,
                                       sae_v.StoreParams(top_n=6, top_images=3))
     return sae, acts, store
@@ -240,7 +249,7 @@ def tiny_store(tiny_llava, llava_pairs):
 
 def test_feature_store_top_examples_are_the_true_top_activations(tiny_store):
     sae, acts, store = tiny_store
-    codes = sae_v.encode(sae, acts.acts)
+    codes = sae_v.encode(sae, sae_v.scaled(acts, store.meta.scales))
     checked = 0
     for card in store.features:
         f = card.index
@@ -290,12 +299,12 @@ def test_neighbours_are_sorted_decoder_cosines(tiny_store):
 
 
 def test_explain_input_lists_features_per_patch_and_token(tiny_store, tiny_llava, llava_pairs):
-    sae, _, _ = tiny_store
+    sae, _, store = tiny_store
     image = llava_pairs.image(0)
-    result = sae_v.explain_input(tiny_llava, sae, 1, "w1 w2 w3", image)
-    codes = sae_v.encode(sae, sae_v.collect_activations(
-        tiny_llava, sae_v.PairSet("", 0, tiny_llava.info.image_size, [sae_v.Pair("w1 w2 w3")]), 1,
-        images=[image]).acts)
+    result = sae_v.explain_input(tiny_llava, sae, store.meta, "w1 w2 w3", image)
+    acts = sae_v.collect_activations(
+        tiny_llava, sae_v.PairSet("", 0, tiny_llava.info.image_size, [sae_v.Pair("w1 w2 w3")]), 1, images=[image])
+    codes = sae_v.encode(sae, sae_v.scaled(acts, store.meta.scales))
     assert result.tokens == ["w1", "w2", "w3"]
     assert len([p for p in result.positions if p.modality == IMAGE]) == tiny_llava.info.image_tokens
     first = result.positions[0]
@@ -308,11 +317,13 @@ def test_explain_input_lists_features_per_patch_and_token(tiny_store, tiny_llava
 def test_explain_input_rejects_an_image_for_a_text_only_model(tiny_llama):
     from PIL import Image
 
-    sae = sae_v.train_sae(torch.randn(300, tiny_llama.info.hidden_size), sae_v.TrainParams(d_sae=16, k=2, steps=5,
-                                                                                           batch_size=64))
+    params = sae_v.TrainParams(d_sae=16, k=2, steps=5, batch_size=64)
+    sae = sae_v.train_sae(torch.randn(300, tiny_llama.info.hidden_size), params)
+    meta = sae_v.SaeMeta(model="tiny", layer=0, d_in=tiny_llama.info.hidden_size, train=params, dataset="noise",
+                         n_pairs=0, n_tokens=0, fve=0, l0=0, dead=0)
     with pytest.raises(ValueError, match="text-only"):
-        sae_v.explain_input(tiny_llama, sae, 0, "w1 w2", Image.new("RGB", (8, 8)))
-    result = sae_v.explain_input(tiny_llama, sae, 0, "w1 w2")
+        sae_v.explain_input(tiny_llama, sae, meta, "w1 w2", Image.new("RGB", (8, 8)))
+    result = sae_v.explain_input(tiny_llama, sae, meta, "w1 w2")
     assert result.grid == 0 and all(p.modality == TEXT for p in result.positions)
 
 
@@ -391,12 +402,12 @@ def test_demo_store_matches_a_recomputation_from_the_committed_weights():
     subset = sae_v.PairSet(store.pairs.dataset, store.pairs.seed, store.pairs.image_size,
                            [store.pairs.pairs[i] for i in wanted])
     acts = sae_v.collect_activations(handle, subset, meta.layer)
-    codes = sae_v.encode(sae, acts.acts)
+    codes = sae_v.encode(sae, sae_v.scaled(acts, meta.scales))
     for card in cards:
         t, im = card.top_text[0], card.top_images[0]
         row = ((acts.pair == wanted.index(t.pair)) & (acts.modality == TEXT) & (acts.index == t.index)).nonzero().item()
         assert float(codes[row, card.index]) == pytest.approx(t.act, rel=1e-3, abs=1e-3)
         rows = ((acts.pair == wanted.index(im.pair)) & (acts.modality == IMAGE)).nonzero().squeeze(1)
         assert codes[rows, card.index].tolist() == pytest.approx(im.heatmap, rel=1e-3, abs=1e-3)
-    fve, l0, _ = sae_v.reconstruction_metrics(sae, acts.acts)
+    fve, l0, _ = sae_v.reconstruction_metrics(sae, sae_v.scaled(acts, meta.scales))
     assert fve > meta.fve - 0.1 and l0 == pytest.approx(meta.l0, rel=0.5)
