@@ -186,8 +186,7 @@ def generate_text(handle: ModelHandle, prompt: str, max_new_tokens: int = 64,
         out = handle.language_model.generate(
             **ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=_pad_id(tok),
         )
-    return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True,
-                      clean_up_tokenization_spaces=False).strip()
+    return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
 def caption_image(handle: ModelHandle, image, prompt: str | None = None, max_new_tokens: int = 96) -> str:
@@ -199,8 +198,8 @@ def caption_image(handle: ModelHandle, image, prompt: str | None = None, max_new
     with handle.session():
         out = handle.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                     pad_token_id=_pad_id(handle.tokenizer))
-    return handle.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True,
-                      clean_up_tokenization_spaces=False).strip()
+    text = handle.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    return shapes_text(text) if speaks_shapes_world(handle) else text
 
 
 def vlm_prompt(handle: ModelHandle, text: str) -> str:
@@ -218,6 +217,14 @@ def speaks_shapes_world(handle: ModelHandle) -> bool:
         return False
     vocab = handle.tokenizer.get_vocab()
     return all(w in vocab for w in shapes_world().VOCAB)
+
+
+def shapes_text(text: str) -> str:
+    """Shapes World spacing: every punctuation mark is its own word ('left.' -> 'left .').
+
+    The word-level tokenizers' decoder glues punctuation to the previous word; the grammar needs it apart.
+    """
+    return " ".join(re.sub(r"([.;?:=])", r" \1 ", text).split())
 
 
 def _shapes_caption_prompt(handle: ModelHandle) -> str | None:
@@ -284,7 +291,7 @@ class GrammarDecomposer:
     name: str = "grammar"
 
     def decompose(self, caption: str) -> list[str]:
-        return list(shapes_world().decompose(caption))
+        return list(shapes_world().decompose(shapes_text(caption)))
 
 
 @dataclass
@@ -294,7 +301,7 @@ class GrammarRewriter:
     name: str = "grammar"
 
     def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
-        return shapes_world().rewrite(caption, true_claims)
+        return shapes_world().rewrite(shapes_text(caption), true_claims)
 
 
 @dataclass
@@ -306,9 +313,9 @@ class ShapesLMDecomposer:
     max_new_tokens: int = 160
 
     def decompose(self, caption: str) -> list[str]:
-        prompt = f"<s> decompose : {' '.join(caption.split())} ="
+        prompt = f"<s> decompose : {shapes_text(caption)} ="
         text = generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False)
-        return list(dict.fromkeys(c.strip() for c in text.split(";") if c.strip()))
+        return list(dict.fromkeys(c.strip() for c in shapes_text(text).split(";") if c.strip()))
 
 
 @dataclass
@@ -321,8 +328,8 @@ class ShapesLMRewriter:
 
     def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
         drop = " ; ".join(false_claims) if false_claims else "none"
-        prompt = f"<s> rewrite : {' '.join(caption.split())} drop : {drop} ="
-        return generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False)
+        prompt = f"<s> rewrite : {shapes_text(caption)} drop : {drop} ="
+        return shapes_text(generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False))
 
 
 DECOMPOSE_INSTRUCTION = (
@@ -653,7 +660,7 @@ def pope(predicted_yes: list[bool], is_true: list[bool]) -> PopeMetrics:
 
 def score_caption(scene, caption: str) -> CaptionMetrics:
     """Factuality, coverage and CHAIR of a caption against a Shapes World scene (grammar parse)."""
-    return score_claims(scene, shapes_world().decompose(caption))
+    return score_claims(scene, shapes_world().decompose(shapes_text(caption)))
 
 
 def score_claims(scene, claims: list[str]) -> CaptionMetrics:

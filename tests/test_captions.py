@@ -328,3 +328,10 @@ def test_generic_verifier_uses_the_processor_chat_template(shapes_llava, monkeyp
     assert prompt.startswith("USER: <image> Is the following statement") and prompt.endswith("ASSISTANT:")
     [(p_t, p_f)] = verifier.verify(W.render(W.generate_scene(1)), ["the red circle is large"])
     assert 0 <= p_t + p_f <= 1
+
+
+def test_shapes_text_separates_glued_punctuation_so_the_grammar_parses_it():
+    glued = "there is a large red circle at the top left. there is a small blue square at the center."
+    assert C.shapes_text(glued) == ("there is a large red circle at the top left . "
+                                    "there is a small blue square at the center .")
+    assert len(C.make_agent("decomposer", "grammar", None).decompose(glued)) == 6
