@@ -25,7 +25,7 @@ from analysis import captions as C  # noqa: E402
 from analysis.models import ModelSpec, load_model, zoo_models  # noqa: E402
 from analysis.zoo import shapes_world as W  # noqa: E402
 
-PI_SWEEP = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 9.3)
+PI_SWEEP = (0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 9.3)
 
 
 def totals(metrics: list[C.CaptionMetrics]) -> dict:
@@ -49,7 +49,7 @@ def evaluate_captions(vlm, lm, captioner, seeds: list[int], pi: float, progress)
     for i, seed in enumerate(seeds):
         captions.append(C.caption_image(captioner, W.render(W.generate_scene(seed))))
         progress(f"{captioner.spec.name}: captioned {i + 1}/{len(seeds)}")
-    out: dict = {"captioner": captioner.spec.label, "agents": {}}
+    out: dict = {"captioner": Path(captioner.spec.name).name, "agents": {}}
     for agents in ("shapes-lm", "grammar"):
         before, after, decomp_exact, verifications = [], [], 0, []
         sweep = {pi_: [] for pi_ in PI_SWEEP}
@@ -141,8 +141,14 @@ def main() -> int:
     ap.add_argument("--pi", type=float, default=C.DEFAULT_PI)
     ap.add_argument("--pope-per-scene", type=int, default=6)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "captions_eval.json"))
+    ap.add_argument("--models", default=None, help="a folder holding the three demo models instead of the zoo")
     args = ap.parse_args()
-    missing = {"shapes-vlm", "shapes-vlm-weak", "shapes-lm"} - set(zoo_models())
+
+    def spec(name: str) -> ModelSpec:
+        return ModelSpec("local", str(Path(args.models) / name)) if args.models else ModelSpec("zoo", name)
+
+    missing = {"shapes-vlm", "shapes-vlm-weak", "shapes-lm"} - (
+        {p.name for p in Path(args.models).iterdir()} if args.models else set(zoo_models()))
     if missing:
         print(f"missing demo models: {', '.join(sorted(missing))} (build with python -m analysis.zoo build)",
               file=sys.stderr)
@@ -152,9 +158,7 @@ def main() -> int:
     def progress(message: str) -> None:
         print(f"[{time.time() - start:6.0f} s] {message}", file=sys.stderr, flush=True)
 
-    vlm = load_model(ModelSpec("zoo", "shapes-vlm"))
-    weak = load_model(ModelSpec("zoo", "shapes-vlm-weak"))
-    lm = load_model(ModelSpec("zoo", "shapes-lm"))
+    vlm, weak, lm = (load_model(spec(n)) for n in ("shapes-vlm", "shapes-vlm-weak", "shapes-lm"))
     seeds = W.split_seeds(args.split, args.n)
     result = {"split": args.split, "n": args.n, "pi": args.pi, "verifier": vlm.spec.label,
               "decomposer_rewriter_lm": lm.spec.label, "threads": torch.get_num_threads(),

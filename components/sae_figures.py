@@ -70,6 +70,19 @@ def ranking_rows(ranking: Ranking) -> list[dict]:
             for r in ranking.rows]
 
 
+def kind_summary(ranking: Ranking) -> list[dict]:
+    """Mean score and shared-feature count per pair kind (clean, other scene, swapped)."""
+    out = []
+    for kind in sorted({r.kind for r in ranking.rows}, key=lambda k: (k != "clean", k)):
+        rows = [r for r in ranking.rows if r.kind == kind]
+        out.append({"kind": kind, "pairs": len(rows),
+                    "mean s_i": round(sum(r.score for r in rows) / len(rows), 4),
+                    "mean weighted ω": round(sum(r.weighted for r in rows) / len(rows), 4),
+                    "mean shared features": round(sum(r.shared for r in rows) / len(rows), 2),
+                    "mean rank": round(sum(r.rank for r in rows) / len(rows), 1)})
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Figures
 

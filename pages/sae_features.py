@@ -393,6 +393,9 @@ def show_ranking() -> None:
     c2.plotly_chart(roc, key="sae_rank_roc")
     explain("Left: score distributions per pair kind (clean, caption of another scene, swapped attributes). "
             "Right: the trade-off when keeping pairs above a score threshold.")
+    st.dataframe(figs.kind_summary(ranking), hide_index=True, key="sae_rank_kinds")
+    explain("Averages per pair kind: a useful score gives clean pairs a higher mean s_i and a better (lower) "
+            "mean rank than corrupted ones.")
     rows = figs.ranking_rows(ranking)
     st.dataframe(rows, hide_index=True, height=360, key="sae_rank_table")
     st.download_button("Download ranking (CSV)", data=rows_to_csv(rows), file_name="sae-v-ranking.csv",

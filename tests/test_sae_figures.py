@@ -87,6 +87,13 @@ def test_upload_check_accepts_images_and_refuses_others(monkeypatch):
     assert "MB" in figs.read_image_upload(_png((4, 4)), "x.png")[1]
 
 
+def test_kind_summary_averages_per_kind():
+    summary = figs.kind_summary(_ranking([(3.0, False), (1.0, False), (2.0, True)]))
+    assert summary[0]["kind"] == "clean" and summary[0]["mean s_i"] == pytest.approx(2.0)
+    assert summary[1] == {"kind": "swapped", "pairs": 1, "mean s_i": 2.0, "mean weighted ω": 0.2,
+                          "mean shared features": 1.0, "mean rank": 3.0}
+
+
 def test_ranking_rows_keep_caption_text_and_order():
     rows = figs.ranking_rows(_ranking([(3.0, False), (2.0, True)]))
     assert [r["rank"] for r in rows] == [1, 2] and rows[1]["corrupted"] is True

@@ -135,18 +135,29 @@ def generate_scene(seed: int) -> Scene:
 
 def render(scene: Scene, size: int = 64) -> Image.Image:
     """Draw the scene; a small seeded jitter moves each object inside its cell."""
+    return _draw(scene, size, "RGB", BACKGROUND, [RGB[o.colour] for o in scene.objects], Image.Resampling.LANCZOS)
+
+
+def object_mask(scene: Scene, size: int = 64) -> "np.ndarray":
+    """(size, size) int array: 0 for background, i + 1 where object i of `scene.objects` is drawn."""
+    import numpy as np
+
+    fills = list(range(1, len(scene.objects) + 1))
+    return np.asarray(_draw(scene, size, "L", 0, fills, Image.Resampling.NEAREST)).astype(int)
+
+
+def _draw(scene: Scene, size: int, mode: str, background, fills: list, resample) -> Image.Image:
     scale = 4  # draw large and downsample: smooth edges
     big = size * scale
-    img = Image.new("RGB", (big, big), BACKGROUND)
+    img = Image.new(mode, (big, big), background)
     draw = ImageDraw.Draw(img)
     rng = random.Random(f"render-{scene.seed}")
     cell = big / 3
-    for obj in scene.objects:
+    for obj, colour in zip(scene.objects, fills):
         row, col = divmod(obj.cell, 3)
         r = cell * (0.36 if obj.size == "large" else 0.2)
         jx, jy = (rng.uniform(-1, 1) * cell * 0.06 for _ in range(2))
         cx, cy = (col + 0.5) * cell + jx, (row + 0.5) * cell + jy
-        colour = RGB[obj.colour]
         if obj.shape == "circle":
             draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
         elif obj.shape == "square":
@@ -154,7 +165,7 @@ def render(scene: Scene, size: int = 64) -> Image.Image:
             draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=colour)
         else:
             draw.polygon([(cx, cy - r), (cx + r, cy + r * 0.8), (cx - r, cy + r * 0.8)], fill=colour)
-    return img.resize((size, size), Image.Resampling.LANCZOS)
+    return img.resize((size, size), resample)
 
 
 # ---------------------------------------------------------------------------------------------
