@@ -34,8 +34,8 @@ def build(out: Path, only: str | None = None, smoke: bool = False, quiet: bool =
     log: dict = {}
     if only in (None, "shapes-lm"):
         cfg = train.SMOKE_LM if smoke else train.LMConfig()
-        phase2 = train.SMOKE_LM_PHASE2 if smoke else train.LMPhase2()
-        log["shapes-lm"] = train.train_lm(cfg, out / "shapes-lm", progress, phase2)
+        phases = train.SMOKE_LM_PHASES if smoke else train.LM_PHASES
+        log["shapes-lm"] = train.train_lm(cfg, out / "shapes-lm", progress, phases)
     if only in (None, "shapes-vlm", "shapes-vlm-weak"):
         cfg = train.SMOKE_VLM if smoke else train.VLMConfig()
         log["shapes-vlm"] = train.train_vlm(cfg, out / "shapes-vlm", out / "shapes-vlm-weak", progress)
