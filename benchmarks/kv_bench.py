@@ -77,12 +77,13 @@ def speed(handle: ModelHandle, prompt: int, steps: int, budget: int, repeats: in
     return rows
 
 
-def quality(handle: ModelHandle, context: int, examples: int) -> dict:
-    params = kv.KvParams(context=context, pairs=4, window=8, sinks=4, kernel=5, examples=examples,
-                         sweep=[0.25, 0.5, 0.75])
+def quality(handle: ModelHandle, context: int, pairs: int, examples: int) -> dict:
+    params = kv.KvParams(context=context, pairs=pairs, queries=1, prefill=0.5, window=8, sinks=4, kernel=5,
+                         examples=examples, sweep=[0.25, 0.5, 0.75])
     t0 = time.time()
     sweep = kv.budget_sweep(handle, params)
-    return {"context": sweep.context, "examples": examples, "full_accuracy": sweep.full_accuracy,
+    return {"context": sweep.context, "pairs": pairs, "prefill": params.prefill, "window": params.window,
+            "sinks": params.sinks, "kernel": params.kernel, "examples": examples, "full_accuracy": sweep.full_accuracy,
             "seconds": round(time.time() - t0, 1), "points": [p.to_dict() for p in sweep.points]}
 
 
@@ -95,8 +96,9 @@ def print_speed(title: str, rows: list[dict]) -> None:
 
 
 def print_quality(q: dict) -> None:
-    print(f"\n### Key-value recall on shapes-lm (context {q['context']} tokens, {q['examples']} prompts × 4 "
-          f"needles; full cache accuracy {q['full_accuracy']:.2f})\n")
+    print(f"\n### Key-value recall on shapes-lm (context {q['context']} tokens, {q['pairs']} needle(s), half "
+          f"prefilled and half read token by token, {q['examples']} prompts; full-cache accuracy "
+          f"{q['full_accuracy']:.2f})\n")
     shares = sorted({p["share"] for p in q["points"]})
     head = " | ".join(f"acc @{s:.0%} | KL @{s:.0%}" for s in shares)
     print(f"| policy | {head} |")
@@ -113,18 +115,22 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer steps and repeats")
     ap.add_argument("--examples", type=int, default=24)
-    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--pairs", type=int, default=1, help="needles in each key-value prompt")
+    ap.add_argument("--lm", default="zoo:shapes-lm", help="the demo LM (zoo:NAME or local:PATH)")
     ap.add_argument("--skip-quality", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     out: dict = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     steps, repeats = (16, 1) if args.quick else (48, 3)
-    if "shapes-lm" in zoo_models():
-        lm = load_model(ModelSpec("zoo", "shapes-lm"))
+    spec = ModelSpec.parse(args.lm)
+    if spec.source != "zoo" or spec.name in zoo_models():
+        lm = load_model(spec)
+        out["shapes_lm"] = spec.label
         out["shapes_lm_speed"] = speed(lm, 256, steps, 128, repeats)
         print_speed("shapes-lm (context 256, budget 128)", out["shapes_lm_speed"])
         if not args.skip_quality:
-            out["shapes_lm_quality"] = quality(lm, args.context, 4 if args.quick else args.examples)
+            out["shapes_lm_quality"] = quality(lm, args.context, args.pairs, 4 if args.quick else args.examples)
             print_quality(out["shapes_lm_quality"])
     else:
         print("shapes-lm is not in the zoo yet: skipping its rows")
