@@ -65,3 +65,21 @@ def test_smoke_eval_writes_cards_with_every_metric(smoke_zoo):
             keys = ("yes_no_accuracy", "caption_factuality", "caption_coverage")
         for key in keys:
             assert 0.0 <= metrics[key] <= 1.0
+
+
+def test_patch_labels_name_each_object_where_it_is_drawn():
+    from analysis.zoo.train import patch_labels
+
+    for seed in range(30):
+        scene = sw.generate_scene(seed)
+        labels = patch_labels(scene, 64, 8)
+        assert labels.shape == (64, 4)
+        mask = sw.object_mask(scene, 64)
+        for i, obj in enumerate(scene.objects):
+            rows = labels[labels[:, 3] == obj.cell + 1]
+            assert len(rows) >= 1, (seed, obj)
+            assert (rows[:, 0] == 1 + sw.COLOURS.index(obj.colour)).all()
+            assert (rows[:, 1] == 1 + sw.SHAPES.index(obj.shape)).all()
+            ys, xs = (mask == i + 1).nonzero()
+            assert int(ys.mean() * 3 // 64) * 3 + int(xs.mean() * 3 // 64) == obj.cell  # drawn in its cell
+        assert ((labels[:, 0] == 0) == (labels[:, 3] == 0)).all()
