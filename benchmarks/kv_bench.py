@@ -100,14 +100,14 @@ def print_quality(q: dict) -> None:
           f"prefilled and half read token by token, {q['examples']} prompts; full-cache accuracy "
           f"{q['full_accuracy']:.2f})\n")
     shares = sorted({p["share"] for p in q["points"]})
-    head = " | ".join(f"acc @{s:.0%} | KL @{s:.0%}" for s in shares)
+    head = " | ".join(f"acc @{s:.0%} | KL @{s:.0%} | cache @{s:.0%}" for s in shares)
     print(f"| policy | {head} |")
-    print("|---|" + "---|" * (2 * len(shares)))
+    print("|---|" + "---|" * (3 * len(shares)))
     for name in dict.fromkeys(p["policy"] for p in q["points"]):
         cells = []
         for s in shares:
             p = next(p for p in q["points"] if p["policy"] == name and p["share"] == s)
-            cells += [f"{p['accuracy']:.2f}", f"{p['mean_kl']:.3f}"]
+            cells += [f"{p['accuracy']:.2f}", f"{p['mean_kl']:.3f}", f"{p['cache']:.0f}"]
         print(f"| {kv.POLICIES[name].label} | " + " | ".join(cells) + " |")
 
 
