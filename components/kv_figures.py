@@ -128,7 +128,8 @@ def sweep_figure(sweep: SweepResult, metric: str = "accuracy") -> go.Figure:
     titles = {"accuracy": ("Key-value recall accuracy", "accuracy (share of answers)"),
               "mean_kl": ("Mean KL(full ‖ policy)", "KL divergence (nats)"),
               "recall": ("Attention recall", "share of full-cache attention kept"),
-              "agreement": ("Top-1 agreement with the full cache", "share of steps")}
+              "agreement": ("Top-1 agreement with the full cache", "share of steps"),
+              "cache": ("Cache actually held at the last token", "entries per KV head (mean over layers)")}
     title, ytitle = titles[metric]
     fig = go.Figure()
     for name in dict.fromkeys(p.policy for p in sweep.points):
