@@ -495,7 +495,10 @@ def shapes_kv_task(tokenizer, *, context: int, pairs: int, seed: int, queries: i
     from analysis.zoo import shapes_world as sw
 
     rng = random.Random(seed)
-    prompt, _, _ = sw.needle_example(rng, context, max(1, min(pairs, len(sw.KEYS))))
+    try:
+        prompt, _, _ = sw.needle_example(rng, context, max(1, min(pairs, len(sw.KEYS))))
+    except ValueError as exc:
+        raise KvEvictionError(f"Cannot build the key-value prompt: {exc}.") from exc
     words = prompt.split()
     asked, body = words[-2], words[:-3]
     needles = {w: (i, i + 1) for i, w in enumerate(body[:-1]) if w in sw.KEYS}
@@ -525,15 +528,26 @@ def build_task(handle: ModelHandle, params: KvParams, seed: int | None = None) -
         ids = tok(params.prompt, add_special_tokens=True)["input_ids"]
         if len(ids) < 2:
             raise KvEvictionError("The prompt is too short: it needs at least two tokens.")
+        _check_length(handle, len(ids) + 2 * max(2, params.new_tokens))
         full = run_policy(handle, ids, len(ids), FullCache(params), generate=max(2, params.new_tokens))
         task = _with_questions(ids, [], params.prefill, "custom prompt")
         task.tokens = full.tokens
         return task
     if _is_shapes_model(handle):
-        return shapes_kv_task(tok, context=params.context, pairs=params.pairs, seed=seed, queries=params.queries,
+        task = shapes_kv_task(tok, context=params.context, pairs=params.pairs, seed=seed, queries=params.queries,
                               prefill=params.prefill)
-    return synthetic_kv_task(tok, handle.info.vocab_size, context=params.context, pairs=params.pairs, seed=seed,
-                             queries=params.queries, prefill=params.prefill)
+    else:
+        task = synthetic_kv_task(tok, handle.info.vocab_size, context=params.context, pairs=params.pairs, seed=seed,
+                                 queries=params.queries, prefill=params.prefill)
+    _check_length(handle, len(task.tokens) + params.new_tokens)
+    return task
+
+
+def _check_length(handle: ModelHandle, n: int) -> None:
+    limit = handle.info.max_positions
+    if limit and n > limit:
+        raise KvEvictionError(f"{n} tokens (context, questions and generated text) exceed the model's "
+                              f"{limit} positions; use a shorter context or prompt.")
 
 
 # ---------------------------------------------------------------------------------------------

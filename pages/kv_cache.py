@@ -54,32 +54,39 @@ def cached(kind: str, fn: Callable, params: kv.KvParams, label: str):
 
 names = list(kv.POLICIES)
 defaults = kv.KvParams()
+
+
+def num(name: str, default, lo, hi, cast=int):
+    """A URL value clamped into the widget's range (an out-of-range link must not crash the page)."""
+    return min(max(url_param(name, default, cast), lo), hi)
+
+
 with st.container(border=True):
     c1, c2, c3, c4, c5 = st.columns([2, 1.2, 1.2, 1.2, 1.2])
     policy = c1.selectbox("Policy", names, index=names.index(url_param("policy", defaults.policy, choices=names)),
                           format_func=F.POLICY_LABELS.get, key="kv_policy",
                           help="Full cache keeps everything (the reference).")
-    budget = c2.number_input("Budget C (entries per head)", 1, 100_000, url_param("budget", defaults.budget, int),
+    budget = c2.number_input("Budget C (entries per head)", 1, 100_000, num("budget", defaults.budget, 1, 100_000),
                              key="kv_budget", help="Cache entries kept per layer and KV head.")
-    window = c3.number_input("Window (R / w / recent)", 1, 4096, url_param("window", defaults.window, int),
+    window = c3.number_input("Window (R / w / recent)", 1, 4096, num("window", defaults.window, 1, 4096),
                              key="kv_window", help="MorphKV's recent window R, SnapKV's observation window w, "
                                                    "H2O's recent tokens.")
-    sinks = c4.number_input("Sinks S (StreamingLLM)", 0, 256, url_param("sinks", defaults.sinks, int), key="kv_sinks")
-    kernel = c5.number_input("SnapKV pooling kernel", 1, 31, url_param("kernel", defaults.kernel, int), step=2,
+    sinks = c4.number_input("Sinks S (StreamingLLM)", 0, 256, num("sinks", defaults.sinks, 0, 256), key="kv_sinks")
+    kernel = c5.number_input("SnapKV pooling kernel", 1, 31, num("kernel", defaults.kernel, 1, 31), step=2,
                              key="kv_kernel")
     c6, c7, c8, c9, c10, c11 = st.columns([1, 1.2, 1.2, 1, 1, 1])
     fusions = ["max", "sum"]
     fusion = c6.selectbox("MorphKV fusion", fusions, index=fusions.index(url_param("fusion", "max", choices=fusions)),
                           key="kv_fusion")
-    context = c7.number_input("Context (tokens)", 16, 4096, url_param("context", defaults.context, int), step=32,
+    context = c7.number_input("Context (tokens)", 16, 4096, num("context", defaults.context, 16, 4096), step=32,
                               key="kv_context", help="Length of the key-value context.")
-    prefill = c8.slider("Prefilled share", 0.05, 1.0, url_param("prefill", defaults.prefill, float), step=0.05,
+    prefill = c8.slider("Prefilled share", 0.05, 1.0, num("prefill", defaults.prefill, 0.05, 1.0, float), step=0.05,
                         key="kv_prefill", help="Share of the context read in one forward pass; the rest is read "
                                                "token by token, with eviction after every token.")
-    pairs = c9.number_input("Needles", 1, 8, url_param("pairs", defaults.pairs, int), key="kv_pairs")
-    queries = c10.number_input("Questions", 1, 8, url_param("queries", defaults.queries, int), key="kv_queries",
+    pairs = c9.number_input("Needles", 1, 8, num("pairs", defaults.pairs, 1, 8), key="kv_pairs")
+    queries = c10.number_input("Questions", 1, 8, num("queries", defaults.queries, 1, 8), key="kv_queries",
                                help="Needles asked after the context (shapes-lm was trained on one).")
-    seed = c11.number_input("Example seed", 0, 10_000, url_param("seed", 0, int), key="kv_seed")
+    seed = c11.number_input("Example seed", 0, 10_000, num("seed", 0, 0, 10_000), key="kv_seed")
     prompt = st.text_input("Your own prompt (optional)", url_param("prompt", "", str), key="kv_prompt",
                            help="Leave empty for the key-value recall task. With a prompt, the full cache's "
                                 "greedy continuation is the reference every policy is scored on.")
@@ -119,9 +126,9 @@ st.subheader("Which tokens stay in the cache")
 h1, h2 = st.columns(2)
 layer_choices = list(range(len(result.layers)))
 layer_idx = h1.selectbox("Layer", layer_choices, format_func=lambda i: str(result.layers[i]),
-                         index=min(url_param("layer", 0, int), len(layer_choices) - 1), key="kv_layer")
+                         index=num("layer", 0, 0, len(layer_choices) - 1), key="kv_layer")
 head = h2.selectbox("KV head", list(range(result.kv_heads)),
-                    index=min(url_param("head", 0, int), result.kv_heads - 1), key="kv_head")
+                    index=num("head", 0, 0, result.kv_heads - 1), key="kv_head")
 set_url_params(layer=layer_idx, head=head)
 heatmap = F.retained_heatmap(result, layer_idx, head)
 if result.kept[layer_idx][head]:
@@ -161,7 +168,7 @@ explain("Measured size of the key/value tensors (lines) and the analytic 2 · la
         "one entry per step; the full cache grows from the whole context.")
 
 st.subheader("Budget sweep")
-examples = max(1, min(64, url_param("examples", 4, int)))
+examples = num("examples", 4, 1, 64)
 sweep_params = kv.KvParams.from_dict({**params.to_dict(), "policy": "full", "budget": 1, "examples": examples})
 try:
     sweep = cached("sweep", kv.budget_sweep, sweep_params, "Sweeping budgets ...")

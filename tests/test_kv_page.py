@@ -60,6 +60,13 @@ def test_budget_larger_than_context_gives_clear_message(demo_spec):
     assert any("nothing would be evicted" in e for e in _errors(at))
 
 
+def test_bad_url_values_give_messages_not_tracebacks(demo_spec):
+    at = app_with_model(demo_spec, PAGE, query={**SMALL, "budget": "-5", "layer": "-3", "head": "99",
+                                                "prefill": "7", "kernel": "4"})
+    assert not at.exception, at.exception
+    assert any("kernel must be a positive odd number" in e for e in _errors(at))
+
+
 def test_model_whose_cache_cannot_be_evicted_gives_clear_message(model_root):
     from transformers import MistralConfig, MistralForCausalLM
 
