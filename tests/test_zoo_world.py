@@ -186,3 +186,11 @@ def test_task_strings_use_only_vocabulary_words():
              sw.vlm_question_prompt("the red circle is at the top left"), sw.caption(scene)]
     for text in texts:
         assert set(text.split()) <= vocab, set(text.split()) - vocab
+
+
+def test_decompose_accepts_decoded_text_with_glued_punctuation():
+    scene = sw.generate_scene(11)
+    glued = sw.caption(scene).replace(" .", ".")
+    assert sw.decompose(glued) == sw.decompose(sw.caption(scene))
+    assert sw.normalize(glued) == sw.caption(scene)
+    assert sw.claim_truth(scene, sw.scene_facts(scene)[0].text + " ")

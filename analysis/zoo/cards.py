@@ -184,7 +184,7 @@ def generate_captions(handle, scenes: list[sw.Scene], max_new_tokens: int = 64, 
                 pad_token_id=tok.pad_token_id,
             )
         out += tok.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)
-    return [" ".join(t.split()) for t in out]
+    return [sw.normalize(t) for t in out]
 
 
 def evaluate_vlm(handle, sizes: dict, progress: Progress | None = None) -> dict:

@@ -208,9 +208,15 @@ CLAIM_RES = {
 }
 
 
+def normalize(text: str) -> str:
+    """One space between words and around punctuation ("left. there" -> "left . there"), as
+    tokenizer decoding may glue punctuation to the previous word."""
+    return " ".join(re.sub(r"([.?;:=])", r" \1 ", text).split())
+
+
 def parse_claim(text: str) -> tuple[str, str, str, str | None] | None:
     """(kind, colour, shape, value) for a well-formed claim, else None."""
-    text = " ".join(text.split())
+    text = normalize(text)
     for kind, pattern in CLAIM_RES.items():
         m = pattern.match(text)
         if m:
@@ -279,7 +285,7 @@ def decompose(text: str) -> list[str]:
     Unparseable fragments are skipped; duplicate claims are kept once, in order.
     """
     claims: list[str] = []
-    for m in SENTENCE_RE.finditer(" ".join(text.split())):
+    for m in SENTENCE_RE.finditer(normalize(text)):
         size, colour, shape, position = m.groups()
         claims.append(existence_claim(colour, shape))
         if size:
@@ -294,10 +300,10 @@ def rewrite(text: str, keep: list[str]) -> str:
 
     An object whose existence claim is not kept is dropped with all its attributes.
     """
-    kept = {" ".join(k.split()) for k in keep}
+    kept = {normalize(k) for k in keep}
     sentences: list[str] = []
     seen: set[tuple[str, str]] = set()
-    for m in SENTENCE_RE.finditer(" ".join(text.split())):
+    for m in SENTENCE_RE.finditer(normalize(text)):
         size, colour, shape, position = m.groups()
         if existence_claim(colour, shape) not in kept or (colour, shape) in seen:
             continue
