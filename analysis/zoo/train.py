@@ -471,26 +471,37 @@ def cfg_feature_layer(model) -> int:
     return int(model.config.vision_feature_layer)
 
 
-def train_vlm(cfg: VLMConfig, out: Path, weak_out: Path | None, progress: Progress | None = None) -> dict:
-    tok = vlm_tokenizer()
-    processor = make_processor(cfg, tok)
-    model = build_vlm(cfg, tok)
-    _set_attention(model, "sdpa")  # training speed; the saved config says eager
-    model.train()
-    vision_log = pretrain_vision(model, cfg, processor, progress)
+@dataclass
+class VLMPhase2:
+    """Single-question rows. In phase 1 the later questions of a row can be answered from the
+    earlier ones ("is the red circle small ? no" gives away "is the red circle large ?"), and the
+    model learned that shortcut instead of looking; here every row is one question, as at inference."""
+
+    steps: int = 600
+    lr: float = 1e-3
+    warmup: int = 20
+    batch_captions: int = 8
+    batch_questions: int = 24
+    seed: int = 3
+
+
+SMOKE_VLM_PHASE2 = VLMPhase2(steps=2, batch_captions=1, batch_questions=2)
+
+
+def _vlm_steps(model, processor, cfg: VLMConfig, steps: int, lr: float, warmup: int, rng, seeds,
+               label: str, progress: Progress | None, on_step: Callable[[int], None] | None = None) -> float:
+    tok = processor.tokenizer
     n_image_tokens = (cfg.image_size // cfg.patch) ** 2
     tower = set(id(p) for p in model.model.vision_tower.parameters())
     groups = [{"params": [p for p in model.parameters() if id(p) in tower], "scale": cfg.vision_lr_scale},
               {"params": [p for p in model.parameters() if id(p) not in tower], "scale": 1.0}]
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    rng = random.Random(cfg.seed + 1)
-    seeds = iter(sw.split_seeds("train", sw.SPLIT_SIZE)[5_000_000:])  # disjoint from the LM's scenes
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     acc_cap = acc_q = 0.0
     start = time.time()
-    for step in range(cfg.steps):
+    for step in range(steps):
         pixels, ids, mask, labels = vlm_batch(cfg, rng, seeds, processor, n_image_tokens)
         for g in opt.param_groups:
-            g["lr"] = cfg.lr * g["scale"] * _schedule(step, cfg.steps, cfg.warmup)
+            g["lr"] = lr * g["scale"] * _schedule(step, steps, warmup)
         logits = model(input_ids=ids, attention_mask=mask, pixel_values=pixels).logits
         loss, exact = shifted_loss(logits, labels)
         opt.zero_grad(set_to_none=True)
@@ -503,15 +514,49 @@ def train_vlm(cfg: VLMConfig, out: Path, weak_out: Path | None, progress: Progre
             answer = (lab != -100) & (lab != tok.eos_token_id)
             pred = logits[cfg.batch_captions:, :-1].argmax(-1)
             acc_q = 0.9 * acc_q + 0.1 * ((pred == lab) & answer).sum().item() / max(1, answer.sum().item())
-        if weak_out is not None and step + 1 == cfg.weak_step:
-            _save_vlm(model, processor, weak_out)
-        if progress and (step % 25 == 0 or step == cfg.steps - 1):
-            progress((step + 1) / cfg.steps,
-                     f"shapes-vlm step {step + 1}/{cfg.steps} loss {loss.item():.3f} caption exact "
+        if on_step is not None:
+            on_step(step + 1)
+        if progress and (step % 25 == 0 or step == steps - 1):
+            progress((step + 1) / steps,
+                     f"shapes-vlm {label} step {step + 1}/{steps} loss {loss.item():.3f} caption exact "
                      f"{acc_cap:.2f} yes/no {acc_q:.2f} {time.time() - start:.0f}s")
+    return time.time() - start
+
+
+def train_vlm(cfg: VLMConfig, out: Path, weak_out: Path | None, progress: Progress | None = None,
+              phase2: VLMPhase2 | None = VLMPhase2()) -> dict:
+    tok = vlm_tokenizer()
+    processor = make_processor(cfg, tok)
+    model = build_vlm(cfg, tok)
+    _set_attention(model, "sdpa")  # training speed; the saved config says eager
+    model.train()
+    vision_log = pretrain_vision(model, cfg, processor, progress)
+    rng = random.Random(cfg.seed + 1)
+    seeds = iter(sw.split_seeds("train", sw.SPLIT_SIZE)[5_000_000:])  # disjoint from the LM's scenes
+
+    def save_weak(step: int) -> None:
+        if weak_out is not None and step == cfg.weak_step:
+            _save_vlm(model, processor, weak_out)
+
+    seconds = _vlm_steps(model, processor, cfg, cfg.steps, cfg.lr, cfg.warmup, rng, seeds, "phase 1",
+                         progress, save_weak)
+    log = {"steps": cfg.steps, "weak_step": cfg.weak_step, "seconds": round(seconds, 1),
+           "vision_pretraining": vision_log, "config": dataclasses.asdict(cfg)}
+    if phase2 is not None and phase2.steps > 0:
+        log["phase2"] = continue_vlm(model, processor, cfg, phase2, progress)
     _save_vlm(model, processor, out)
-    return {"steps": cfg.steps, "weak_step": cfg.weak_step, "seconds": round(time.time() - start, 1),
-            "vision_pretraining": vision_log, "config": dataclasses.asdict(cfg)}
+    return log
+
+
+def continue_vlm(model, processor, cfg: VLMConfig, phase: VLMPhase2, progress: Progress | None = None) -> dict:
+    _set_attention(model, "sdpa")
+    model.train()
+    rows = dataclasses.replace(cfg, batch_captions=phase.batch_captions, batch_questions=phase.batch_questions,
+                               questions_per_image=1)
+    rng = random.Random(phase.seed)
+    seeds = iter(sw.split_seeds("train", sw.SPLIT_SIZE)[7_000_000:])
+    seconds = _vlm_steps(model, processor, rows, phase.steps, phase.lr, phase.warmup, rng, seeds, "phase 2", progress)
+    return {"steps": phase.steps, "seconds": round(seconds, 1), "config": dataclasses.asdict(phase)}
 
 
 def _set_attention(model, name: str) -> None:
