@@ -77,16 +77,26 @@ class Temperature(Result):
 
     mode: str = "softmax"  # "softmax" | "fixed" | "adaptive"
     theta: float = 1.0  # used when mode == "fixed": softmax(s / θ)
+    layers: tuple[int, ...] | None = None  # layers the rule applies in (None: all); others use softmax
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise SharpnessError(f"Unknown temperature mode '{self.mode}' (use {', '.join(MODES)}).")
         if not (self.theta > 0 and math.isfinite(self.theta)):
             raise SharpnessError(f"The temperature θ must be a positive number (got {self.theta}).")
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(sorted(set(int(x) for x in self.layers))))
+
+    def in_layer(self, layer: int | None) -> "Temperature":
+        """The rule for one layer: itself, or plain softmax where it is not applied."""
+        return self if self.layers is None or layer in self.layers else SOFTMAX
 
     @property
     def label(self) -> str:
         return {"softmax": "softmax", "adaptive": "adaptive θ"}.get(self.mode, f"θ = {self.theta:g}")
+
+
+SOFTMAX = Temperature()
 
 
 def tempered_softmax(scores: torch.Tensor, rule: Temperature, inplace: bool = False
@@ -183,7 +193,7 @@ def temperature_attention(module, query, key, value, attention_mask, scaling=Non
     Dropout is never applied (analysis runs in eval mode). Returns (output, probabilities used).
     """
     active = _ACTIVE.get()
-    rule = active.rule if active is not None else Temperature()
+    rule = active.rule.in_layer(getattr(module, "layer_idx", None)) if active is not None else SOFTMAX
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     groups = query.shape[1] // key.shape[1]
@@ -580,6 +590,7 @@ class SweepParams(Result):
     samples: int = 32  # prompts per n
     seed: int = 0
     batch: int = 64
+    layers: list[int] | None = None  # layers the temperatures apply in (None: every layer)
 
 
 @dataclass
@@ -683,7 +694,11 @@ def size_sweep(handle: ModelHandle, params: SweepParams | None = None,
         raise SharpnessError("Use at least one prompt per n.")
     tok = handle.tokenizer
     limit = handle.info.max_positions or 4096
-    rules = [Temperature(), Temperature("adaptive")] + [Temperature("fixed", t) for t in params.thetas if t != 1.0]
+    only = tuple(params.layers) if params.layers is not None else None
+    if only is not None and not set(only) <= set(range(handle.info.layers)):
+        raise SharpnessError(f"The model has layers 0-{handle.info.layers - 1}; cannot apply a temperature in {list(only)}.")
+    rules = [Temperature(), Temperature("adaptive", layers=only)] + [
+        Temperature("fixed", t, layers=only) for t in params.thetas if t != 1.0]
     points, skipped, example, fmt_name = [], [], None, ""
     ns = sorted(set(params.ns))
     build = prompt_builder(tok)

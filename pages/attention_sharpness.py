@@ -70,8 +70,10 @@ def example_prompt(model_label: str, _tokenizer) -> tuple[str, str]:
     return pr.text, pr.answer
 
 
-def rule_of(choice: str) -> S.Temperature:
-    return S.Temperature("adaptive") if choice == "adaptive" else S.Temperature("fixed", float(choice))
+def rule_of(choice: str, layers: list[int] | None) -> S.Temperature:
+    layers = tuple(layers) if layers is not None else None
+    return (S.Temperature("adaptive", layers=layers) if choice == "adaptive"
+            else S.Temperature("fixed", float(choice), layers=layers))
 
 
 # --- controls (mirrored to the URL) ------------------------------------------------------------
@@ -92,7 +94,16 @@ with st.container(border=True):
                         key="sh_head")
     sink = c6.toggle("Count first token", value=url_param("sink", "1", str, ["0", "1"]) == "1", key="sh_sink",
                      help="Off: drop the first (attention-sink) token and renormalise before measuring.")
-set_url_params(ns=sorted(ns), samples=samples, theta=theta, layer=layer, head=head, sink=int(sink))
+    all_layers = list(range(info.layers))
+    tl_raw = url_param("tlayers", "", str)
+    tl_default = [int(x) for x in tl_raw.split(",") if x.strip().isdigit() and int(x) in all_layers]
+    tl_default = [] if tl_raw == "none" else (tl_default or all_layers)
+    tlayers = st.multiselect("Apply the temperature in layers", all_layers, default=tl_default, key="sh_tlayers",
+                             help="θ and adaptive θ act in these layers only; the others keep plain softmax. "
+                                  "The paper applies it everywhere.")
+set_url_params(ns=sorted(ns), samples=samples, theta=theta, layer=layer, head=head, sink=int(sink),
+               tlayers=sorted(tlayers) or "none")
+only = None if sorted(tlayers) == all_layers else sorted(tlayers)
 
 # --- 1. lemma demo (no model) -------------------------------------------------------------------
 
@@ -111,7 +122,7 @@ explain("n logits, one of them δ above the rest. At any fixed θ the weight on 
 if not ns:
     st.error("Choose at least one item count n to run the model views.")
     st.stop()
-params = S.SweepParams(ns=sorted(ns), samples=int(samples))
+params = S.SweepParams(ns=sorted(ns), samples=int(samples), layers=only)
 try:
     result = sweep(handle.spec.label, params, handle)
 except (S.SharpnessError, ModelLoadError) as exc:
@@ -139,7 +150,7 @@ if not text.strip():
     st.error("The prompt is empty: enter some text, the statistics are about how its last token attends.")
 else:
     try:
-        pres = prompt_stats(handle.spec.label, S.PromptParams(text, target, rule_of(theta)).to_json(), handle)
+        pres = prompt_stats(handle.spec.label, S.PromptParams(text, target, rule_of(theta, only)).to_json(), handle)
     except S.SharpnessError as exc:
         st.error(str(exc))
         pres = None

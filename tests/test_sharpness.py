@@ -345,3 +345,22 @@ def test_fully_masked_and_minus_infinity_rows_stay_finite():
     _, h, _ = S.tempered_softmax(rows, S.Temperature("adaptive"))
     assert math.isclose(float(h[0]), math.log(6), rel_tol=1e-5)
     assert math.isclose(float(h[1]), float(S.row_entropy(rows[1, :3])), rel_tol=1e-4, abs_tol=1e-5)
+
+
+def test_temperature_restricted_to_layers_leaves_other_layers_softmax(tiny_llama):
+    x = _ids(tiny_llama, 16)
+    soft, only1, every = S.Recorder(), S.Recorder(), S.Recorder()
+    S.tempered_logits(tiny_llama, x, S.Temperature(), soft)
+    S.tempered_logits(tiny_llama, x, S.Temperature("fixed", 0.3, layers=(1,)), only1)
+    S.tempered_logits(tiny_llama, x, S.Temperature("fixed", 0.3), every)
+    assert torch.allclose(only1.probs[0], soft.probs[0])  # layer 0 untouched
+    assert bool((only1.beta[0] == 1).all()) and torch.allclose(only1.beta[1], torch.full_like(only1.beta[1], 1 / 0.3))
+    assert not torch.allclose(only1.probs[1], soft.probs[1], atol=1e-3)
+    # layer 1 sees the same input as in the softmax run, so its probabilities are softmax(s / θ) of it
+    assert torch.allclose(only1.probs[1], torch.softmax(soft.scores[1] / 0.3, -1), atol=1e-5)
+    assert not torch.allclose(only1.probs[1], every.probs[1], atol=1e-4)  # layer 0 changed it in `every`
+    res = S.size_sweep(tiny_llama, S.SweepParams(ns=[8], thetas=[0.5], samples=2, layers=[1]))
+    assert res.points[0].run("θ = 0.5").rule.layers == (1,)
+    assert S.SweepResult.from_json(res.to_json()).points[0].run("adaptive θ").rule.layers == (1,)
+    with pytest.raises(S.SharpnessError, match="layers"):
+        S.size_sweep(tiny_llama, S.SweepParams(ns=[8], samples=1, layers=[7]))

@@ -47,7 +47,10 @@ def test_changing_theta_layer_and_head_updates_the_values(tiny_llama_dir):
     other_head = metrics(at)
     assert other_head != cold
     at.selectbox(key="sh_layer").set_value(1).run()
-    assert metrics(at) != other_head
+    layer1 = metrics(at)
+    assert layer1 != other_head
+    at.multiselect(key="sh_tlayers").set_value([0]).run()  # temperature in layer 0 only
+    assert metrics(at) != layer1
     assert not at.exception
     assert str(at.query_params["head"]).strip("[]'") == "3"
 
