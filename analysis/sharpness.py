@@ -739,12 +739,14 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--thetas", default=",".join(map(str, DEFAULT_THETAS)), help="fixed temperatures")
     parser.add_argument("--samples", type=int, default=32, help="prompts per n")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", default="", help="apply the temperatures only in these layers (default: all)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     try:
         params = SweepParams(ns=[int(x) for x in args.n.split(",") if x.strip()],
                              thetas=[float(x) for x in args.thetas.split(",") if x.strip()],
-                             samples=args.samples, seed=args.seed)
+                             samples=args.samples, seed=args.seed,
+                             layers=[int(x) for x in args.layers.split(",") if x.strip()] or None)
         result = size_sweep(load_model(ModelSpec.parse(args.model)), params)
     except (SharpnessError, ValueError) as exc:
         import sys
