@@ -469,16 +469,28 @@ class GradientOrder(Order):
         yield (ctx.embeddings - target).square().sum(dim=1).argsort()  # cdist is ~10x slower for one target
 
 
-class HybridOrder(Order):
-    """The model's top proposals first (cheap, and right most of the time on a trained model), then
-    gradient inversion for the rest."""
+def _interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a[0], b[0], a[1], b[1], ... (repeats are skipped later by the batcher)."""
+    n = min(len(a), len(b))
+    return torch.cat([torch.stack([a[:n], b[:n]], dim=1).reshape(-1), a[n:], b[n:]])
 
-    name, label, needs_logits = "hybrid", "model's top proposals, then gradient inversion", True
+
+class HybridOrder(Order):
+    """The model's and the embedding's top proposals interleaved (cheap, and right most of the time
+    on a trained model); then, for a large vocabulary, gradient inversion; then both orders in full.
+    With a small vocabulary a full pass costs less than the gradient steps, so they are skipped."""
+
+    name, label, needs_logits = "hybrid", "model + embedding proposals, then gradient inversion", True
+    gradient_min_vocab: ClassVar[int] = 2048
 
     def proposals(self, ctx):
-        if ctx.logits is not None:
-            yield ctx.logits.topk(min(ctx.head, len(ctx.logits))).indices
-        yield from GradientOrder().proposals(ctx)
+        model = ctx.logits.argsort(descending=True) if ctx.logits is not None else None
+        embedding = next(EmbeddingOrder().proposals(ctx))
+        both = embedding if model is None else _interleave(model, embedding)
+        yield both[: 2 * ctx.head]
+        if len(ctx.embeddings) >= self.gradient_min_vocab:
+            yield from GradientOrder().proposals(ctx)
+        yield both
 
 
 ORDERS: dict[str, Order] = {
@@ -552,7 +564,6 @@ def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress = 
     defences = build_defences(params)
     moves_rows = any(d.moves_rows for d in defences)
     sorted_dims = any(d.moves_dims for d in defences)
-    use_logits = order.needs_logits and not params.exhaustive
     device = handle.device
     vocab = vocab_size(handle)
     n_attack = min(len(ids), params.positions) if params.positions > 0 else len(ids)
@@ -569,6 +580,10 @@ def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress = 
         rows_seen = observed.sort(dim=1).values if sorted_dims else observed
         numerical_eps, calib_evals = _calibrate(probe, vocab, min(len(ids), 4), device)
         epsilon = numerical_eps + sum(d.tolerance(clean) for d in defences)
+        # Under noise or quantisation no candidate can match exactly, so every token is scored anyway
+        # (in vocabulary order, in large batches) and proposals would only add work.
+        exact_possible = epsilon == numerical_eps
+        use_logits = order.needs_logits and exact_possible and not params.exhaustive
         embeddings = handle.language_model.get_input_embeddings().weight.detach().float().cpu()
 
         cache = probe.new_cache() if (params.layer > 0 or use_logits) else None
@@ -585,14 +600,14 @@ def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress = 
                 steps_used[0] += params.gradient_steps
                 return probe.invert(cache, i, rows, sorted_dims, params.gradient_steps)
 
-            if params.exhaustive:
+            if params.exhaustive or not exact_possible:
                 chunks: Iterator[torch.Tensor] = iter([torch.arange(vocab)])
             else:
                 ctx = _Context(logits, observed[row_index], sorted_dims, embeddings, invert, params.first_batch)
                 chunks = order.proposals(ctx)
             best = (math.inf, -1, -1)
             certified, evaluations, tried = False, 0, []
-            size = params.max_batch if params.exhaustive else params.first_batch
+            size = params.first_batch if exact_possible and not params.exhaustive else params.max_batch
             for batch in _candidate_batches(chunks, vocab, size, params.max_batch, tried):
                 states = probe.candidates(cache, i, batch.to(device)).cpu()
                 dist, which = _distances(states, rows, sorted_dims).min(dim=1)
@@ -731,7 +746,7 @@ class CascadeParams(Result):
     parties: int = 2
     sharding: str = "round_robin"
     attacker: int = 0  # the party that tries to invert what it sees
-    budget: int = 200_000  # largest brute-force run (candidate sequences) actually executed
+    budget: int = 1_000_000  # largest brute-force run (candidate sequences) actually executed
     max_tokens: int = MAX_TOKENS
 
 

@@ -235,7 +235,7 @@ with st.container(border=True):
     attacker = d3.number_input("Attacking party", 0, int(parties) - 1,
                                bounded("attacker", 0, 0, int(parties) - 1), key="inv_attacker")
     budget = d4.number_input("Brute-force budget (sequences)", 1_000, 5_000_000,
-                             bounded("budget", 200_000, 1_000, 5_000_000), step=50_000, key="inv_budget")
+                             bounded("budget", 1_000_000, 1_000, 5_000_000), step=50_000, key="inv_budget")
 set_url_params(parties=parties, sharding=sharding, attacker=attacker, budget=budget)
 cascade_params = inv.CascadeParams(prompt=prompt, layer=int(layer), parties=int(parties), sharding=sharding,
                                    attacker=int(attacker), budget=int(budget))
