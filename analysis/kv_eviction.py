@@ -48,11 +48,11 @@ class KvParams(Result):
     prompt: str = ""  # empty: the built-in key-value recall task
     new_tokens: int = 24  # tokens generated after a custom prompt (and for the text comparison)
     seed: int = 0  # key-value task sample
-    pairs: int = 1  # key-value task: needles (key/value pairs) in the context
+    pairs: int = 2  # key-value task: needles (key/value pairs) in the context
     queries: int = 1  # key-value task: needles asked after the context
     prefill: float = 0.5  # share of the context prefilled in one forward; the rest is decoded token by token
     examples: int = 1  # budget sweep: key-value prompts averaged (seeds seed, seed+1, ...)
-    context: int = 128  # key-value task: context length in tokens
+    context: int = 192  # key-value task: context length in tokens
     sweep: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])  # budgets, share of context
 
 

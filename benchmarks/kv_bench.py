@@ -115,8 +115,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer steps and repeats")
     ap.add_argument("--examples", type=int, default=24)
-    ap.add_argument("--context", type=int, default=128)
-    ap.add_argument("--pairs", type=int, default=1, help="needles in each key-value prompt")
+    ap.add_argument("--context", type=int, default=192)
+    ap.add_argument("--pairs", type=int, default=2, help="needles in each key-value prompt")
     ap.add_argument("--lm", default="zoo:shapes-lm", help="the demo LM (zoo:NAME or local:PATH)")
     ap.add_argument("--skip-quality", action="store_true")
     args = ap.parse_args()
@@ -126,7 +126,10 @@ def main() -> int:
     spec = ModelSpec.parse(args.lm)
     if spec.source != "zoo" or spec.name in zoo_models():
         lm = load_model(spec)
-        out["shapes_lm"] = spec.label
+        import hashlib
+
+        weights = Path(lm.path) / "model.safetensors"
+        out["shapes_lm"] = {"spec": spec.label, "weights_md5": hashlib.md5(weights.read_bytes()).hexdigest()}
         out["shapes_lm_speed"] = speed(lm, 256, steps, 128, repeats)
         print_speed("shapes-lm (context 256, budget 128)", out["shapes_lm_speed"])
         if not args.skip_quality:

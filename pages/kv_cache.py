@@ -168,7 +168,7 @@ explain("Measured size of the key/value tensors (lines) and the analytic 2 · la
         "one entry per step; the full cache grows from the whole context.")
 
 st.subheader("Budget sweep")
-examples = num("examples", 4, 1, 64)
+examples = num("examples", 2, 1, 64)
 sweep_params = kv.KvParams.from_dict({**params.to_dict(), "policy": "full", "budget": 1, "examples": examples})
 try:
     sweep = cached("sweep", kv.budget_sweep, sweep_params, "Sweeping budgets ...")
