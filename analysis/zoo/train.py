@@ -477,7 +477,7 @@ class VLMPhase2:
     earlier ones ("is the red circle small ? no" gives away "is the red circle large ?"), and the
     model learned that shortcut instead of looking; here every row is one question, as at inference."""
 
-    steps: int = 600
+    steps: int = 400
     lr: float = 1e-3
     warmup: int = 20
     batch_captions: int = 8
