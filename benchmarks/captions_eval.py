@@ -132,6 +132,12 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def weights_hash(folder: str) -> str:
+    import hashlib
+
+    return hashlib.sha256((Path(folder) / "model.safetensors").read_bytes()).hexdigest()[:16]
+
+
 def main() -> int:
     import torch
 
@@ -165,6 +171,7 @@ def main() -> int:
               "captioners": [evaluate_captions(vlm, lm, cap, seeds, args.pi, progress) for cap in (weak, vlm)],
               "pope": evaluate_pope(vlm, seeds, args.pope_per_scene, progress)}
     result["seconds"] = time.time() - start
+    result["weights_sha256"] = {h.spec.name: weights_hash(h.path) for h in (vlm, weak, lm)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(markdown(result))
