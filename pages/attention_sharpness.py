@@ -79,7 +79,7 @@ def rule_of(choice: str, layers: list[int] | None) -> S.Temperature:
 # --- controls (mirrored to the URL) ------------------------------------------------------------
 
 with st.container(border=True):
-    c1, c2, c3, c4, c5, c6 = st.columns([3, 1.4, 2, 1, 1, 1.4])
+    c1, c2, c3, c4, c5, c6 = st.columns([3, 1.2, 2, 0.9, 0.9, 1.8])
     ns_default = [n for n in url_param("ns", "", str).split(",") if n.strip().isdigit()]
     ns_default = [int(n) for n in ns_default if int(n) in N_CHOICES] or list(S.DEFAULT_NS)
     ns = c1.multiselect("Item counts n", N_CHOICES, default=ns_default, key="sh_ns",
