@@ -142,7 +142,8 @@ def main() -> int:
     print_speed("GPT-2-small-shaped random weights (context 256, budget 128)", out["gpt2_small_speed"])
     target = ROOT / "benchmarks" / "results" / "kv_bench.json"
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(out, indent=2))
+    previous = json.loads(target.read_text()) if target.is_file() else {}
+    target.write_text(json.dumps({**previous, **out}, indent=2))  # --skip-quality keeps the last quality rows
     print(f"\nwrote {target.relative_to(ROOT)}")
     return 0
 
