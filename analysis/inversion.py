@@ -513,10 +513,11 @@ def _distances(cands: torch.Tensor, rows: torch.Tensor, sorted_dims: bool) -> to
 def _candidate_batches(chunks: Iterator[torch.Tensor], vocab: int, first: int, largest: int,
                        tried: list[int]) -> Iterator[torch.Tensor]:
     """Batches of untried ids, following the ranked chunks, then the rest of the vocabulary.
-    Batch sizes start at `first` and grow 4x up to `largest`; `tried` records the order used."""
+    Within a chunk, batch sizes start at `first` and grow 4x up to `largest` (a new chunk is a new
+    ranking whose head is again the likeliest); `tried` records the order used."""
     seen = torch.zeros(vocab, dtype=torch.bool)
-    size = max(1, first)
     for chunk in itertools.chain(chunks, [torch.arange(vocab)]):
+        size = max(1, first)
         chunk = chunk[chunk < vocab]
         chunk = chunk[~seen[chunk]]
         # drop repeats inside the chunk, keeping the first occurrence
