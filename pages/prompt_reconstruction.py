@@ -152,8 +152,9 @@ explain(
     "Left: distance of the chosen candidate; below the dashed line it is an exact match (certified), below the "
     "dotted one (with noise or quantisation) it is within what the defence can change. Right: how many "
     "candidates were scored at each position (bars) and where the true token sat in the proposal order "
-    "(diamonds); the dotted line is what exhaustive search pays per position. With gradient inversion, each "
-    "position also spends a few forward+backward passes (in the table)."
+    "(diamonds); the dotted line is what exhaustive search pays per position."
+    + (f" Gradient inversion also spent {result.gradient_steps} forward+backward passes (see the table)."
+       if result.gradient_steps else "")
 )
 with st.expander("Per-token table"):
     st.dataframe(F.token_rows(result), hide_index=True)
@@ -210,7 +211,9 @@ if timing:
         f"Exhaustive search scores all {speed.attack.vocab_size:,} tokens at each of {speed.positions} positions "
         f"({speed.exhaustive_evaluations_total:,} candidates); the proposal-ordered attack scored "
         f"{speed.attack.evaluations:,} — {speed.evaluation_ratio:,.0f}× fewer — in {speed.time_ratio:,.1f}× less "
-        "time (gradient inversion's forward+backward passes are in the attack's time, not in its candidate count). "
+        "time"
+        + (f" (its {speed.attack.gradient_steps} gradient-inversion steps are in the time, not in the candidate "
+           "count). " if speed.attack.gradient_steps else ". ")
         + (f"Exhaustive search was run on all positions and found {same}."
            if speed.measured_positions == speed.positions else
            f"Exhaustive search was run on the first {speed.measured_positions} position(s) only (found {same}) and "
