@@ -60,7 +60,7 @@ class TrainParams(Result):
     k: int = 8  # TopK: active latents per token
     l1_coefficient: float = 3.0  # Standard
     l0_coefficient: float = 0.3  # JumpReLU
-    steps: int = 3000
+    steps: int = 2000
     batch_size: int = 256
     lr: float = 2e-3
     seed: int = 0
@@ -1151,7 +1151,7 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--arch", default="topk", choices=ARCHITECTURES)
     parser.add_argument("--d-sae", type=int, default=512)
     parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--train-pairs", type=int, default=600)
     parser.add_argument("--eval-pairs", type=int, default=300)
     parser.add_argument("--dataset", default="", help="shapes | noise (default: shapes on the demo VLM)")

@@ -69,7 +69,7 @@ with st.expander(":material/model_training: Train a new SAE" + ("" if folders el
     arch = c2.selectbox("Architecture", sae_v.ARCHITECTURES, key="sae_train_arch")
     d_sae = c3.selectbox("Features", [128, 256, 512, 1024], index=2, key="sae_train_dsae")
     k = c4.number_input("k (TopK)", 1, 64, 8, key="sae_train_k", disabled=arch != "topk")
-    steps = c5.number_input("Steps", 100, 20000, 3000, step=100, key="sae_train_steps")
+    steps = c5.number_input("Steps", 100, 20000, 2000, step=100, key="sae_train_steps")
     if st.button("Train SAE", key="sae_train_go", type="primary"):
         params = sae_v.BuildParams(layer=int(layer), train=sae_v.TrainParams(
             architecture=arch, d_sae=int(d_sae), k=int(k), steps=int(steps)))
