@@ -194,3 +194,9 @@ def test_decompose_accepts_decoded_text_with_glued_punctuation():
     assert sw.decompose(glued) == sw.decompose(sw.caption(scene))
     assert sw.normalize(glued) == sw.caption(scene)
     assert sw.claim_truth(scene, sw.scene_facts(scene)[0].text + " ")
+
+
+def test_single_questions_are_balanced_too():
+    rng = random.Random(7)
+    truths = [sw.question_set(sw.generate_scene(s), rng, 1)[0].truth for s in range(400)]
+    assert 160 < sum(truths) < 240

@@ -397,10 +397,12 @@ def corrupted_pairs(seed: int, n: int) -> list[Pair]:
 
 
 def question_set(scene: Scene, rng: random.Random, k: int) -> list[Claim]:
-    """k claims about the scene, half true and half false (k even), shuffled."""
+    """k claims about the scene, half true and half false, shuffled (odd k: the extra one is true
+    or false with equal probability)."""
     facts = scene_facts(scene)
-    true = [facts[i] for i in rng.sample(range(len(facts)), min(k // 2, len(facts)))]
-    while len(true) < k // 2:
+    n_true = k // 2 + (k % 2 == 1 and rng.random() < 0.5)
+    true = [facts[i] for i in rng.sample(range(len(facts)), min(n_true, len(facts)))]
+    while len(true) < n_true:
         true.append(rng.choice(facts))
     false = false_claims(scene, rng, k - len(true))
     out = true + false
