@@ -541,15 +541,18 @@ def ground_claims(verifier: YesNoVerifier, image, claims: list[str], steps: int 
 
 
 def verify_caption(vlm: ModelHandle, image, params: CorrectionParams, lm: ModelHandle | None = None,
-                   progress: Progress | None = None) -> Verification:
-    """Decompose the caption and verify (and ground) every claim alone. Independent of pi."""
+                   progress: Progress | None = None, verifier: Verifier | None = None) -> Verification:
+    """Decompose the caption and verify (and ground) every claim alone. Independent of pi.
+
+    `verifier` overrides `params.verifier` (e.g. a ground-truth oracle in an evaluation).
+    """
     report = progress or (lambda f, m: None)
     caption = " ".join(params.caption.split())
     if not caption:
         raise CaptionError("The caption is empty: generate one with the VLM or paste one.")
     decomposer = make_agent("decomposer", params.decomposer, lm)
     rewriter = make_agent("rewriter", params.rewriter, lm)  # fail early on a bad name
-    verifier = make_verifier(params.verifier, vlm)
+    verifier = verifier or make_verifier(params.verifier, vlm)
 
     report(0.05, "decomposing the caption")
     claims = decomposer.decompose(caption)

@@ -4,7 +4,8 @@
 
 Each scene is captioned by the weak captioner (zoo:shapes-vlm-weak, which hallucinates) and by
 zoo:shapes-vlm; every caption goes through the pipeline (decompose -> verify each claim alone with
-shapes-vlm -> rewrite) with the demo LM's agents and with the grammar reference agents. Metrics are
+shapes-vlm -> rewrite) with the demo LM's agents, with the grammar reference agents, and with the grammar
+agents plus a ground-truth oracle as verifier (the ceiling a perfect verifier would reach). Metrics are
 exact against the scene and micro-averaged over the split (CHAIR_s: share of captions with a
 hallucinated object). POPE asks the verifier balanced yes/no questions (half true, half false)
 per scene. The pi sweep re-thresholds the same verifications (grammar rewrite), so it is cheap.
@@ -24,6 +25,23 @@ sys.path.insert(0, str(ROOT))
 from analysis import captions as C  # noqa: E402
 from analysis.models import ModelSpec, load_model, zoo_models  # noqa: E402
 from analysis.zoo import shapes_world as W  # noqa: E402
+
+# (row label, decomposer/rewriter, ground-truth verifier instead of shapes-vlm)
+SETUPS = (("shapes-lm", "shapes-lm", False), ("grammar", "grammar", False),
+          ("grammar + oracle verifier", "grammar", True))
+
+
+class OracleVerifier:
+    """The pipeline's ceiling: a verifier that knows the scene (p_T = 1 for true claims, else p_F = 1)."""
+
+    name = "oracle"
+
+    def __init__(self, scene):
+        self.scene = scene
+
+    def verify(self, image, claims):
+        return [(1.0, 0.0) if W.claim_truth(self.scene, c) else (0.0, 1.0) for c in claims]
+
 
 PI_SWEEP = (0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 9.3)
 
@@ -50,7 +68,7 @@ def evaluate_captions(vlm, lm, captioner, seeds: list[int], pi: float, progress)
         captions.append(C.caption_image(captioner, W.render(W.generate_scene(seed))))
         progress(f"{captioner.spec.name}: captioned {i + 1}/{len(seeds)}")
     out: dict = {"captioner": Path(captioner.spec.name).name, "agents": {}}
-    for agents in ("shapes-lm", "grammar"):
+    for label, agents, oracle in SETUPS:
         before, after, decomp_exact, verifications = [], [], 0, []
         sweep = {pi_: [] for pi_ in PI_SWEEP}
         for i, (seed, caption) in enumerate(zip(seeds, captions)):
@@ -59,7 +77,8 @@ def evaluate_captions(vlm, lm, captioner, seeds: list[int], pi: float, progress)
                                         ground=False, scene_seed=seed)
             before.append(C.score_caption(scene, caption))
             try:
-                verification = C.verify_caption(vlm, W.render(scene), params, lm)
+                verification = C.verify_caption(vlm, W.render(scene), params, lm,
+                                                verifier=OracleVerifier(scene) if oracle else None)
             except C.CaptionError:  # no claims: nothing to correct
                 after.append(before[-1])
                 for pi_ in PI_SWEEP:
@@ -68,17 +87,17 @@ def evaluate_captions(vlm, lm, captioner, seeds: list[int], pi: float, progress)
             verifications.append(verification)
             decomp_exact += [c.claim for c in verification.claims] == W.decompose(caption)
             after.append(C.score_caption(scene, C.apply_threshold(verification, params, lm).corrected))
-            if agents == "grammar":
+            if label == "grammar":
                 for pi_ in PI_SWEEP:
                     swept = C.CorrectionParams(**{**vars(params), "pi": pi_})
                     sweep[pi_].append(C.score_caption(scene, C.apply_threshold(verification, swept).corrected))
-            progress(f"{captioner.spec.name} / {agents} agents: corrected {i + 1}/{len(seeds)}")
+            progress(f"{captioner.spec.name} / {label}: corrected {i + 1}/{len(seeds)}")
         flagged = [c for v in verifications for c in v.claims]
-        out["agents"][agents] = {
+        out["agents"][label] = {
             "before": totals(before), "after": totals(after),
             "decomposer_exact_match": decomp_exact / max(1, len(verifications)),
             "claims_flagged_at_pi": sum(c.score > pi for c in flagged) / max(1, len(flagged)),
-            "sweep": {str(k): totals(v) for k, v in sweep.items()} if agents == "grammar" else {},
+            "sweep": {str(k): totals(v) for k, v in sweep.items()} if label == "grammar" else {},
         }
     out["examples"] = [{"seed": s, "caption": c} for s, c in list(zip(seeds, captions))[:3]]
     return out
