@@ -38,8 +38,8 @@ def build(out: Path, only: str | None = None, smoke: bool = False, quiet: bool =
         log["shapes-lm"] = train.train_lm(cfg, out / "shapes-lm", progress, phases)
     if only in (None, "shapes-vlm", "shapes-vlm-weak"):
         cfg = train.SMOKE_VLM if smoke else train.VLMConfig()
-        phase2 = train.SMOKE_VLM_PHASE2 if smoke else train.VLMPhase2()
-        log["shapes-vlm"] = train.train_vlm(cfg, out / "shapes-vlm", out / "shapes-vlm-weak", progress, phase2)
+        phases = train.SMOKE_VLM_PHASES if smoke else train.VLM_PHASES
+        log["shapes-vlm"] = train.train_vlm(cfg, out / "shapes-vlm", out / "shapes-vlm-weak", progress, phases)
     for name, entry in log.items():
         (out / name / "training.json").write_text(json.dumps(entry, indent=2))
     if "shapes-vlm" in log:

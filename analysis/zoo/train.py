@@ -485,7 +485,9 @@ class VLMPhase2:
     seed: int = 3
 
 
-SMOKE_VLM_PHASE2 = VLMPhase2(steps=2, batch_captions=1, batch_questions=2)
+# Later phases, in order; the third is a longer push on single questions.
+VLM_PHASES = (VLMPhase2(), VLMPhase2(steps=900, lr=2e-3, batch_captions=4, batch_questions=28, seed=4))
+SMOKE_VLM_PHASES = (VLMPhase2(steps=2, batch_captions=1, batch_questions=2),)
 
 
 def _vlm_steps(model, processor, cfg: VLMConfig, steps: int, lr: float, warmup: int, rng, seeds,
@@ -524,7 +526,7 @@ def _vlm_steps(model, processor, cfg: VLMConfig, steps: int, lr: float, warmup: 
 
 
 def train_vlm(cfg: VLMConfig, out: Path, weak_out: Path | None, progress: Progress | None = None,
-              phase2: VLMPhase2 | None = VLMPhase2()) -> dict:
+              phases: tuple = VLM_PHASES) -> dict:
     tok = vlm_tokenizer()
     processor = make_processor(cfg, tok)
     model = build_vlm(cfg, tok)
@@ -542,20 +544,21 @@ def train_vlm(cfg: VLMConfig, out: Path, weak_out: Path | None, progress: Progre
                          progress, save_weak)
     log = {"steps": cfg.steps, "weak_step": cfg.weak_step, "seconds": round(seconds, 1),
            "vision_pretraining": vision_log, "config": dataclasses.asdict(cfg)}
-    if phase2 is not None and phase2.steps > 0:
-        log["phase2"] = continue_vlm(model, processor, cfg, phase2, progress)
+    for i, phase in enumerate(phases, start=2):
+        log[f"phase{i}"] = continue_vlm(model, processor, cfg, phase, progress, label=f"phase {i}")
     _save_vlm(model, processor, out)
     return log
 
 
-def continue_vlm(model, processor, cfg: VLMConfig, phase: VLMPhase2, progress: Progress | None = None) -> dict:
+def continue_vlm(model, processor, cfg: VLMConfig, phase: VLMPhase2, progress: Progress | None = None,
+                 label: str = "phase 2") -> dict:
     _set_attention(model, "sdpa")
     model.train()
     rows = dataclasses.replace(cfg, batch_captions=phase.batch_captions, batch_questions=phase.batch_questions,
                                questions_per_image=1)
     rng = random.Random(phase.seed)
-    seeds = iter(sw.split_seeds("train", sw.SPLIT_SIZE)[7_000_000:])
-    seconds = _vlm_steps(model, processor, rows, phase.steps, phase.lr, phase.warmup, rng, seeds, "phase 2", progress)
+    seeds = iter(sw.split_seeds("train", sw.SPLIT_SIZE)[7_000_000 + (phase.seed - 3) * 500_000:])
+    seconds = _vlm_steps(model, processor, rows, phase.steps, phase.lr, phase.warmup, rng, seeds, label, progress)
     return {"steps": phase.steps, "seconds": round(seconds, 1), "config": dataclasses.asdict(phase)}
 
 
