@@ -56,7 +56,7 @@ def _describe(folder: Path) -> str:
         return folder.name
     where = "demo" if sae_v.SAE_ROOT in folder.parents else "trained here"
     return (f"layer {meta.layer} · {meta.train.architecture} · {meta.train.d_sae} features · "
-            f"FVE {meta.fve:.2f} · {where}")
+            f"FVE {meta.fve:.3f} · {where}")
 
 
 with st.expander(":material/model_training: Train a new SAE" + ("" if folders else " (none yet for this model)"),
@@ -182,11 +182,14 @@ def show_feature() -> None:
     cols[4].metric("Max activation", f"{card.max_act:.2f}")
     concept_bits = []
     for name, c in (("text", card.concept_text), ("image", card.concept_image), ("both", card.concept_both)):
-        if c is not None:
+        if c is not None and c.precision >= 0.5:
             concept_bits.append(f"{name}: **{figs.concept_label(c.name)}** (precision {c.precision:.2f} over "
                                 f"{c.support} tokens)")
     if concept_bits:
         st.markdown("Ground-truth concept — " + " · ".join(concept_bits))
+    elif store.pairs.dataset == "shapes":
+        st.markdown("Ground-truth concept — none: no colour, shape, size or position is shared by half of its "
+                    "top tokens.")
     st.caption(f"Permalink: this page's URL ends in `?feature={index}`; opening it shows this feature of this SAE.")
     if card.label == "dead":
         st.warning("This feature never fires on the held-out pairs.")
