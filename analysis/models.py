@@ -390,7 +390,13 @@ def load_model(spec: ModelSpec) -> ModelHandle:
     except Exception as exc:
         raise ModelLoadError(f"Loading failed: {type(exc).__name__}: {exc}") from exc
     model.eval()
-    info = describe(model, kind, n_params, processor)
+    try:
+        info = describe(model, kind, n_params, processor)
+    except (AttributeError, TypeError, ValueError) as exc:  # e.g. no attention heads (state-space models)
+        raise ModelLoadError(
+            f"'{spec.label}' loaded, but it is not a transformer with attention layers that the panels "
+            f"can inspect ({type(exc).__name__}: {exc})."
+        ) from exc
     return ModelHandle(
         spec=spec, model=model, kind=kind, info=info, language_model=language_model,
         tokenizer=tokenizer, processor=processor, path=str(folder),

@@ -65,7 +65,14 @@ def shoot(base: str, paths: list[str], out: Path, width: int = 1400) -> list[Pat
             wait_rendered(page)
             name = re.sub(r"[^A-Za-z0-9_-]+", "_", path.split("?")[0] or "home").strip("_") or "home"
             target = out / f"{name}.png"
+            # Streamlit scrolls inside its own container, so grow the viewport to the content first.
+            height = page.evaluate(
+                "() => Math.max(...['[data-testid=stMain]', '[data-testid=stAppViewContainer]', "
+                "'[data-testid=stSidebarContent]'].map(s => document.querySelector(s)?.scrollHeight || 0))")
+            page.set_viewport_size({"width": width, "height": min(max(int(height) + 40, 900), 12000)})
+            page.wait_for_timeout(800)
             page.screenshot(path=str(target), full_page=True)
+            page.set_viewport_size({"width": width, "height": 900})
             files.append(target)
         browser.close()
     return files

@@ -154,3 +154,15 @@ def test_patched_and_unpatched_forwards_never_mix(tiny_llama):
         stop.set()
         t1.join()
     assert bad == []
+
+
+def test_refuses_model_without_attention_layers(model_root, tiny_llama_dir):
+    """A state-space model (Mamba) is a causal LM but has no attention for the panels to inspect."""
+    from transformers import AutoTokenizer, MambaConfig, MambaForCausalLM
+
+    folder = model_root / "tiny-mamba"
+    if not folder.exists():
+        config = MambaConfig(vocab_size=130, hidden_size=16, state_size=4, num_hidden_layers=1)
+        MambaForCausalLM(config).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(folder)
+    assert "not a transformer with attention layers" in _refused(ModelSpec("local", str(folder)))
