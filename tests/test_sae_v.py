@@ -396,6 +396,9 @@ def test_demo_store_matches_a_recomputation_from_the_committed_weights():
     handle = load_model(ModelSpec("zoo", "shapes-vlm"))
     sae, meta = sae_v.load_sae(folder)
     store = sae_v.load_store(folder)
+    assert not sae_v.is_stale(handle, meta), (
+        "the demo SAE was trained on other shapes-vlm weights; rebuild it with `python -m analysis sae "
+        f"--model zoo:shapes-vlm --layer {meta.layer} --out {folder}`")
     # re-run the model on the pairs behind the strongest examples of a few live features
     cards = [c for c in store.features if c.top_text and c.top_images][:4]
     wanted = sorted({c.top_text[0].pair for c in cards} | {c.top_images[0].pair for c in cards})
