@@ -7,9 +7,11 @@ from pathlib import Path
 import streamlit as st
 
 from analysis import sae_v
+from analysis.models import ModelSpec, zoo_models
 from analysis.export import rows_to_csv
 from components import sae_figures as figs
 from components.common import explain, progress, require_model, set_url_params, url_param
+from components.model_picker import try_load
 
 VIEWS = {"list": "Feature list", "feature": "Feature page", "explain": "Explain an input", "ranking": "Data ranking"}
 
@@ -18,6 +20,13 @@ st.caption("Sparse-autoencoder features over the image and text tokens of a mult
            "weight ω, and data filtering by cross-modal score — after *SAE-V* (ICML 2025).")
 handle = require_model("vlm", "causal_lm", panel="SAE-V feature browser")
 is_vlm = handle.kind == "vlm"
+if not is_vlm and "shapes-vlm" in zoo_models():
+    c1, c2 = st.columns([4, 1])
+    c1.info(f"{handle.spec.label} is a text-only model: SAE-V is about image and text tokens. The demo "
+            "vision-language model has a trained SAE ready.")
+    if c2.button("Use zoo:shapes-vlm", key="sae_use_demo"):
+        if try_load(ModelSpec("zoo", "shapes-vlm")) is not None:
+            st.rerun()
 
 
 @st.cache_resource(max_entries=4, show_spinner="Loading the feature store ...")

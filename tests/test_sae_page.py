@@ -115,3 +115,13 @@ def test_demo_feature_list_and_feature_page_render():
     at = app_with_model(ModelSpec("zoo", "shapes-vlm"), PAGE, query={"feature": "3"})
     assert not at.exception, at.exception
     assert at.subheader[0].value.startswith("Feature 3 ·")
+
+
+@pytest.mark.skipif(not HAS_DEMO, reason="demo model shapes-vlm and its SAE are not built")
+def test_text_only_model_offers_the_demo_vlm(tiny_llama_dir):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE)
+    assert not at.exception, at.exception
+    at.button(key="sae_use_demo").click().run()
+    assert not at.exception, at.exception
+    assert at.session_state["model_spec"] == ModelSpec("zoo", "shapes-vlm")
+    assert len(_frame(at, "omega")) > 10
