@@ -458,10 +458,12 @@ def register_dataset(dataset: Dataset) -> None:
 
 def default_dataset(handle: ModelHandle) -> str:
     """Shapes World for the demo VLM (its ground truth is known), random pairs otherwise."""
-    vocab = handle.tokenizer.get_vocab()
-    if all(w in vocab for w in ("describe", "circle", "red", "there")):
-        return "shapes"
-    return "noise"
+    words = ["describe", "there", "is", "a", "red", "circle", "at", "the", "top", "left"]
+    try:
+        word_level = handle.tokenizer.tokenize(" ".join(words)) == words
+    except Exception:  # a tokenizer without tokenize(): not the zoo's
+        word_level = False
+    return "shapes" if word_level else "noise"
 
 
 def make_pairs(handle: ModelHandle, dataset: str, n: int, seed: int, corrupted: float = 0.0) -> PairSet:
