@@ -184,13 +184,14 @@ def main() -> int:
         print(f"[{time.time() - start:6.0f} s] {message}", file=sys.stderr, flush=True)
 
     vlm, weak, lm = (load_model(spec(n)) for n in ("shapes-vlm", "shapes-vlm-weak", "shapes-lm"))
+    hashes = {h.spec.name: weights_hash(h.path) for h in (vlm, weak, lm)}  # of the weights just loaded
     seeds = W.split_seeds(args.split, args.n)
     result = {"split": args.split, "n": args.n, "pi": args.pi, "verifier": vlm.spec.label,
               "decomposer_rewriter_lm": lm.spec.label, "threads": torch.get_num_threads(),
               "captioners": [evaluate_captions(vlm, lm, cap, seeds, args.pi, progress) for cap in (weak, vlm)],
               "pope": evaluate_pope(vlm, seeds, args.pope_per_scene, progress)}
     result["seconds"] = time.time() - start
-    result["weights_sha256"] = {h.spec.name: weights_hash(h.path) for h in (vlm, weak, lm)}
+    result["weights_sha256"] = hashes
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(markdown(result))
