@@ -70,22 +70,29 @@ def render_sidebar() -> ModelHandle | None:
     """Draw the picker in the sidebar and return the session's current model (or None)."""
     with st.sidebar:
         st.subheader("Model")
+        loaded = current_handle()  # so the widgets start on the model the URL or session names
+        start = loaded.spec if loaded is not None else ModelSpec()
         source = st.radio("Source", list(SOURCES), format_func=SOURCES.get, key="picker_source",
-                          horizontal=True)
+                          horizontal=True, index=list(SOURCES).index(start.source))
         spec = None
         if source == "zoo":
             names = zoo_models()
             if not names:
                 st.warning("No demo models are installed. Build them with `python -m analysis.zoo build`.")
             else:
-                name = st.selectbox("Demo model", names, key="picker_zoo")
+                name = st.selectbox("Demo model", names, key="picker_zoo",
+                                    index=names.index(start.name) if start.name in names else 0)
                 spec = ModelSpec("zoo", name)
         elif source == "hub":
-            repo = st.text_input("Model id", placeholder="owner/name", key="picker_hub")
-            rev = st.text_input("Revision (optional)", placeholder="main", key="picker_rev")
+            hub = start.source == "hub"
+            repo = st.text_input("Model id", placeholder="owner/name", key="picker_hub",
+                                 value=start.name if hub else "")
+            rev = st.text_input("Revision (optional)", placeholder="main", key="picker_rev",
+                                value=(start.revision or "") if hub else "")
             spec = ModelSpec("hub", repo.strip(), rev.strip() or None)
         else:
-            path = st.text_input("Folder (save_pretrained layout)", key="picker_local")
+            path = st.text_input("Folder (save_pretrained layout)", key="picker_local",
+                                 value=start.name if start.source == "local" else "")
             spec = ModelSpec("local", path.strip())
         if st.button("Load model", key="picker_load", type="primary", disabled=spec is None):
             if spec.source != "zoo" and not spec.name:

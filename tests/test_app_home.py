@@ -67,3 +67,11 @@ def test_loading_a_second_model_switches(tiny_llama_dir, tiny_gpt2_dir):
     assert not at.error
     assert "GPT2LMHeadModel" in _table_values(at)
     assert at.query_params["model"] == [f"local:{tiny_gpt2_dir}"] or at.query_params["model"] == f"local:{tiny_gpt2_dir}"
+
+
+def test_picker_starts_on_the_model_named_in_the_url(tiny_llama_dir, tiny_gpt2_dir):
+    at = app_with_model(None, query={"model": f"local:{tiny_gpt2_dir}"})
+    assert not at.exception
+    assert at.sidebar.radio(key="picker_source").value == "local"
+    assert at.sidebar.text_input(key="picker_local").value == str(tiny_gpt2_dir)
+    assert "GPT2LMHeadModel" in _table_values(at)
