@@ -8,8 +8,8 @@ from components.registry import PANELS
 
 st.set_page_config(page_title="Model Inspector", page_icon=":material/biotech:", layout="wide")
 
-pages = [st.Page("pages/overview.py", title="Home", icon=":material/home:", url_path="home", default=True)]
-pages += [st.Page(f"pages/{p.page}", title=p.title, icon=p.icon, url_path=p.url_path)
+pages = [st.Page("views/overview.py", title="Home", icon=":material/home:", url_path="home", default=True)]
+pages += [st.Page(f"views/{p.page}", title=p.title, icon=p.icon, url_path=p.url_path)
           for p in PANELS if p.available]
 render_sidebar()
 nav = st.navigation(pages)

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Panel:
-    page: str  # file under pages/
+    page: str  # file under views/
     title: str
     icon: str
     summary: str
@@ -18,12 +18,12 @@ class Panel:
 
     @property
     def path(self) -> Path:
-        return ROOT / "pages" / self.page
+        return ROOT / "views" / self.page
 
     @property
     def url_path(self) -> str:
-        # Must differ from the file stem: Streamlit also scans pages/ the legacy way, and a url_path
-        # equal to a file stem there makes AppTest drop the sidebar on reruns.
+        # Page files live in views/, not pages/: with a pages/ folder beside app.py Streamlit runs the
+        # first session in its legacy mode, which shows "Page not found" on every deep link.
         return self.page.removesuffix(".py").replace("_", "-")
 
     @property

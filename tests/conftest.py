@@ -58,7 +58,7 @@ def app_with_model(spec: ModelSpec | None, page: str | None = None, query: dict 
                    timeout: float = 60):
     """An AppTest of the whole app with `spec` as the session's model, switched to `page`.
 
-    `page` is a file under pages/ (e.g. "pages/kv_cache.py"); `query` pre-fills st.query_params.
+    `page` is a file under views/ (e.g. "views/kv_cache.py"); `query` pre-fills st.query_params.
     """
     from streamlit.testing.v1 import AppTest
 

@@ -50,10 +50,10 @@ def test_gallery_lists_and_permalink_reopens_without_model(store_path, tiny_llam
         figures=[{"name": "fig", "figure": {"data": [{"type": "scatter", "y": [1, 2, 3]}], "layout": {}}}],
         tables={"policies": [{"policy": "morphkv", "acc": 0.75}]},
     ))
-    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page="pages/saved_analyses.py")
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page="views/saved_analyses.py")
     assert not at.exception
     assert "KV run" in " ".join(m.value for m in at.markdown)
-    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page="pages/saved_analyses.py",
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page="views/saved_analyses.py",
                         query={"id": saved_id})
     assert not at.exception
     assert at.subheader[0].value == "KV run"
@@ -63,7 +63,7 @@ def test_gallery_lists_and_permalink_reopens_without_model(store_path, tiny_llam
 
 
 def test_unknown_id_gives_clear_message(store_path, tiny_llama_dir):
-    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page="pages/saved_analyses.py",
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page="views/saved_analyses.py",
                         query={"id": "nope"})
     assert not at.exception
     assert "No saved analysis with id 'nope'" in at.error[0].value
@@ -72,7 +72,7 @@ def test_unknown_id_gives_clear_message(store_path, tiny_llama_dir):
 def test_delete_with_confirmation(store_path, tiny_llama_dir):
     store = AnalysisStore(store_path)
     saved_id = store.save(SavedAnalysis(title="to delete", panel="kv", model="m"))
-    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page="pages/saved_analyses.py",
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page="views/saved_analyses.py",
                         query={"id": saved_id})
     at.button(key="confirm_delete").click().run()
     assert store.get(saved_id) is None

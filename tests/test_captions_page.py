@@ -11,7 +11,7 @@ from analysis import tiny_models
 from analysis.models import ModelSpec, zoo_models
 from analysis.zoo import shapes_world as W
 
-PAGE = "pages/caption_correction.py"
+PAGE = "views/caption_correction.py"
 
 
 @pytest.fixture(scope="module")

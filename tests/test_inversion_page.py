@@ -6,7 +6,7 @@ from conftest import app_with_model
 
 from analysis.models import ModelSpec, zoo_models
 
-PAGE = "pages/prompt_reconstruction.py"
+PAGE = "views/prompt_reconstruction.py"
 PROMPT = "w3 w17 w42 w8 w99 w5"
 
 

@@ -6,7 +6,7 @@ from conftest import app_with_model
 
 from analysis.models import ModelSpec, zoo_models
 
-PAGE = "pages/kv_cache.py"
+PAGE = "views/kv_cache.py"
 SMALL = {"context": "64", "budget": "24", "window": "4", "examples": "1"}
 
 

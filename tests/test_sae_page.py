@@ -7,7 +7,7 @@ from analysis import sae_v
 from analysis.models import ModelSpec, zoo_models
 from conftest import app_with_model
 
-PAGE = "pages/sae_features.py"
+PAGE = "views/sae_features.py"
 HAS_DEMO = "shapes-vlm" in zoo_models() and bool(list((sae_v.SAE_ROOT / "shapes-vlm").glob("layer*/" + sae_v.STORE_FILE)))
 
 

@@ -7,7 +7,7 @@ import torch
 from analysis.models import ZOO_DIR, ModelSpec
 from conftest import app_with_model
 
-PAGE = "pages/attention_sharpness.py"
+PAGE = "views/attention_sharpness.py"
 QUERY = {"ns": "4,8,16", "samples": "2"}
 
 

@@ -26,7 +26,7 @@ for panel in PANELS:
         continue
     kinds = " / ".join("VLM" if k == "vlm" else "LM" for k in panel.kinds)
     paper = f" — *{panel.paper}*" if panel.paper else ""
-    st.page_link(f"pages/{panel.page}", label=f"**{panel.title}** ({kinds}): {panel.summary}{paper}",
+    st.page_link(f"views/{panel.page}", label=f"**{panel.title}** ({kinds}): {panel.summary}{paper}",
                  icon=panel.icon)
 missing = [p.title for p in PANELS if not p.available]
 if missing:
