@@ -58,8 +58,9 @@ def shoot(base: str, paths: list[str], out: Path, width: int = 1400) -> list[Pat
     files = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": width, "height": 900})
         for path in paths:
+            context = browser.new_context(viewport={"width": width, "height": 900})  # a fresh session per page
+            page = context.new_page()
             url_path = "" if path in ("home", "/") else path.lstrip("/")  # the default page lives at /
             page.goto(f"{base}/{url_path}")
             wait_rendered(page)
@@ -72,7 +73,7 @@ def shoot(base: str, paths: list[str], out: Path, width: int = 1400) -> list[Pat
             page.set_viewport_size({"width": width, "height": min(max(int(height) + 40, 900), 12000)})
             page.wait_for_timeout(800)
             page.screenshot(path=str(target), full_page=True)
-            page.set_viewport_size({"width": width, "height": 900})
+            context.close()
             files.append(target)
         browser.close()
     return files

@@ -24,10 +24,12 @@ st.subheader("Panels")
 for panel in PANELS:
     if not panel.available:
         continue
-    kinds = " / ".join("VLM" if k == "vlm" else "LM" for k in panel.kinds)
-    paper = f" — *{panel.paper}*" if panel.paper else ""
-    st.page_link(f"views/{panel.page}", label=f"**{panel.title}** ({kinds}): {panel.summary}{paper}",
-                 icon=panel.icon)
+    with st.container(border=True):
+        st.page_link(f"views/{panel.page}", label=f"**{panel.title}**", icon=panel.icon)
+        works_on = ", ".join({"causal_lm": "language models", "vlm": "vision-language models"}[k]
+                             for k in panel.kinds)
+        paper = f" Reproduces *{panel.paper}*; works on {works_on}." if panel.paper else ""
+        st.caption(panel.summary + paper)
 missing = [p.title for p in PANELS if not p.available]
 if missing:
     st.caption("Coming next: " + ", ".join(missing) + ".")
