@@ -733,7 +733,10 @@ def generate_texts(handle, params, task, names, progress=None) -> list[Generated
         pol = make_policy(KvParams.from_dict({**params.to_dict(), "policy": name}))
         trace = run_policy(handle, task.tokens[:start], task.prefill_len, pol, generate=max(2, params.new_tokens))
         new = trace.tokens[start:]
-        reference = reference or new
+        eos = handle.tokenizer.eos_token_id
+        if eos is not None and eos in new:  # show the answer, not the padding of end-of-text tokens after it
+            new = new[:new.index(eos)]
+        reference = new if reference is None else reference
         out.append(GeneratedText(
             policy=name, label=pol.label, text=handle.tokenizer.decode(new),
             tokens=[str(t) for t in handle.tokenizer.convert_ids_to_tokens(new)],

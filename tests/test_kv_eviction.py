@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from analysis import kv_eviction as kv
-from analysis.models import ModelSpec, load_model
+from analysis.models import ModelSpec, load_model, zoo_models
 
 PROMPT, STEPS, BUDGET, WINDOW, SINKS, KERNEL = 24, 6, 12, 4, 2, 3
 # PyramidKV on 2 layers, C=12: first layer 2C - max(w + 1, C/20) = 19, last max(w + 1, C/20) = 5
@@ -298,3 +298,18 @@ def test_cli_prints_json(tiny_llama_dir, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["params"]["policy"] == "tova"
     assert {r["policy"] for r in data["runs"]} == set(kv.POLICIES)
+
+
+@pytest.mark.skipif("shapes-lm" not in zoo_models(), reason="needs the demo LM (it answers, then ends the text)")
+def test_generated_text_stops_at_end_of_text():
+    handle = load_model(ModelSpec("zoo", "shapes-lm"))
+    params = kv.KvParams(policy="h2o", budget=64, context=128, pairs=2, new_tokens=6)
+    task = kv.build_task(handle, params)
+    texts = kv.generate_texts(handle, params, task, ["full", "h2o"])
+    assert [t.policy for t in texts] == ["full", "h2o"]
+    full = texts[0]
+    assert 1 <= len(full.tokens) < 6  # the demo model answers, then ends: the rest is not shown
+    for t in texts:
+        assert handle.tokenizer.eos_token not in t.tokens and "</s>" not in t.text
+        assert len(t.matches_full) <= len(t.tokens)
+    assert all(full.matches_full)
