@@ -116,3 +116,18 @@ def _spread_weights(model: torch.nn.Module) -> None:
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.3 if "embed" in name or "wte" in name else 1.0 / p.shape[-1] ** 0.5)
+
+
+def gpt2_small_random(with_tokenizer: bool = False):
+    """A GPT-2-small-shaped model (GPT2Config defaults, 124M parameters) with random weights, built in
+    memory (no download), as a `ModelHandle`; the benchmarks' "real-sized" baseline. With
+    `with_tokenizer`, a word-level tokenizer covering the whole vocabulary (t0, t1, ...)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from analysis.models import ModelHandle, ModelSpec, describe
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(attn_implementation="eager")).eval()
+    tok = make_word_tokenizer([f"t{i}" for i in range(model.config.vocab_size - len(SPECIALS))]) if with_tokenizer else None
+    return ModelHandle(spec=ModelSpec("local", "gpt2-small-random"), model=model, kind="causal_lm",
+                       info=describe(model, "causal_lm"), language_model=model, tokenizer=tok)

@@ -26,18 +26,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from analysis import inversion as inv  # noqa: E402
-from analysis.models import ModelHandle, ModelSpec, describe, load_model, zoo_models  # noqa: E402
-from analysis.tiny_models import make_word_tokenizer  # noqa: E402
+from analysis import tiny_models  # noqa: E402
+from analysis.models import ModelHandle, ModelSpec, load_model, zoo_models  # noqa: E402
 
 
 def gpt2_small_random() -> ModelHandle:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(attn_implementation="eager")).eval()
-    tok = make_word_tokenizer([f"t{i}" for i in range(model.config.vocab_size - 4)])
-    return ModelHandle(ModelSpec("local", "gpt2-small-random"), model, "causal_lm",
-                       describe(model, "causal_lm"), model, tok)
+    return tiny_models.gpt2_small_random(with_tokenizer=True)
 
 
 def random_ids(vocab: int, n: int, seed: int) -> list[int]:

@@ -26,16 +26,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from analysis import kv_eviction as kv  # noqa: E402
-from analysis.models import ModelHandle, ModelSpec, describe, load_model, zoo_models  # noqa: E402
+from analysis import tiny_models  # noqa: E402
+from analysis.models import ModelHandle, ModelSpec, load_model, zoo_models  # noqa: E402
 
 
 def gpt2_small_random() -> ModelHandle:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(attn_implementation="eager")).eval()
-    return ModelHandle(spec=ModelSpec("local", "gpt2-small-random"), model=model, kind="causal_lm",
-                       info=describe(model, "causal_lm"), language_model=model, tokenizer=None)
+    return tiny_models.gpt2_small_random(with_tokenizer=False)
 
 
 def plain_decode_times(handle: ModelHandle, tokens: list[int], prompt: int) -> list[float]:

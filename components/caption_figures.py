@@ -7,6 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from analysis.captions import CaptionMetrics, ClaimVerdict, CorrectionResult, DiffSpan
+from components.images import tower_view
 
 KEEP, DROP = "#2e7d32", "#c62828"
 
@@ -30,16 +31,7 @@ def score_figure(result: CorrectionResult) -> go.Figure:
     return fig
 
 
-def model_view(image, size: int) -> np.ndarray:
-    """The image as the vision tower sees it: shortest side resized to `size`, centre-cropped."""
-    from PIL import Image
-
-    w, h = image.size
-    scale = size / min(w, h)
-    resized = image.convert("RGB").resize((max(size, round(w * scale)), max(size, round(h * scale))),
-                                          Image.Resampling.BICUBIC)
-    left, top = (resized.width - size) // 2, (resized.height - size) // 2
-    return np.asarray(resized.crop((left, top, left + size, top + size)))
+model_view = tower_view  # the image as the vision tower sees it
 
 
 def heatmap_figure(verdict: ClaimVerdict, image: np.ndarray) -> go.Figure:

@@ -8,6 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from analysis.sae_v import FeatureCard, FeatureStore, InputExplanation, Ranking
+from components.images import tower_view
 
 LABEL_COLOURS = {"cross-modal": "#7b1fa2", "text-only": "#1565c0", "image-only": "#ef6c00", "dead": "#9e9e9e"}
 MAX_UPLOAD_BYTES = 8 * 1024 * 1024
@@ -126,16 +127,7 @@ def histogram_figure(card: FeatureCard) -> go.Figure:
     return fig
 
 
-def fit_image(image, size: int) -> np.ndarray:
-    """The image as the vision tower sees it: shortest side resized to `size`, centre-cropped."""
-    from PIL import Image
-
-    w, h = image.size
-    scale = size / min(w, h)
-    resized = image.convert("RGB").resize((max(size, round(w * scale)), max(size, round(h * scale))),
-                                          Image.Resampling.BICUBIC)
-    left, top = (resized.width - size) // 2, (resized.height - size) // 2
-    return np.asarray(resized.crop((left, top, left + size, top + size)))
+fit_image = tower_view  # the image as the vision tower sees it
 
 
 def image_heatmap_figure(image: np.ndarray, heatmap: list[float], grid: int, title: str,
