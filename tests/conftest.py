@@ -40,6 +40,21 @@ def tiny_llava_dir(model_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_mistral_sliding_dir(model_root) -> Path:
+    """A Mistral whose every layer is sliding-window: its cache must never be evicted."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    folder = model_root / "tiny-mistral-sliding"
+    tok = tiny_models.make_word_tokenizer(tiny_models.default_words())
+    cfg = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=16,
+                        max_position_embeddings=128)
+    MistralForCausalLM(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tiny_llama_dir):
     return load_model(ModelSpec("local", str(tiny_llama_dir)))
 

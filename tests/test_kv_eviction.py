@@ -271,19 +271,8 @@ def test_budget_not_below_context_is_refused(tiny_llama):
         kv.make_policy(kv.KvParams(policy="nope"))
 
 
-def test_all_sliding_window_model_cannot_be_evicted(model_root):
-    from transformers import MistralConfig, MistralForCausalLM
-
-    from analysis.tiny_models import default_words, make_word_tokenizer
-
-    folder = model_root / "tiny-mistral-sliding"
-    if not folder.exists():
-        tok = make_word_tokenizer(default_words())
-        cfg = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, sliding_window=16,
-                            max_position_embeddings=128)
-        MistralForCausalLM(cfg).save_pretrained(folder)
-        tok.save_pretrained(folder)
+def test_all_sliding_window_model_cannot_be_evicted(tiny_mistral_sliding_dir):
+    folder = tiny_mistral_sliding_dir
     handle = load_model(ModelSpec("local", str(folder)))
     with pytest.raises(kv.KvEvictionError, match="sliding-window"):
         kv.evictable_layers(handle)

@@ -67,19 +67,8 @@ def test_bad_url_values_give_messages_not_tracebacks(demo_spec):
     assert any("kernel must be a positive odd number" in e for e in _errors(at))
 
 
-def test_model_whose_cache_cannot_be_evicted_gives_clear_message(model_root):
-    from transformers import MistralConfig, MistralForCausalLM
-
-    from analysis.tiny_models import default_words, make_word_tokenizer
-
-    folder = model_root / "tiny-mistral-sliding"
-    if not folder.exists():
-        tok = make_word_tokenizer(default_words())
-        cfg = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, sliding_window=16,
-                            max_position_embeddings=128)
-        MistralForCausalLM(cfg).save_pretrained(folder)
-        tok.save_pretrained(folder)
+def test_model_whose_cache_cannot_be_evicted_gives_clear_message(tiny_mistral_sliding_dir):
+    folder = tiny_mistral_sliding_dir
     at = app_with_model(ModelSpec("local", str(folder)), PAGE)
     assert not at.exception
     assert any("cannot be evicted" in e for e in _errors(at))
