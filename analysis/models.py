@@ -33,6 +33,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 Source = Literal["zoo", "hub", "local"]
 Kind = Literal["causal_lm", "vlm"]
+KIND_NAMES = {"causal_lm": "a causal language model", "vlm": "a vision-language model"}
 
 
 class ModelLoadError(Exception):
@@ -451,7 +452,7 @@ def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, pro
 def require_kind(handle: ModelHandle, *kinds: str, panel: str) -> None:
     """Raise a user-facing error when a panel gets a model kind it cannot use."""
     if handle.kind not in kinds:
-        wanted = " or ".join({"causal_lm": "a causal language model", "vlm": "a vision-language model"}[k] for k in kinds)
+        wanted = " or ".join(KIND_NAMES[k] for k in kinds)
         raise ModelLoadError(f"The {panel} panel needs {wanted}; '{handle.spec.label}' is a {handle.info.kind}.")
 
 

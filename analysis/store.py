@@ -15,7 +15,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from analysis.results import Result, to_jsonable
 
@@ -157,7 +157,3 @@ def _from_row(row: sqlite3.Row) -> SavedAnalysis:
         figures=json.loads(row["figures"]), tables=json.loads(row["tables"]), url=row["url"],
     )
 
-
-def saved_result(analysis: SavedAnalysis, result_type: type) -> Any:
-    """Rebuild the typed result of a saved analysis."""
-    return result_type.from_dict(analysis.result)

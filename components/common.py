@@ -6,10 +6,8 @@ from typing import Any, Callable, Iterator
 
 import streamlit as st
 
-from analysis.models import ModelHandle
+from analysis.models import KIND_NAMES, ModelHandle
 from components.model_picker import current_handle
-
-KIND_NAMES = {"causal_lm": "a causal language model", "vlm": "a vision-language model"}
 
 
 def require_model(*kinds: str, panel: str) -> ModelHandle:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from analysis.models import ZOO_DIR, ModelSpec
 from conftest import app_with_model
@@ -67,15 +66,9 @@ def test_model_without_attention_interface_gives_a_clear_message(tiny_llama_dir,
     """Llama attention that computes attention itself, bypassing transformers' attention interface."""
     from transformers.models.llama import modeling_llama
 
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
-        b, t, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), None
+    from test_sharpness import self_computed_attention
 
-    monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", forward)
+    monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", self_computed_attention)
     at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, {"ns": "4,8", "samples": "3"})
     assert not at.exception
     assert any("attention interface" in e.value for e in at.error)
