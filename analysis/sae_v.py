@@ -438,7 +438,8 @@ class ShapesDataset(Dataset):
             for c in range(grid):
                 y0, y1, x0, x1 = int(r * step), int((r + 1) * step), int(c * step), int((c + 1) * step)
                 patch = ink[y0:y1, x0:x1]
-                if patch.mean() < 0.2:
+                # >= 20 % ink, or 30 ink pixels for coarse grids (a small object fills ~13 % of a cell)
+                if patch.sum() < min(0.2 * patch.size, 30):
                     out.append(set())
                     continue
                 ys, xs = patch.nonzero()

@@ -360,6 +360,20 @@ def test_patches_carry_the_attributes_of_the_object_under_them():
     assert concepts[int((r + 0.5) * grid / 3) * grid + int((c + 0.5) * grid / 3)] == set()
 
 
+def test_on_a_three_by_three_grid_each_patch_is_its_cells_object():
+    from analysis.zoo import shapes_world as sw
+
+    for seed in range(40):
+        scene = sw.generate_scene(seed)
+        concepts = sae_v.ShapesDataset.patch_concepts(seed, 3)
+        by_cell = {o.cell: o for o in scene.objects}
+        for cell in range(9):
+            obj = by_cell.get(cell)
+            expected = set() if obj is None else {f"colour:{obj.colour}", f"shape:{obj.shape}",
+                                                  f"size:{obj.size}", f"position:{obj.position}"}
+            assert concepts[cell] == expected, (seed, cell)
+
+
 def test_concept_precision_is_the_share_of_tokens_with_the_concept():
     concepts = [{"colour:red"}, {"colour:red", "shape:circle"}, {"shape:circle"}, set()]
     c = sae_v.concept_precision([0, 1, 2, 3], concepts)

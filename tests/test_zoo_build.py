@@ -36,12 +36,12 @@ def test_smoke_build_writes_loadable_language_model(smoke_zoo):
 @pytest.mark.parametrize("name", ["shapes-vlm", "shapes-vlm-weak"])
 def test_smoke_build_writes_loadable_vlm_with_processor(smoke_zoo, name):
     handle = load_model(ModelSpec("local", str(smoke_zoo / name)))
-    assert handle.kind == "vlm" and handle.info.image_tokens == 64
+    assert handle.kind == "vlm" and handle.info.image_tokens == 9  # one image token per grid cell
     scene = sw.generate_scene(1)
     batch = handle.processor(images=[sw.render(scene)], text=[sw.vlm_question_prompt("there is a red circle")],
                              return_tensors="pt")
     image_id = handle.tokenizer.convert_tokens_to_ids("<image>")
-    assert (batch["input_ids"] == image_id).sum().item() == 64
+    assert (batch["input_ids"] == image_id).sum().item() == 9
     with handle.session():
         logits = handle.model(**batch).logits
     assert torch.isfinite(logits).all()
@@ -83,3 +83,23 @@ def test_patch_labels_name_each_object_where_it_is_drawn():
             ys, xs = (mask == i + 1).nonzero()
             assert int(ys.mean() * 3 // 64) * 3 + int(xs.mean() * 3 // 64) == obj.cell  # drawn in its cell
         assert ((labels[:, 0] == 0) == (labels[:, 3] == 0)).all()
+
+
+def test_zoo_vlm_patches_are_the_grid_cells():
+    """At the zoo's geometry (63 px, patch 21) patch k is cell k: each image token holds at most one
+    object, and exactly the object drawn in its cell."""
+    from analysis.zoo.train import VLMConfig, patch_labels
+
+    cfg = VLMConfig()
+    assert cfg.image_size // cfg.patch == 3
+    for seed in range(30):
+        scene = sw.generate_scene(seed)
+        labels = patch_labels(scene, cfg.image_size, cfg.patch)
+        by_cell = {o.cell: o for o in scene.objects}
+        for k in range(9):
+            obj = by_cell.get(k)
+            if obj is None:
+                assert labels[k].tolist() == [0, 0, 0, 0]
+            else:
+                assert labels[k].tolist() == [1 + sw.COLOURS.index(obj.colour), 1 + sw.SHAPES.index(obj.shape),
+                                              1 + sw.SIZES.index(obj.size), 1 + k]
