@@ -115,6 +115,8 @@ def test_demo_feature_list_and_feature_page_render():
     at = app_with_model(ModelSpec("zoo", "shapes-vlm"), PAGE, query={"feature": "3"})
     assert not at.exception, at.exception
     assert at.subheader[0].value.startswith("Feature 3 ·")
+    # the heatmap note names the model's own patch grid (63 px, 3x3 patches of 21 px)
+    assert any("21×21-pixel patch (the vision tower's 3×3 grid)" in c.value for c in at.caption)
 
 
 @pytest.mark.skipif(not HAS_DEMO, reason="demo model shapes-vlm and its SAE are not built")

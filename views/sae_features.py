@@ -234,8 +234,10 @@ def show_feature() -> None:
             fig = figs.image_heatmap_figure(image, e.heatmap, store.grid, f"pair {e.pair} · max {e.act:.2f}",
                                             selected=e.patch, zmax=card.max_act)
             cols[j % 3].plotly_chart(fig, key=f"sae_topimg_{j}")
+        side = handle.info.image_size // store.grid if store.grid else 0
         explain("The images where this feature fires most (on their strongest patch, outlined). Colour is the "
-                "feature's activation per 8×8-pixel patch; transparent patches are inactive.")
+                f"feature's activation per {side}×{side}-pixel patch (the vision tower's {store.grid}×{store.grid} "
+                "grid); transparent patches are inactive.")
 
     c1, c2, c3 = st.columns(3)
     with c1:
