@@ -179,8 +179,9 @@ def _sentence(colour: str, shape: str, size: str | None, position: str | None) -
     return " ".join(words) + " ."
 
 
-def caption(scene: Scene) -> str:
-    objs = sorted(scene.objects, key=lambda o: o.cell)
+def caption(scene: Scene, objects: list[Obj] | None = None) -> str:
+    """The detailed caption: one sentence per object, in reading order unless `objects` gives another."""
+    objs = sorted(scene.objects, key=lambda o: o.cell) if objects is None else objects
     return " ".join(_sentence(o.colour, o.shape, o.size, o.position) for o in objs)
 
 

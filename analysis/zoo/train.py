@@ -406,7 +406,7 @@ def shuffled_caption(scene: sw.Scene, rng: random.Random) -> str:
     order it follows from the previous sentence), which is the lookup yes/no questions need."""
     objs = list(scene.objects)
     rng.shuffle(objs)
-    return " ".join(sw._sentence(o.colour, o.shape, o.size, o.position) for o in objs)
+    return sw.caption(scene, objs)
 
 
 def yes_no_example(scene: sw.Scene, rng: random.Random, existence: float = 0.0) -> tuple[str, str]:
@@ -459,11 +459,12 @@ def patch_labels(scene: sw.Scene, image_size: int, patch: int) -> torch.Tensor:
 
 
 COMBOS = tuple((c, s) for c in sw.COLOURS for s in sw.SHAPES)
+TABLE_FIELDS = 2 + len(sw.POSITIONS)  # per pair: present, large, one-hot cell
 
 
 def scene_table(scene: sw.Scene) -> torch.Tensor:
-    """(12 * 11,) bits: per (colour, shape) pair, present / large / one-hot cell (zeros if absent)."""
-    out = torch.zeros(len(COMBOS), 11)
+    """(12 * TABLE_FIELDS,) bits: per (colour, shape) pair, present / large / one-hot cell (zeros if absent)."""
+    out = torch.zeros(len(COMBOS), TABLE_FIELDS)
     for o in scene.objects:
         k = COMBOS.index((o.colour, o.shape))
         out[k, 0] = 1.0
@@ -486,7 +487,7 @@ def pretrain_vision(model, cfg: VLMConfig, processor, progress: Progress | None 
     scene table in every patch, existence accuracy passed 0.9 within 1,000 question steps."""
     tower = model.model.vision_tower
     sizes = (1 + len(sw.COLOURS), 1 + len(sw.SHAPES), 1 + len(sw.SIZES), 10)
-    table = len(COMBOS) * 11
+    table = len(COMBOS) * TABLE_FIELDS
     heads = torch.nn.Linear(cfg.vision_hidden, sum(sizes) + table)
     params = list(tower.parameters()) + list(heads.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.vision_lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -515,8 +516,8 @@ def pretrain_vision(model, cfg: VLMConfig, processor, progress: Progress | None 
         with torch.no_grad():
             right = torch.stack([lg.argmax(-1) == labels[..., i] for i, lg in enumerate(logits)], -1).all(-1)
             acc = 0.9 * acc + 0.1 * right.float().mean().item()
-            present = (table_logits.unflatten(-1, (len(COMBOS), 11))[..., 0] > 0) == (
-                targets.unflatten(-1, (len(COMBOS), 11))[..., 0] > 0.5)
+            present = (table_logits.unflatten(-1, (len(COMBOS), TABLE_FIELDS))[..., 0] > 0) == (
+                targets.unflatten(-1, (len(COMBOS), TABLE_FIELDS))[..., 0] > 0.5)
             table_acc = 0.9 * table_acc + 0.1 * present.float().mean().item()
         if progress and (step % 25 == 0 or step == cfg.vision_steps - 1):
             progress((step + 1) / cfg.vision_steps, f"shapes-vlm vision pretraining step {step + 1}/"
@@ -551,7 +552,7 @@ class VLMPhase2:
     and size/position answers then climbed to about 0.8 within 5,000 steps. The last phase goes back
     to captions in reading order (the format `caption` and the decomposer expect)."""
 
-    steps: int = 5000
+    steps: int = 4000
     lr: float = 1e-3
     warmup: int = 50
     batch_captions: int = 8
