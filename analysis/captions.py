@@ -129,6 +129,7 @@ class CorrectionResult(Result):
     before: CaptionMetrics | None = None
     after: CaptionMetrics | None = None
     sweep: list[SweepPoint] = field(default_factory=list)
+    rewrite_note: str = ""  # set when the rewriter's own output was rejected (see ShapesLMRewriter)
 
     @property
     def kept(self) -> list[str]:
@@ -326,10 +327,27 @@ class ShapesLMRewriter:
     name: str = "shapes-lm"
     max_new_tokens: int = 120
 
+    checked: bool = True  # parse the LM's rewrite; if it states a claim that was not kept, use the grammar's
+    note: str = ""  # why the last rewrite was replaced ("" when it was kept)
+
     def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
         drop = " ; ".join(false_claims) if false_claims else "none"
         prompt = f"<s> rewrite : {shapes_text(caption)} drop : {drop} ="
-        return shapes_text(generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False))
+        text = shapes_text(generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False))
+        self.note = ""
+        if not self.checked:
+            return text
+        world = shapes_world()
+        kept = {world.normalize(c) for c in true_claims}
+        added = [c for c in world.decompose(text) if c not in kept]
+        if added:
+            # The rewriter is 90% exact on held-out captions; its misses mostly restate a dropped claim
+            # or invent one, which would put a hallucination back. The grammar rewrite adds nothing.
+            self.note = (f"The {self.name} rewrite stated {len(added)} claim(s) that were not kept "
+                         f"({'; '.join(added[:3])}{' ...' if len(added) > 3 else ''}), so the grammar "
+                         "rewrite is shown instead.")
+            return GrammarRewriter().rewrite(caption, true_claims, false_claims)
+        return text
 
 
 DECOMPOSE_INSTRUCTION = (
@@ -594,6 +612,7 @@ def apply_threshold(verification: Verification, params: CorrectionParams,
     result = CorrectionResult(
         params=params, caption=caption, corrected=corrected, claims=verdicts,
         diff=word_diff(caption, corrected), grid=verification.grid, agents=dict(verification.agents),
+        rewrite_note=getattr(rewriter, "note", "") if false_claims else "",
     )
     if verification.scene_seed is not None:
         scene = shapes_world().generate_scene(verification.scene_seed)

@@ -69,7 +69,7 @@ def evaluate_captions(vlm, lm, captioner, seeds: list[int], pi: float, progress)
         progress(f"{captioner.spec.name}: captioned {i + 1}/{len(seeds)}")
     out: dict = {"captioner": Path(captioner.spec.name).name, "agents": {}}
     for label, agents, oracle in SETUPS:
-        before, after, decomp_exact, verifications = [], [], 0, []
+        before, after, decomp_exact, verifications, replaced = [], [], 0, [], 0
         sweep = {pi_: [] for pi_ in PI_SWEEP}
         for i, (seed, caption) in enumerate(zip(seeds, captions)):
             scene = W.generate_scene(seed)
@@ -86,7 +86,9 @@ def evaluate_captions(vlm, lm, captioner, seeds: list[int], pi: float, progress)
                 continue
             verifications.append(verification)
             decomp_exact += [c.claim for c in verification.claims] == W.decompose(caption)
-            after.append(C.score_caption(scene, C.apply_threshold(verification, params, lm).corrected))
+            corrected = C.apply_threshold(verification, params, lm)
+            replaced += bool(corrected.rewrite_note)  # the LM's rewrite stated a claim not kept
+            after.append(C.score_caption(scene, corrected.corrected))
             if label == "grammar":
                 for pi_ in PI_SWEEP:
                     swept = C.CorrectionParams(**{**vars(params), "pi": pi_})
@@ -97,6 +99,7 @@ def evaluate_captions(vlm, lm, captioner, seeds: list[int], pi: float, progress)
             "before": totals(before), "after": totals(after),
             "decomposer_exact_match": decomp_exact / max(1, len(verifications)),
             "claims_flagged_at_pi": sum(c.score > pi for c in flagged) / max(1, len(flagged)),
+            "rewrites_replaced_by_grammar": replaced,
             "sweep": {str(k): totals(v) for k, v in sweep.items()} if label == "grammar" else {},
         }
     out["examples"] = [{"seed": s, "caption": c} for s, c in list(zip(seeds, captions))[:3]]
@@ -126,8 +129,8 @@ def markdown(result: dict) -> str:
     lines = [f"Shapes World {result['split']} split, {result['n']} scenes, verifier {result['verifier']}, "
              f"pi = {result['pi']}, {result['seconds']:.0f} s on {result['threads']} CPU thread(s).", "",
              "| captioner | agents | claims/caption | factuality before → after | coverage before → after "
-             "| CHAIR_i before → after | CHAIR_s before → after | decomposer = grammar |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| CHAIR_i before → after | CHAIR_s before → after | decomposer = grammar | LM rewrites replaced |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for cap in result["captioners"]:
         for agents, r in cap["agents"].items():
             b, a = r["before"], r["after"]
@@ -135,7 +138,7 @@ def markdown(result: dict) -> str:
                 f"| {cap['captioner']} | {agents} | {b['claims_per_caption']:.1f} → {a['claims_per_caption']:.1f} "
                 f"| {b['factuality']:.3f} → **{a['factuality']:.3f}** | {b['coverage']:.3f} → {a['coverage']:.3f} "
                 f"| {b['chair_i']:.3f} → {a['chair_i']:.3f} | {b['chair_s']:.3f} → {a['chair_s']:.3f} "
-                f"| {r['decomposer_exact_match']:.1%} |")
+                f"| {r['decomposer_exact_match']:.1%} | {r.get('rewrites_replaced_by_grammar', 0)} |")
     lines += ["", "POPE-style yes/no probing of the verifier (balanced: half the questions are true):", "",
               "| question kind | n | accuracy | precision | recall | F1 | yes ratio |", "|---|---|---|---|---|---|---|"]
     for kind, p in result["pope"].items():

@@ -79,6 +79,61 @@ def test_shapes_lm_decomposer_matches_grammar_reference(shapes_lm):
     assert exact >= 0.9 * len(seeds)
 
 
+def _fake_lm_rewriter(monkeypatch, output: str) -> C.ShapesLMRewriter:
+    """The demo LM's rewriter with generation replaced by a fixed answer (the LM itself is not needed)."""
+    monkeypatch.setattr(C, "generate_text", lambda lm, prompt, n, add_special_tokens=False: output)
+    return C.ShapesLMRewriter(lm=None)
+
+
+def test_shapes_lm_rewrite_that_restates_a_dropped_claim_is_replaced_by_the_grammar_rewrite(monkeypatch):
+    caption = "there is a large red circle at the top left . there is a small blue square at the center ."
+    keep = ["there is a red circle", "the red circle is large", "the red circle is at the top left"]
+    drop = ["there is a blue square", "the blue square is small", "the blue square is at the center"]
+    # The LM "forgets" to drop the square: its output puts the hallucination back.
+    rewriter = _fake_lm_rewriter(monkeypatch, caption)
+    out = rewriter.rewrite(caption, keep, drop)
+    assert out == "there is a large red circle at the top left ."
+    assert out == W.rewrite(caption, keep)
+    assert "3 claim(s)" in rewriter.note and "there is a blue square" in rewriter.note
+    # An invented object counts too, even if nothing was dropped from it.
+    rewriter = _fake_lm_rewriter(monkeypatch, "there is a large red circle at the top left . there is a green triangle .")
+    assert rewriter.rewrite(caption, keep, drop) == "there is a large red circle at the top left ."
+    assert "there is a green triangle" in rewriter.note
+
+
+def test_shapes_lm_rewrite_that_only_removes_is_kept_and_unchecked_mode_returns_it_verbatim(monkeypatch):
+    caption = "there is a large red circle at the top left . there is a small blue square at the center ."
+    keep = ["there is a red circle", "the red circle is large", "there is a blue square"]
+    drop = ["the red circle is at the top left", "the blue square is small", "the blue square is at the center"]
+    # Dropping more than asked (here the square) is a coverage loss, not a hallucination: kept as written.
+    rewriter = _fake_lm_rewriter(monkeypatch, "there is a large red circle .")
+    assert rewriter.rewrite(caption, keep, drop) == "there is a large red circle ."
+    assert rewriter.note == ""
+    rewriter = _fake_lm_rewriter(monkeypatch, caption)
+    rewriter.checked = False
+    assert rewriter.rewrite(caption, keep, drop) == caption and rewriter.note == ""
+
+
+def test_shapes_lm_rewriter_never_states_a_claim_that_was_not_kept(shapes_lm):
+    """On hallucinated captions with their false claims dropped, the (checked) demo LM rewriter's output
+    parses into kept claims only, and it keeps the LM's own text whenever that text is faithful."""
+    import random
+
+    rewriter = C.make_agent("rewriter", "shapes-lm", shapes_lm)
+    rng = random.Random(7)
+    lm_kept = 0
+    for seed in W.split_seeds("test", 16):
+        scene = W.generate_scene(seed)
+        caption = W.caption(W.hallucinate(scene, rng))
+        claims = W.caption_claims(scene, caption)
+        keep = [c.text for c in claims if c.truth]
+        drop = [c.text for c in claims if not c.truth]
+        out = rewriter.rewrite(caption, keep, drop)
+        assert set(W.decompose(out)) <= set(keep)
+        lm_kept += rewriter.note == ""
+    assert lm_kept >= 12  # the LM's rewrite is about 90% exact, so the grammar fallback is the exception
+
+
 def test_unknown_agent_name_is_a_clear_error():
     with pytest.raises(C.CaptionError, match="Unknown decomposer"):
         C.make_agent("decomposer", "nope", None)

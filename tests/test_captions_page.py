@@ -92,3 +92,22 @@ def test_moving_pi_to_zero_drops_every_claim_without_reverifying(shapes_llava_sp
     assert set(at.dataframe[0].value["verdict"]) == {"hallucinated (dropped)"}
     assert "there is nothing ." in at.markdown[-1].value or any("nothing" in m.value for m in at.markdown)
     assert at.query_params["pi"] == "0.0"
+
+
+def test_rejected_lm_rewrite_is_replaced_and_the_page_says_so(shapes_llava_spec, monkeypatch):
+    """The demo LM's rewrite is checked: one that restates dropped claims is replaced by the grammar
+    rewrite, and the page shows why (generation is faked so the LM 'forgets' to drop anything)."""
+    if "shapes-lm" not in zoo_models():
+        pytest.skip("demo model shapes-lm is not built")
+    from analysis import captions as C
+
+    scene = W.generate_scene(20000003)
+    text = W.caption(scene)
+    monkeypatch.setattr(C, "generate_text", lambda lm, prompt, n, add_special_tokens=False: text)
+    at = _pasted(shapes_llava_spec, text, rew="shapes-lm", lm="zoo:shapes-lm", pi="0", ground="0")
+    assert not at.exception and not _errors(at)
+    notes = [i.value for i in at.info]
+    assert any("rewrite stated" in n and "grammar rewrite is shown instead" in n for n in notes), notes
+    table = at.dataframe[0].value
+    kept = [c for c, v in zip(table["claim"], table["verdict"]) if v == "kept"]
+    assert len(kept) < len(table)  # something was dropped, so the rewriter ran

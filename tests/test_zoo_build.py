@@ -16,8 +16,37 @@ def smoke_zoo(model_root):
     from analysis.zoo.__main__ import main
 
     out = model_root / "zoo-smoke"
-    assert main(["build", "--smoke", "--out", str(out)]) == 0
+    assert main(["build", "--smoke", "--jobs", "2", "--out", str(out)]) == 0  # the parallel path
     return out
+
+
+def test_parallel_and_sequential_builds_write_the_same_weights(smoke_zoo, model_root):
+    """The default build trains the two models side by side in two one-thread processes; one after the
+    other in this process (--jobs 1) must give byte-identical weights."""
+    import hashlib
+
+    from analysis.zoo.__main__ import main
+
+    out = model_root / "zoo-smoke-sequential"
+    assert main(["build", "--smoke", "--jobs", "1", "--out", str(out)]) == 0
+    for name in ("shapes-lm", "shapes-vlm", "shapes-vlm-weak"):
+        digest = [hashlib.sha256((folder / name / "model.safetensors").read_bytes()).hexdigest()
+                  for folder in (smoke_zoo, out)]
+        assert digest[0] == digest[1], name
+        assert json.loads((out / name / "training.json").read_text())["steps"] > 0
+    # the smoke LM's one later phase runs on two threads (the recipe's thread switch), both builds alike
+    for folder in (smoke_zoo, out):
+        assert json.loads((folder / "shapes-lm" / "training.json").read_text())["phase2"]["threads"] == 2
+
+
+def test_parallel_build_failure_is_reported_with_the_model_name(model_root, capsys):
+    from analysis.zoo.__main__ import main
+
+    blocker = model_root / "not-a-folder"
+    blocker.write_text("a file where the output folder should be")
+    assert main(["build", "--smoke", "--jobs", "2", "--out", str(blocker)]) == 1
+    err = capsys.readouterr().err
+    assert "zoo build failed for shapes-lm" in err and "shapes-vlm" in err
 
 
 def test_smoke_build_writes_loadable_language_model(smoke_zoo):

@@ -163,6 +163,8 @@ st.markdown(F.diff_html(result.diff), unsafe_allow_html=True)
 dropped = len(result.dropped)
 st.caption(f"{dropped} of {len(result.claims)} claims dropped · agents: "
            + ", ".join(f"{k} = {v}" for k, v in result.agents.items()))
+if result.rewrite_note:
+    st.info(result.rewrite_note)
 explain("The caption you checked, with the words the rewriter removed struck through in red and any "
         "words it added in green. A faithful rewrite only removes.")
 

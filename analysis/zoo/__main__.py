@@ -1,10 +1,13 @@
 """`python -m analysis.zoo build|eval`: retrain the demo zoo from scratch, measure it, write cards.
 
-    python -m analysis.zoo build [--smoke] [--only shapes-lm|shapes-vlm] [--out DIR]
+    python -m analysis.zoo build [--smoke] [--only shapes-lm|shapes-vlm] [--out DIR] [--jobs N]
     python -m analysis.zoo eval  [--only NAME] [--out DIR] [--quick]
 
-`build` trains shapes-lm, then shapes-vlm (saving shapes-vlm-weak on the way), printing progress;
-`--smoke` is a seconds-long run with tiny configs that still writes loadable HF folders.
+`build` trains shapes-lm and shapes-vlm (saving shapes-vlm-weak on the way), printing progress.
+Thread counts are fixed by the recipe, not the machine, so the weights do not depend on the core
+count: shapes-vlm trains on one thread, shapes-lm on one thread for its first four phases and two
+after. With two or more cores (`--jobs 2`, the default there) the two models train side by side in
+two processes; shapes-vlm is done about when shapes-lm moves to two threads. `--smoke` is a seconds-long run with tiny configs that still writes loadable HF folders.
 `eval` measures held-out metrics and writes `card.json` + `card.md` next to each model's weights.
 """
 from __future__ import annotations
@@ -12,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,11 +30,12 @@ def _printer(fraction: float, message: str) -> None:
 
 
 def build(out: Path, only: str | None = None, smoke: bool = False, quiet: bool = False) -> dict:
+    """Train the named model (or both, one after the other) in this process."""
     import torch
 
     from analysis.zoo import train
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(1)  # thread counts are part of the recipe (they change float sums): see train
     progress = None if quiet else _printer
     log: dict = {}
     if only in (None, "shapes-lm"):
@@ -48,6 +54,46 @@ def build(out: Path, only: str | None = None, smoke: bool = False, quiet: bool =
     return log
 
 
+def build_parallel(out: Path, smoke: bool = False, quiet: bool = False) -> dict:
+    """Train shapes-lm and shapes-vlm at the same time, each in its own process.
+
+    The weights are the same as a sequential build's: each model has its own seeds and data stream.
+    Progress lines of both are passed through as they come (each names its model). Raises
+    RuntimeError naming the model(s) whose process failed."""
+    out = out.resolve()
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    lock = threading.Lock()
+    procs, tails, pumps = {}, {}, []
+
+    def pump(name: str) -> None:
+        for line in procs[name].stdout:
+            tails[name] = (tails[name] + [line])[-20:]
+            if not quiet:
+                with lock:
+                    print(line, end="", flush=True)
+
+    for name in BUILDABLE:
+        cmd = [sys.executable, "-m", "analysis.zoo", "build", "--only", name, "--out", str(out), "--jobs", "1"]
+        if smoke:
+            cmd.append("--smoke")
+        procs[name] = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True, bufsize=1)
+        tails[name] = []
+        pumps.append(threading.Thread(target=pump, args=(name,), daemon=True))
+        pumps[-1].start()
+    failed = []
+    for name, thread in zip(BUILDABLE, pumps):
+        code = procs[name].wait()
+        thread.join()
+        if code != 0:
+            failed.append(f"{name} (exit {code}):\n" + "".join(tails[name]))
+    if failed:
+        raise RuntimeError("zoo build failed for " + "\n".join(failed))
+    return {name: json.loads((out / name / "training.json").read_text()) for name in BUILDABLE}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.zoo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--smoke", action="store_true", help="tiny configs, seconds")
     b.add_argument("--only", choices=BUILDABLE)
     b.add_argument("--out", type=Path, default=MODELS_DIR)
+    b.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="2: train the two models side by side (default with 2+ cores); 1: one after the other")
     e = sub.add_parser("eval", help="measure held-out metrics, write model cards")
     e.add_argument("--only", choices=("shapes-lm", "shapes-vlm", "shapes-vlm-weak"))
     e.add_argument("--out", type=Path, default=MODELS_DIR)
@@ -63,7 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.time()
     if args.command == "build":
-        build(args.out, args.only, args.smoke)
+        if args.only is None and args.jobs >= 2:
+            try:
+                build_parallel(args.out, args.smoke)
+            except RuntimeError as err:
+                print(err, file=sys.stderr)
+                return 1
+        else:
+            build(args.out, args.only, args.smoke)
         print(f"built into {args.out} in {time.time() - start:.0f}s")
         return 0
     from analysis.models import allowed_roots
