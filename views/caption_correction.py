@@ -129,7 +129,8 @@ with right:
                              help="Integrated Gradients costs about 8 forward/backward passes per claim; "
                                   "off by default for models above 50 M parameters.")
         st.caption("auto: the demo LM for Shapes World, an instruct model's chat prompts otherwise, "
-                   "the grammar reference as a last resort. Verifier: the loaded VLM.")
+                   "the grammar reference as a last resort. The demo LM's rewrite is parsed and replaced "
+                   "by the grammar's if it states a claim that was not kept. Verifier: the loaded VLM.")
 
 set_url_params(src=source, cap=cap_source, lm=lm_choice, dec=decomposer, rew=rewriter, pi=pi,
                ground=int(ground), **({"seed": seed} if seed is not None else {}),
