@@ -7,7 +7,8 @@
 Thread counts are fixed by the recipe, not the machine, so the weights do not depend on the core
 count: shapes-vlm trains on one thread, shapes-lm on one thread for its first four phases and two
 after. With two or more cores (`--jobs 2`, the default there) the two models train side by side in
-two processes; shapes-vlm is done about when shapes-lm moves to two threads. `--smoke` is a seconds-long run with tiny configs that still writes loadable HF folders.
+two processes; shapes-vlm is done about when shapes-lm moves to two threads. `--smoke` is a
+seconds-long run with tiny configs that still writes loadable HF folders.
 `eval` measures held-out metrics and writes `card.json` + `card.md` next to each model's weights.
 """
 from __future__ import annotations
@@ -62,7 +63,8 @@ def build_parallel(out: Path, smoke: bool = False, quiet: bool = False) -> dict:
     RuntimeError naming the model(s) whose process failed."""
     out = out.resolve()
     root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+    # each child sets its own thread counts (see build)
+    env = dict(os.environ,
                PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     lock = threading.Lock()
     procs, tails, pumps = {}, {}, []
