@@ -317,7 +317,7 @@ def train_lm(cfg: LMConfig, out: Path, progress: Progress | None = None,
         threads = torch.get_num_threads()
         label = f"phase {i}" + (f" ({threads} threads)" if threads > 1 else "")
         log[f"phase{i}"] = continue_lm(model, tok, cfg, phase, progress, label=label)
-        log[f"phase{i}"]["threads"] = torch.get_num_threads()
+        log[f"phase{i}"]["threads"] = threads
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
