@@ -36,10 +36,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         raise
     from analysis.models import ModelLoadError
+    from analysis.registry import SettingsError
 
     try:
         return int(module.cli(argv[1:]) or 0)
-    except ModelLoadError as exc:
+    except (ModelLoadError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
