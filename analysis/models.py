@@ -7,6 +7,8 @@ before any weight is read. Every failure is a `ModelLoadError` whose message is 
 Analyses that change a shared model (hooks, attention functions, cache surgery) do it inside
 `handle.patch()`, which holds the model's lock and undoes every change in `finally`. Plain forwards
 use `handle.session()` (the same lock, no patches) so they never observe another session's patch.
+The lock (`analysis/model_lock.py`) is served in arrival order and names its holder, so analyses
+take it per chunk (a forward, a decode loop) and a waiting user sees what it is queued behind.
 """
 from __future__ import annotations
 
@@ -15,13 +17,13 @@ import dataclasses
 import json
 import os
 import re
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
 import torch
 
+from analysis.model_lock import ModelLock
 from analysis.results import Result
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo" / "models"
@@ -109,7 +111,7 @@ class ModelHandle:
     tokenizer: Any
     processor: Any = None
     path: str = ""
-    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    lock: ModelLock = field(default_factory=ModelLock, repr=False)  # reentrant, first come first served
 
     @property
     def device(self) -> torch.device:
