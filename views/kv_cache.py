@@ -131,23 +131,37 @@ explain("Measured size of the key/value tensors (lines) and the analytic 2 · la
         "the first decode step and then stay flat at the budget; SnapKV cuts once at prefill and then grows by "
         "one entry per step; the full cache grows from the whole context.")
 
-st.subheader("Budget sweep")
 examples = url_param("examples", 2, int, lo=1, hi=64)
 sweep_params = kv.KvParams.from_dict({**params.to_dict(), "policy": "full", "budget": 1, "examples": examples})
-with analysis_errors(kv.KvEvictionError):
-    sweep = cached_run("sweep", kv.budget_sweep, handle, sweep_params, label="Sweeping budgets ...")
-metrics = {"accuracy": "key-value accuracy", "mean_kl": "mean KL", "recall": "attention recall",
-           "agreement": "top-1 agreement", "cache": "cache held"}
-metric = st.radio("Metric", list(metrics), horizontal=True, key="kv_metric", format_func=metrics.get,
-                  index=list(metrics).index(url_param("metric", "accuracy", choices=list(metrics))))
-set_url_params(metric=metric)
-st.plotly_chart(F.sweep_figure(sweep, metric), key="kv_sweep")
-explain(f"Each policy at budgets of 25 %, 50 % and 75 % of the context (window, sinks and kernel as set above), "
-        f"averaged over {examples} key-value prompts (seeds {params.seed} to {params.seed + examples - 1}; "
-        "`examples` in the URL). The dashed line is the full cache's accuracy. 'Cache held' shows what each "
-        "policy really kept at the end: SnapKV and PyramidKV only compress the prefill and then grow, so at "
-        "the same budget they hold more. With few prompts the accuracy steps are coarse; the README table "
-        "averages more.")
+
+
+@st.fragment
+def budget_sweep_section() -> kv.SweepResult | None:
+    """Computed on demand (a Run button) unless this server already has it; reruns alone."""
+    st.subheader("Budget sweep")
+    with analysis_errors(kv.KvEvictionError):
+        sweep = cached_run("sweep", kv.budget_sweep, handle, sweep_params, label="Sweeping budgets ...",
+                           on_demand=True)
+    if sweep is None:
+        st.caption(f"Every policy at 25 %, 50 % and 75 % of the context on {examples} key-value prompts "
+                   "(`examples` in the URL): runs when you press the button.")
+        return None
+    metrics = {"accuracy": "key-value accuracy", "mean_kl": "mean KL", "recall": "attention recall",
+               "agreement": "top-1 agreement", "cache": "cache held"}
+    metric = st.radio("Metric", list(metrics), horizontal=True, key="kv_metric", format_func=metrics.get,
+                      index=list(metrics).index(url_param("metric", "accuracy", choices=list(metrics))))
+    set_url_params(metric=metric)
+    st.plotly_chart(F.sweep_figure(sweep, metric), key="kv_sweep")
+    explain(f"Each policy at budgets of 25 %, 50 % and 75 % of the context (window, sinks and kernel as set above), "
+            f"averaged over {examples} key-value prompts (seeds {params.seed} to {params.seed + examples - 1}; "
+            "`examples` in the URL). The dashed line is the full cache's accuracy. 'Cache held' shows what each "
+            "policy really kept at the end: SnapKV and PyramidKV only compress the prefill and then grow, so at "
+            "the same budget they hold more. With few prompts the accuracy steps are coarse; the README table "
+            "averages more.")
+    return sweep
+
+
+sweep = budget_sweep_section()
 
 st.subheader("Generated text per policy")
 st.dataframe(F.text_rows(result), hide_index=True)
@@ -156,5 +170,6 @@ explain(f"Greedy continuation of the context ({params.new_tokens} tokens) under 
 
 share_bar("kv", title=f"KV eviction: {F.POLICY_LABELS[policy]} at budget {params.budget} on {handle.spec.label}",
           params=params.to_dict(), result=result, model=handle.spec.label,
-          figures={"Retained tokens": heatmap, "Memory": F.memory_figure(result), "Budget sweep": F.sweep_figure(sweep)},
+          figures={"Retained tokens": heatmap, "Memory": F.memory_figure(result),
+                   **({"Budget sweep": F.sweep_figure(sweep)} if sweep is not None else {})},
           tables={"policies": F.summary_rows(result)})
