@@ -23,7 +23,7 @@ MODULES = [
     "captum.attr", "sae_lens", "sae_lens.config", "sae_lens.saes.sae",
     "analysis.registry", "analysis.results", "analysis.models", "analysis.export", "analysis.store",
     "analysis.sharpness", "analysis.kv_eviction", "analysis.inversion", "analysis.captions", "analysis.sae_v",
-    "analysis.zoo.shapes_world",
+    "analysis.anatomy", "analysis.zoo.shapes_world", "analysis.zoo.concepts",
     "components.common", "components.runs", "components.share", "components.images",
     "components.sharpness_figures", "components.kv_figures", "components.inversion_figures",
     "components.caption_figures", "components.sae_figures",
