@@ -115,6 +115,22 @@ class ModelLock:
                 self._owner, self._label = None, None
                 self._cond.notify_all()
 
+    def release_all(self) -> int:
+        """Release every level this thread holds (a checkpoint between chunks); returns the depth."""
+        with self._cond:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("cannot release a model lock this thread does not hold")
+            depth, self._depth = self._depth, 0
+            self._owner, self._label = None, None
+            self._cond.notify_all()
+            return depth
+
+    def acquire_again(self, depth: int) -> None:
+        """Take the lock back (in queue order) at the depth `release_all` returned."""
+        self.acquire()
+        with self._cond:
+            self._depth = depth
+
     def __enter__(self) -> "ModelLock":
         self.acquire()
         return self
@@ -125,6 +141,9 @@ class ModelLock:
     def status(self) -> LockStatus:
         with self._cond:
             return self._status(None)
+
+    def has_waiters(self) -> bool:
+        return bool(self._queue)  # a racy read is fine: a checkpoint just looks again at the next chunk
 
     def held_by_me(self) -> bool:
         return self._owner == threading.get_ident()

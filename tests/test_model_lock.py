@@ -142,3 +142,39 @@ def test_handle_uses_the_fair_lock(tiny_llama):
     assert isinstance(tiny_llama.lock, ModelLock)
     with tiny_llama.session():
         assert tiny_llama.lock.held_by_me()
+
+
+def test_checkpoint_hands_the_model_to_a_waiter_unpatched_then_repatches(tiny_llama):
+    """A long analysis' checkpoint: the waiter runs on the plain model, then the analysis' hook is back."""
+    import torch
+
+    lm = tiny_llama.language_model
+    ids = torch.tensor([[1, 2, 3]])
+    calls: list[str] = []
+    waiter_saw_hooks: list[int] = []
+    waiter_done = threading.Event()
+
+    def hook(module, args, output):
+        calls.append("hooked")
+
+    def waiter():
+        with activity("a quick forward"), tiny_llama.session():
+            before = len(calls)
+            lm(input_ids=ids)
+            waiter_saw_hooks.append(len(calls) - before)
+        waiter_done.set()
+
+    with activity("long analysis"), tiny_llama.patch() as patch:
+        patch.hook(lm, hook)
+        assert patch.checkpoint() is False  # nobody waits: nothing happens
+        t = threading.Thread(target=waiter)
+        t.start()
+        _wait_until(lambda: tiny_llama.lock.status().waiting == ["a quick forward"])
+        assert patch.checkpoint() is True
+        assert waiter_done.is_set() and waiter_saw_hooks == [0]
+        assert tiny_llama.lock.held_by_me()
+        lm(input_ids=ids)
+        assert calls == ["hooked"]  # the analysis' hook is back for its next chunk
+    t.join(5)
+    lm(input_ids=ids)
+    assert calls == ["hooked"]  # and gone after the patch
