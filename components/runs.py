@@ -86,6 +86,7 @@ _SINKS: list[Callable[..., None]] = []
 # Runs estimated longer than this wait for the user's click. MODEL_INSPECTOR_ASK_ABOVE_S changes it
 # ("inf": run everything at once, as the warm command and the page tests do).
 ASK_ABOVE_S = float(os.environ.get("MODEL_INSPECTOR_ASK_ABOVE_S", cost.LIMIT_S))
+RUN_ON_DEMAND = False  # True: on-demand sections run without their button (the warm command's --extras)
 
 
 def add_source(fn: Callable[[RunKey, Any, Any], Any]) -> None:
@@ -149,7 +150,7 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
     Before computing, the run is estimated (`analysis/cost.py`). Work expected to take longer than
     `ASK_ABOVE_S` is not started on page load: the page shows the estimate and a Run button, and
     stops there (`on_demand=False`) or returns None (`on_demand=True`: a section that only runs when
-    asked, e.g. a sweep; it always shows the button first). A started run shows a progress bar
+    asked, e.g. a sweep; it shows its button first unless the result is ready). A started run shows a progress bar
     with the time left, a Stop button when long, and, while another user holds the model, a
     "queued behind ..." line.
     """
@@ -194,7 +195,9 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
 
 def _asked(key: RunKey, handle, label: str, estimate, on_demand: bool) -> bool:
     """Show the estimate and a Run button; True in the rerun where the user pressed it."""
-    if ASK_ABOVE_S == math.inf:  # warming the precomputed store: run everything
+    if on_demand and RUN_ON_DEMAND:
+        return True
+    if not on_demand and ASK_ABOVE_S == math.inf:
         return True
     when = f"about {cost.format_seconds(estimate.seconds)}" if estimate is not None else "a while"
     if on_demand and (estimate is None or estimate.seconds <= ASK_ABOVE_S):

@@ -2,8 +2,8 @@
 
 The pages themselves decide what they compute, so the surest way to precompute exactly what a new
 user's first view asks for is to open that view: each panel's default view (and each preset's link)
-runs once in Streamlit's AppTest with the precomputed store switched off, the cost gate open and
-on-demand sections run; every analysis it computes is written to `analysis/precomputed/` with the
+runs once in Streamlit's AppTest with the precomputed store switched off and the cost gate open
+(on-demand sections such as sweeps too, with --extras); every analysis it computes is written to `analysis/precomputed/` with the
 model's weight fingerprint (`analysis/precompute.py`). It lives here, beside the pages it drives,
 because it needs Streamlit; `analysis/` stays free of it.
 
@@ -56,7 +56,7 @@ def _presets(panel) -> list[tuple[str, dict]]:
     return out
 
 
-def warm(panels: list[str] | None = None, presets: bool = True, prune: bool = False,
+def warm(panels: list[str] | None = None, presets: bool = True, prune: bool = False, extras: bool = False,
          timeout: float = 3600, log=print) -> list[Path]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["MODEL_INSPECTOR_PRECOMPUTED"] = "0"  # compute afresh, so every result is recorded
@@ -81,6 +81,7 @@ def warm(panels: list[str] | None = None, presets: bool = True, prune: bool = Fa
 
     runs.add_sink(record)
     runs.ASK_ABOVE_S = math.inf
+    runs.RUN_ON_DEMAND = extras
     failures = []
     for name, page, model, query in targets(panels, presets):
         log(f"{name}: {model} {query or ''}")
@@ -112,6 +113,8 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--panels", default="", help="comma-separated url paths (default: every panel)")
     parser.add_argument("--no-presets", action="store_true", help="default views only")
     parser.add_argument("--prune", action="store_true", help="delete stored results no view asked for")
+    parser.add_argument("--extras", action="store_true",
+                        help="also run on-demand sections (sweeps) with their default settings")
     parser.add_argument("--list", action="store_true", help="print the views that would be opened")
     args = parser.parse_args(argv)
     panels = [p for p in args.panels.split(",") if p] or None
@@ -119,5 +122,5 @@ def cli(argv: list[str]) -> int:
         for name, page, model, query in targets(panels, not args.no_presets):
             print(f"{name:45s} {model:16s} {query}")
         return 0
-    warm(panels, presets=not args.no_presets, prune=args.prune)
+    warm(panels, presets=not args.no_presets, prune=args.prune, extras=args.extras)
     return 0
