@@ -79,6 +79,14 @@ class Estimate:
         return f"about {format_seconds(self.seconds)}"
 
 
+LARGE_MODEL = 1e8  # parameters above which pages start from smaller default settings
+
+
+def default_for(handle: ModelHandle, small_model: Any, large_model: Any) -> Any:
+    """A page's default setting: `large_model` (smaller work) for models above LARGE_MODEL parameters."""
+    return large_model if handle.info.parameters > LARGE_MODEL else small_model
+
+
 def format_seconds(s: float) -> str:
     if s < 1:
         return "under a second"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis import kv_eviction as kv
+from analysis.cost import default_for
 from components import kv_figures as F
 from components.common import analysis_errors, explain, require_model, set_url_params, url_param
 from components.runs import cached_run
@@ -45,7 +46,9 @@ with st.container(border=True):
     fusions = ["max", "sum"]
     fusion = c6.selectbox("MorphKV fusion", fusions, index=fusions.index(url_param("fusion", "max", choices=fusions)),
                           key="kv_fusion")
-    context = c7.number_input("Context (tokens)", 16, 4096, url_param("context", defaults.context, int, lo=16, hi=4096), step=32,
+    context = c7.number_input("Context (tokens)", 16, 4096,
+                              url_param("context", default_for(handle, defaults.context, 64), int, lo=16, hi=4096),
+                              step=32,
                               key="kv_context", help="Length of the key-value context.")
     prefill = c8.slider("Prefilled share", 0.05, 1.0, url_param("prefill", defaults.prefill, float, lo=0.05, hi=1.0), step=0.05,
                         key="kv_prefill", help="Share of the context read in one forward pass; the rest is read "
