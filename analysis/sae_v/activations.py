@@ -8,7 +8,7 @@ import torch
 
 from analysis.models import ModelHandle
 from analysis.sae_v.datasets import DATASETS, Dataset
-from analysis.sae_v.types import IMAGE, TEXT, Activations, PairSet, Progress, _noop
+from analysis.sae_v.types import IMAGE, TEXT, Activations, PairSet, Progress, _noop, check_layer
 
 
 class _StopForward(Exception):
@@ -28,8 +28,7 @@ def collect_activations(handle: ModelHandle, pairs: PairSet, layer: int, batch_s
     """
     progress = progress or _noop
     layers = decoder_layers(handle)
-    if not 0 <= layer < len(layers):
-        raise ValueError(f"Layer {layer} is out of range: {handle.spec.label} has {len(layers)} decoder layers.")
+    check_layer(layer, len(layers), handle.spec.label)
     is_vlm = handle.kind == "vlm"
     tok = handle.tokenizer
     img_id = handle.model.config.image_token_id if is_vlm else None

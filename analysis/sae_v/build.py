@@ -60,6 +60,7 @@ def build(handle: ModelHandle, params: BuildParams, folder: str | Path | None = 
     import time
 
     progress = progress or _noop
+    params.validate(handle.info.layers)
     dataset = params.dataset or default_dataset(handle)
     folder = Path(folder) if folder is not None else build_folder(handle, params)
     train_set = make_pairs(handle, dataset, params.train_pairs, params.seed * 2 + 1, corrupted=0.0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 from analysis.models import ModelHandle
+from analysis.registry import SettingsError
 from analysis.sae_v.types import Pair, PairSet
 
 
@@ -135,7 +136,7 @@ def default_dataset(handle: ModelHandle) -> str:
 
 def make_pairs(handle: ModelHandle, dataset: str, n: int, seed: int, corrupted: float = 0.0) -> PairSet:
     if dataset not in DATASETS:
-        raise ValueError(f"Unknown dataset '{dataset}' (available: {', '.join(DATASETS)}).")
+        raise SettingsError(f"Unknown dataset '{dataset}' (available: {', '.join(DATASETS)}).")
     return DATASETS[dataset].pairs(handle, n, seed, corrupted)
 
 
