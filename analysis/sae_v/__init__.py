@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from analysis.sae_v.activations import collect_activations, decoder_layers, modality_scales, scaled
 from analysis.sae_v.build import (
-    available_saes, build, build_folder, demo_folder, is_stale, model_fingerprint,
+    available_saes, build, build_folder, demo_folder, is_stale, model_fingerprint, rebuild_store,
 )
 from analysis.sae_v.cli import cli
 from analysis.sae_v.datasets import (
@@ -46,7 +46,7 @@ from analysis.sae_v.types import (
 
 __all__ = [
     "collect_activations", "decoder_layers", "modality_scales", "scaled",
-    "available_saes", "build", "build_folder", "demo_folder", "is_stale", "model_fingerprint", "cli",
+    "available_saes", "build", "build_folder", "demo_folder", "is_stale", "model_fingerprint", "rebuild_store", "cli",
     "DATASETS", "Dataset", "NoiseDataset", "ShapesDataset", "default_dataset", "image_token", "make_pairs",
     "register_dataset", "explain_input",
     "SettingsError", "SCORE_RULES", "AllSharedRule", "OfficialRule", "ScoreRule", "cross_modal_weights", "keep_top",

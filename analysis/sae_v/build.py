@@ -92,3 +92,25 @@ def build(handle: ModelHandle, params: BuildParams, folder: str | Path | None = 
     return folder
 
 
+def rebuild_store(handle: ModelHandle, folder: str | Path, score_rule: str | None = None,
+                  progress: Progress | None = None) -> Path:
+    """Recompute the feature store of a saved SAE (same weights, same evaluation pairs), e.g. under
+    another score rule or after the store's definitions changed."""
+    from analysis.sae_v.training import load_sae
+
+    progress = progress or _noop
+    folder = Path(folder)
+    sae, meta = load_sae(folder)
+    params_file = folder / "build_params.json"
+    params = BuildParams.from_json(params_file.read_text()) if params_file.is_file() else BuildParams(layer=meta.layer)
+    if score_rule is not None:
+        params.store.score_rule = score_rule
+    dataset = params.dataset or meta.dataset or default_dataset(handle)
+    eval_set = make_pairs(handle, dataset, params.eval_pairs, params.seed * 2 + 2, corrupted=params.corrupted)
+    eval_acts = collect_activations(handle, eval_set, meta.layer, progress=lambda f, m: progress(0.3 * f, m))
+    store = build_feature_store(handle, sae, meta, eval_acts, eval_set, params.store,
+                                progress=lambda f, m: progress(0.3 + 0.7 * f, m))
+    save_store(store, folder)
+    params_file.write_text(params.to_json(indent=1))
+    return folder
+

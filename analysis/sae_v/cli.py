@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.registry import SettingsError, check_range
-from analysis.sae_v.build import build, demo_folder
+from analysis.sae_v.build import build, demo_folder, rebuild_store
 from analysis.sae_v.scores import SCORE_RULES, keep_top, rank_dataset, score_rule
 from analysis.sae_v.store import load_store
 from analysis.sae_v.training import load_sae
@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rule", default=None,
                         help=f"score rule for omega and s_i: {' | '.join(SCORE_RULES.names())} "
                              "(default: official; with a stored SAE, --rank recomputes omega under this rule)")
+    parser.add_argument("--rebuild-store", action="store_true",
+                        help="recompute the feature store of the chosen SAE (same weights and pairs; with --rule)")
     parser.add_argument("--feature", type=int, default=None, help="print this feature's card")
     parser.add_argument("--rank", action="store_true", help="also rank the evaluation pairs by s_i")
     parser.add_argument("--keep", type=float, default=0.5,
@@ -74,6 +76,8 @@ def cli(argv: list[str]) -> int:
             params = BuildParams(layer=layer, dataset=args.dataset, train_pairs=args.train_pairs,
                                  eval_pairs=args.eval_pairs, seed=args.seed, train=train, store=store_params)
             folder = build(handle, params, args.out)
+    if args.rebuild_store:
+        rebuild_store(handle, folder, rule.name if rule else None)
     store = load_store(folder)
     if args.feature is not None:
         if args.feature >= len(store.features):
