@@ -540,7 +540,9 @@ def test_cli_trains_and_prints_json(tiny_llava_dir, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["meta"]["layer"] == 1 and out["summary"]["features"] == 16
     assert len(out["meta"]["model_fingerprint"]) == 16
-    assert set(out["ranking"]) == {"roc_auc", "roc_auc_weighted", "precision", "recall"}
+    assert {"roc_auc", "roc_auc_weighted", "precision", "recall"} <= set(out["ranking"])
+    assert out["ranking"]["rule"] == "official" and out["summary"]["score_rule"] == "official"
+    assert set(out["ranking"]["keep"]) >= {"precision", "recall", "kept", "removed"}
 
 
 # ---------------------------------------------------------------------------------------------
