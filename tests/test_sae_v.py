@@ -380,7 +380,7 @@ def test_modality_scales_equalise_mean_norms(tiny_llava, llava_pairs):
 
 
 def test_layer_out_of_range_is_a_clear_error(tiny_llava, llava_pairs):
-    with pytest.raises(sae_v.SettingsError, match="layer must be between 0 and"):
+    with pytest.raises(ValueError, match="out of range"):
         sae_v.collect_activations(tiny_llava, llava_pairs, layer=7)
 
 

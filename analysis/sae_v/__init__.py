@@ -19,7 +19,8 @@ Pipeline, one module per step:
 """
 from __future__ import annotations
 
-from analysis.sae_v.activations import collect_activations, decoder_layers, modality_scales, scaled
+from analysis.anatomy import decoder_layers
+from analysis.sae_v.activations import collect_activations, modality_scales, scaled
 from analysis.sae_v.build import (
     available_saes, build, build_folder, demo_folder, is_stale, model_fingerprint, rebuild_store,
 )

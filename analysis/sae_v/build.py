@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from analysis import anatomy
 from analysis.models import ModelHandle
 from analysis.sae_v import types as T
 from analysis.sae_v.activations import collect_activations, modality_scales, scaled
@@ -60,7 +61,8 @@ def build(handle: ModelHandle, params: BuildParams, folder: str | Path | None = 
     import time
 
     progress = progress or _noop
-    params.validate(handle.info.layers)
+    params.validate()
+    anatomy.check_layer(handle.model, params.layer)
     dataset = params.dataset or default_dataset(handle)
     folder = Path(folder) if folder is not None else build_folder(handle, params)
     train_set = make_pairs(handle, dataset, params.train_pairs, params.seed * 2 + 1, corrupted=0.0)

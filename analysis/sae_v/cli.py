@@ -6,13 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from analysis import anatomy
 from analysis.registry import SettingsError, check_range
 from analysis.sae_v.build import build, demo_folder, rebuild_store
 from analysis.sae_v.scores import SCORE_RULES, keep_top, rank_dataset, score_rule
 from analysis.sae_v.store import load_store
 from analysis.sae_v.training import load_sae
 from analysis.sae_v.types import (
-    ARCHITECTURES, STORE_FILE, BuildParams, FeatureCard, StoreParams, TrainParams, check_layer,
+    ARCHITECTURES, STORE_FILE, BuildParams, FeatureCard, StoreParams, TrainParams,
 )
 
 
@@ -64,7 +65,7 @@ def cli(argv: list[str]) -> int:
         check_range("--feature", args.feature, low=0, integer=True)
     handle = load_model(ModelSpec.parse(args.model))
     layer = args.layer if args.layer is not None else handle.info.layers // 2
-    check_layer(layer, handle.info.layers, handle.spec.label)
+    anatomy.check_layer(handle.model, layer)
     if args.sae:
         folder = Path(args.sae)
         if not (folder / STORE_FILE).is_file():

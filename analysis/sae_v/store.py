@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from analysis import anatomy
 from analysis.models import ModelHandle
 from analysis.sae_v.datasets import DATASETS
 from analysis.sae_v.activations import scaled
@@ -49,13 +50,11 @@ def concept_in_both(text_rows: list[int], image_rows: list[int], concepts: list[
 
 def _logit_lens(handle: ModelHandle, sae, top: int) -> list[list[Scored]]:
     """Tokens each decoder direction promotes most, read through the final norm's scale and lm_head."""
-    lm = handle.language_model
     w_dec = sae.W_dec.detach().float()  # (F, d)
-    norm = getattr(lm.model, "norm", None)
-    scale = getattr(norm, "weight", None)
     with handle.session():
-        direction = w_dec * scale.detach().float().cpu() if scale is not None else w_dec
-        logits = direction @ lm.lm_head.weight.detach().float().cpu().T  # (F, V)
+        scale = anatomy.final_norm_scale(handle.model)
+        direction = w_dec * scale.cpu() if scale is not None else w_dec
+        logits = direction @ anatomy.unembedding(handle.model).weight.detach().float().cpu().T  # (F, V)
     values, ids = logits.topk(min(top, logits.shape[1]), dim=1)
     tok = handle.tokenizer
     return [[Scored(tok.convert_ids_to_tokens(int(i)), round(float(v), 4)) for v, i in zip(vs, is_)]

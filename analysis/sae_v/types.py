@@ -295,21 +295,12 @@ class BuildParams(Result):
     train: TrainParams = field(default_factory=TrainParams)
     store: StoreParams = field(default_factory=StoreParams)
 
-    def validate(self, layers: int | None = None) -> None:
-        """Raise SettingsError when a setting is out of range (`layers`: the model's decoder layers)."""
-        check_layer(self.layer, layers)
+    def validate(self) -> None:
+        """Raise SettingsError when a setting is out of range (the layer against the model: anatomy)."""
+        check_range("layer", self.layer, low=0, integer=True)
         check_range("training pairs", self.train_pairs, low=2, high=1_000_000, integer=True)
         check_range("evaluation pairs", self.eval_pairs, low=2, high=1_000_000, integer=True)
         check_range("corrupted share", self.corrupted, low=0.0, high=1.0)
         check_range("seed", self.seed, low=0, integer=True)
         self.train.validate()
-
-
-def check_layer(layer, layers: int | None, model: str = "") -> None:
-    """Raise SettingsError unless 0 <= layer < layers."""
-    check_range("layer", layer, low=0, integer=True)
-    if layers is not None and layer >= layers:
-        owner = f"{model} has" if model else "the model has"
-        raise SettingsError(f"layer must be between 0 and {layers - 1} ({owner} {layers} decoder layers), "
-                            f"got {layer}.")
 
