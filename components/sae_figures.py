@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import io
+from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
@@ -235,6 +236,7 @@ def keep_curve_figure(ranking: Ranking, keep: float | None = None, steps: int = 
 # ---------------------------------------------------------------------------------------------
 # The data-filtering experiment (benchmarks/sae_v_filtering.py writes its JSON)
 
+FILTERING_RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "sae_v_filtering.json"
 FILTERING_LABELS = {
     "whole_pool": "whole pool",
     "top_half_by_s_i": "top share by s_i (SAE-V)",
@@ -247,7 +249,6 @@ FILTERING_METRICS = {"yes_no": "yes/no accuracy", "factuality": "caption factual
 def filtering_results(path) -> tuple[dict | None, str | None]:
     """(results, None) from the experiment's JSON, or (None, why not) when it is absent or unreadable."""
     import json
-    from pathlib import Path
 
     path = Path(path)
     if not path.is_file():
@@ -364,6 +365,17 @@ def read_image_upload(data: bytes, name: str = "upload"):
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
         return None, f"'{name}' is not an image that can be read (use PNG, JPEG, GIF, BMP or WebP)."
     return image, None
+
+
+def shared_features(explanation: InputExplanation, store: FeatureStore,
+                    active_above: float) -> tuple[list[int], list[int]]:
+    """(features active on a text token and an image patch of the input, strongest ω first; those of
+    them that count towards s_i: they have an ω and fire above `active_above` on both sides)."""
+    shared = sorted(set(explanation.text_max) & set(explanation.image_max), key=lambda f: -store.features[f].omega)
+    counted = [f for f in shared if (store.features[f].has_omega if store.features[f].has_omega is not None
+                                     else store.features[f].omega != 0)
+               and explanation.text_max[f] > active_above and explanation.image_max[f] > active_above]
+    return shared, counted
 
 
 def explanation_patch_heatmap(explanation: InputExplanation, feature: int) -> list[float]:

@@ -16,7 +16,7 @@ from analysis.sae_v import IMAGE, TEXT
 # docs/readme_sae.md), in plain float64 Python loops. They never call analysis.sae_v.
 
 
-def official_omega_reference(acts, codes, modality, top_k=30, text_image_top_k=5, per_token=50):
+def official_omega_reference(acts, codes, modality, top_k=30, text_image_top_k=5, per_token=50, drop_zeros=False):
     """scripts/cosimilarity.py, process_activations_and_save, step by step.
 
     1. every token lists its `per_token` strongest features (activation_visualization.cal_top_cosimilarity:
@@ -24,16 +24,22 @@ def official_omega_reference(acts, codes, modality, top_k=30, text_image_top_k=5
        lists, sorts by activation (descending) and keeps `top_k`; 3. a feature whose list is neither all
        text nor all image gets omega only with >= `text_image_top_k` text and image entries: the mean
        cosine of the first `text_image_top_k` text x image raw residuals (denominator 0 counts 0).
-    Returns {feature: omega} for the features that get one."""
+    Returns {feature: omega} for the features that get one.
+
+    `drop_zeros`: leave out the zero activations that the per-token top-50 admits when a token has
+    fewer than 50 active features (torch.topk ties at 0, in no defined order); only matters for a
+    feature with fewer than `top_k` active tokens (docs/readme_sae.md, "Deviations")."""
     n_tok, n_feat = codes.shape
-    rows = codes.double().tolist()
+    values, indices = codes.double().topk(min(per_token, n_feat), dim=1)  # the official script's torch.topk
+    values, indices = values.tolist(), indices.tolist()
     resid = acts.double().tolist()
     mods = modality.tolist()
     features_top = [[] for _ in range(n_feat)]
     for r in range(n_tok):
-        order = sorted(range(n_feat), key=lambda f: -rows[r][f])[:per_token]
-        for f in order:
-            features_top[f].append((rows[r][f], r, "text" if mods[r] == TEXT else "image"))
+        for v, f in zip(values[r], indices[r]):
+            if drop_zeros and v <= 0:
+                continue
+            features_top[f].append((v, r, "text" if mods[r] == TEXT else "image"))
     out = {}
     for f in range(n_feat):
         tokens = sorted(features_top[f], key=lambda x: -x[0])[:top_k]
@@ -580,3 +586,32 @@ def test_demo_store_matches_a_recomputation_from_the_committed_weights():
         assert codes[rows, card.index].tolist() == pytest.approx(im.heatmap, rel=1e-3, abs=1e-3)
     fve, l0, _ = sae_v.reconstruction_metrics(sae, sae_v.scaled(acts, meta.scales))
     assert fve > meta.fve - 0.1 and l0 == pytest.approx(meta.l0, rel=0.5)
+
+
+@pytest.mark.skipif(not list(DEMO.glob("layer*/" + sae_v.STORE_FILE)), reason="demo SAE not built")
+def test_demo_store_omega_and_scores_match_the_official_scripts():
+    """On the committed demo SAE and its 300 held-out pairs: the stored omega (official rule) and the
+    ranking's s_i equal the references written from the official scripts."""
+    from analysis.models import ModelSpec, load_model, zoo_models
+
+    if "shapes-vlm" not in zoo_models():
+        pytest.skip("shapes-vlm not built")
+    folder = sorted(DEMO.glob("layer*/" + sae_v.STORE_FILE))[0].parent
+    handle = load_model(ModelSpec("zoo", "shapes-vlm"))
+    sae, meta = sae_v.load_sae(folder)
+    store = sae_v.load_store(folder)
+    assert store.params.score_rule == "official"
+    acts = sae_v.collect_activations(handle, store.pairs, meta.layer)
+    codes = sae_v.encode(sae, sae_v.scaled(acts, meta.scales))
+    ref = official_omega_reference(acts.acts, codes, acts.modality, drop_zeros=True)
+    assert {c.index for c in store.features if c.has_omega} == set(ref)
+    for c in store.features:
+        assert c.omega == pytest.approx(ref.get(c.index, 0.0), abs=2e-3)
+    omega, has = sae_v.store_weights(store)
+    ranking = sae_v.rank_pairs(meta, omega, codes, acts, store.pairs, has_omega=has)
+    scores = official_score_reference(codes, acts.modality, acts.pair, len(store.pairs.pairs), ref)
+    assert {r.pair: r.score for r in ranking.rows} == pytest.approx(dict(enumerate(scores)), abs=1e-2)
+    clean = [s for s, p in zip(scores, store.pairs.pairs) if not p.corrupted]
+    bad = [s for s, p in zip(scores, store.pairs.pairs) if p.corrupted]
+    assert ranking.roc_auc == pytest.approx(mann_whitney_auc(clean, bad), abs=0.01)
+
