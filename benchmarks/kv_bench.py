@@ -1,7 +1,7 @@
 """KV-cache eviction benchmark: decode-step time per policy relative to plain full-cache eager decoding
 (same run), and key-value recall quality per policy and budget on shapes-lm.
 
-    python benchmarks/kv_bench.py [--quick] [--examples 24] [--skip-quality]
+    python benchmarks/kv_bench.py [--quick] [--examples 24] [--skip-quality] [--skip-speed] [--variants]
 
 Speed: a manual decode loop without any hook is the baseline; every policy runs through the
 eviction runner (hooks, gathers, position bookkeeping) on the same tokens, repeats interleaved, median
@@ -77,7 +77,7 @@ def speed(handle: ModelHandle, prompt: int, steps: int, budget: int, repeats: in
     return rows
 
 
-def quality(handle: ModelHandle, context: int, pairs: int, examples: int) -> dict:
+def quality(handle: ModelHandle, context: int, pairs: int, examples: int, variants: bool = False) -> dict:
     params = kv.KvParams(context=context, pairs=pairs, queries=1, prefill=0.5, examples=examples,
                          sweep=[0.25, 0.5, 0.75])
     t0 = time.time()
@@ -88,7 +88,8 @@ def quality(handle: ModelHandle, context: int, pairs: int, examples: int) -> dic
             last[0] = time.time()
             print(f"  {frac:.0%} {text} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
 
-    sweep = kv.budget_sweep(handle, params, report)
+    names = list(kv.POLICIES) if variants else kv.main_policies()
+    sweep = kv.budget_sweep(handle, params, report, names=names)
     settings = {k: getattr(params, k) for k in ("sinks", "heavy_share", "snap_window", "kernel", "morph_window",
                                                 "fusion")}
     return {"context": sweep.context, "pairs": pairs, "prefill": params.prefill, "settings": settings,
@@ -136,6 +137,8 @@ def main() -> int:
     ap.add_argument("--lm", default="zoo:shapes-lm", help="the demo LM (zoo:NAME or local:PATH)")
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--variants", action="store_true",
+                    help="also sweep the labelled variants (prefill-only SnapKV/PyramidKV, MorphKV max-over-group)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     out: dict = {"torch": torch.__version__, "threads": torch.get_num_threads()}
@@ -151,7 +154,8 @@ def main() -> int:
             out["shapes_lm_speed"] = speed(lm, 256, steps, 128, repeats)
             print_speed("shapes-lm (context 256, budget 128)", out["shapes_lm_speed"])
         if not args.skip_quality:
-            out["shapes_lm_quality"] = quality(lm, args.context, args.pairs, 4 if args.quick else args.examples)
+            out["shapes_lm_quality"] = quality(lm, args.context, args.pairs, 4 if args.quick else args.examples,
+                                             args.variants)
             print_quality(out["shapes_lm_quality"])
     else:
         print("shapes-lm is not in the zoo yet: skipping its rows")

@@ -32,7 +32,7 @@ def _errors(at) -> list[str]:
 
 
 def test_page_renders_heatmap_and_tables(demo_spec):
-    at = app_with_model(demo_spec, PAGE, query=SMALL, timeout=240)
+    at = app_with_model(demo_spec, PAGE, query=SMALL, timeout=600)
     assert not at.exception, at.exception
     assert not _errors(at)
     charts = [c for c in at.get("plotly_chart")]
@@ -45,13 +45,13 @@ def test_page_renders_heatmap_and_tables(demo_spec):
 
 
 def test_switching_policy_and_budget_updates_numbers(demo_spec):
-    at = app_with_model(demo_spec, PAGE, query=SMALL, timeout=240)
+    at = app_with_model(demo_spec, PAGE, query=SMALL, timeout=600)
     before = _metrics(at)
-    at.selectbox(key="kv_policy").set_value("streaming_llm").run(timeout=240)
+    at.selectbox(key="kv_policy").set_value("streaming_llm").run(timeout=600)
     assert not at.exception and not _errors(at)
     after_policy = _metrics(at)
     assert after_policy["Mean KL vs full (nats)"] != before["Mean KL vs full (nats)"]
-    at.number_input(key="kv_budget").set_value(48).run(timeout=240)
+    at.number_input(key="kv_budget").set_value(48).run(timeout=600)
     assert not at.exception and not _errors(at)
     after_budget = _metrics(at)
     assert after_budget["Mean KL vs full (nats)"] != after_policy["Mean KL vs full (nats)"]
@@ -60,7 +60,7 @@ def test_switching_policy_and_budget_updates_numbers(demo_spec):
 
 
 def test_budget_larger_than_context_gives_clear_message(demo_spec):
-    at = app_with_model(demo_spec, PAGE, query={**SMALL, "budget": "500"}, timeout=240)
+    at = app_with_model(demo_spec, PAGE, query={**SMALL, "budget": "500"}, timeout=600)
     assert not at.exception
     assert any("nothing would be evicted" in e for e in _errors(at))
 
@@ -103,11 +103,11 @@ def test_a_registered_policy_appears_in_the_page(tiny_llama_dir):
     """Adding a policy is one class: registered, it is in the selectbox, runs, and is labelled."""
     kv.POLICIES.register(KeepFirst)
     try:
-        at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query=SMALL, timeout=240)
+        at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query=SMALL, timeout=600)
         assert not at.exception, at.exception
         box = at.selectbox(key="kv_policy")
         assert "Toy: the first C tokens" in box.options
-        box.set_value("toy_keep_first").run(timeout=240)
+        box.set_value("toy_keep_first").run(timeout=600)
         assert not at.exception and not _errors(at), _errors(at)
         assert at.query_params["policy"] in ("toy_keep_first", ["toy_keep_first"])
         assert any("Toy: the first C tokens" in str(df.value) for df in at.dataframe)
