@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+import components.preload  # noqa: F401  (first: loads every heavy module once, before any page imports it)
 from components.model_picker import render_sidebar
 from components.registry import PANELS
 

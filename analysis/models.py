@@ -109,6 +109,7 @@ class ModelHandle:
     tokenizer: Any
     processor: Any = None
     path: str = ""
+    processor_error: str = ""  # why a VLM loaded without its processor (its image panels then refuse)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     @property
@@ -378,12 +379,13 @@ def load_model(spec: ModelSpec) -> ModelHandle:
     try:
         if kind == "vlm":
             model = AutoModelForImageTextToText.from_pretrained(folder, **kwargs)
-            processor = AutoProcessor.from_pretrained(folder, trust_remote_code=False)
-            tokenizer = processor.tokenizer
+            processor, processor_error = _load_processor(folder)
+            tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(
+                folder, trust_remote_code=False)
             language_model = causal_lm_view(model)
         else:
             model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
-            processor = None
+            processor, processor_error = None, ""
             tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
             language_model = model
     except ModelLoadError:
@@ -400,45 +402,68 @@ def load_model(spec: ModelSpec) -> ModelHandle:
         ) from exc
     return ModelHandle(
         spec=spec, model=model, kind=kind, info=info, language_model=language_model,
-        tokenizer=tokenizer, processor=processor, path=str(folder),
+        tokenizer=tokenizer, processor=processor, path=str(folder), processor_error=processor_error,
     )
+
+
+def _load_processor(folder: Path) -> tuple[Any, str]:
+    """The VLM's processor, or (None, reason) when it needs torchvision and that is not installed
+    (Qwen2-VL's video processor): the language-model panels still work on the model."""
+    from transformers import AutoProcessor
+    from transformers.utils import is_torchvision_available
+
+    try:
+        return AutoProcessor.from_pretrained(folder, trust_remote_code=False), ""
+    except Exception as exc:
+        if is_torchvision_available():
+            raise
+        return None, (f"its processor could not be built without torchvision "
+                      f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})")
 
 
 def causal_lm_view(vlm: torch.nn.Module) -> torch.nn.Module:
     """A `*ForCausalLM` whose decoder and lm_head are the VLM's own modules (shared weights)."""
     from transformers import AutoModelForCausalLM
 
+    from analysis import anatomy
+
     text_config = vlm.config.get_text_config()
-    with torch.device("meta"):
-        lm = AutoModelForCausalLM.from_config(text_config, attn_implementation="eager")
-    lm.model = vlm.model.language_model
-    lm.lm_head = vlm.lm_head
+    try:
+        with torch.device("meta"):
+            lm = AutoModelForCausalLM.from_config(text_config, attn_implementation="eager")
+    except ValueError as exc:
+        raise anatomy.AnatomyError(
+            f"{type(vlm).__name__}'s language model ({type(text_config).__name__}) has no causal-LM class "
+            "in transformers, so the language-model panels cannot run it alone."
+        ) from exc
+    lm.model = anatomy.decoder(vlm)
+    lm.lm_head = anatomy.unembedding(vlm)
     lm.config = text_config
     lm.generation_config = vlm.generation_config
     return lm.eval()
 
 
 def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, processor: Any = None) -> ModelInfo:
+    from analysis import anatomy
+
     cfg = model.config
     text = cfg.get_text_config()
-    heads = int(text.num_attention_heads)
-    hidden = int(text.hidden_size)
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    layout = anatomy.head_layout(model)
+    hidden = int(getattr(text, "hidden_size", None) or text.n_embd)
     max_pos = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     image_size = image_tokens = None
     if kind == "vlm":
-        vc = cfg.vision_config
-        image_size = int(vc.image_size)
-        image_tokens = (image_size // int(vc.patch_size)) ** 2
+        image_size = int(getattr(cfg.vision_config, "image_size", 0) or 0) or None
+        grid = anatomy.patch_grid(model)
+        image_tokens = grid.rows * grid.cols
     return ModelInfo(
         architecture=(cfg.architectures or [type(model).__name__])[0],
         model_type=cfg.model_type,
         kind=kind,
-        layers=int(text.num_hidden_layers),
-        heads=heads,
-        kv_heads=int(kv_heads),
-        head_dim=int(head_dim),
+        layers=anatomy.n_layers(model),
+        heads=layout.heads,
+        kv_heads=layout.kv_heads,
+        head_dim=layout.head_dim,
         hidden_size=hidden,
         vocab_size=int(text.vocab_size),
         parameters=int(n_params if n_params is not None else sum(p.numel() for p in model.parameters())),

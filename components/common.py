@@ -1,12 +1,14 @@
-"""Small UI helpers every page uses: model gate, progress adapter, URL-mirrored params, notes."""
+"""Small UI helpers every page uses: model gate, progress adapter, bounded URL params, error messages, notes."""
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Callable, Iterator
 
 import streamlit as st
 
-from analysis.models import KIND_NAMES, ModelHandle
+from analysis.models import KIND_NAMES, ModelHandle, ModelLoadError
+from analysis.registry import SettingsError
 from components.model_picker import current_handle
 
 
@@ -43,19 +45,103 @@ def progress(label: str) -> Iterator[Callable[[float, str], None]]:
         bar.empty()
 
 
+URL_TEXT_MAX = 2000  # longest text a link may carry into a control
+
+
+def _cast(raw: str, cast: Callable[[str], Any]) -> Any:
+    if cast is bool:
+        text = raw.strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(raw)
+    if cast is int:
+        try:
+            return int(raw.strip())
+        except ValueError:
+            number = float(raw)  # "3.0", "1e3"
+            if not math.isfinite(number) or number != int(number):
+                raise
+            return int(number)
+    value = cast(raw)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(raw)
+    return value
+
+
 def url_param(name: str, default: Any, cast: Callable[[str], Any] | None = None,
-              choices: list | None = None) -> Any:
-    """Read a control's initial value from the URL, falling back to `default` when absent or bad."""
+              choices: list | None = None, lo: Any = None, hi: Any = None,
+              max_len: int = URL_TEXT_MAX) -> Any:
+    """A control's initial value from the URL; never raises.
+
+    Absent, unparsable (wrong type, NaN, script text in a number) or not among `choices`: `default`.
+    Numbers are clamped into [lo, hi]; text is cut to `max_len` characters (it is shown through
+    widgets, which escape it).
+    """
     raw = st.query_params.get(name)
     if raw is None:
         return default
+    cast = cast or (type(default) if default is not None else str)
     try:
-        value = (cast or type(default))(raw) if default is not None or cast else raw
-    except (TypeError, ValueError):
+        value = _cast(str(raw), cast)
+    except (TypeError, ValueError, OverflowError):
         return default
+    if isinstance(value, str):
+        value = value[:max_len]
     if choices is not None and value not in choices:
         return default
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if lo is not None and value < lo:
+            value = lo
+        if hi is not None and value > hi:
+            value = hi
     return value
+
+
+def url_list(name: str, default: list, choices: list, cast: Callable[[str], Any] = int) -> list:
+    """A comma-separated list from the URL, keeping only valid choices (default when none is)."""
+    raw = st.query_params.get(name)
+    if raw is None:
+        return list(default)
+    values = []
+    for part in str(raw).split(",")[:len(choices) + 1]:
+        try:
+            value = _cast(part, cast)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if value in choices and value not in values:
+            values.append(value)
+    return values or list(default)
+
+
+# Errors whose message is meant for the user; analysis modules add theirs per call.
+USER_ERRORS: tuple[type[BaseException], ...] = (SettingsError, ModelLoadError)
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type when it has none), at most 400 characters."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= 400 else text[:399] + "…"
+
+
+def show_error(exc: BaseException, prefix: str = "") -> None:
+    st.error(f"{prefix}{one_line(exc)}", icon=":material/error:")
+
+
+@contextlib.contextmanager
+def analysis_errors(*kinds: type[BaseException], prefix: str = "", stop: bool = True) -> Iterator[None]:
+    """Turn an analysis error into one `st.error` line (no traceback) and, by default, stop the page.
+
+        with analysis_errors(kv.KvEvictionError):
+            result = cached_run(...)
+    """
+    try:
+        yield
+    except USER_ERRORS + kinds as exc:
+        show_error(exc, prefix)
+        if stop:
+            st.stop()
 
 
 def set_url_params(**values: Any) -> None:

@@ -14,14 +14,14 @@ HAS_DEMO = "shapes-vlm" in zoo_models() and bool(list((sae_v.SAE_ROOT / "shapes-
 @pytest.fixture(scope="module")
 def tiny_sae(tiny_llava, tmp_path_factory):
     """An SAE + store for the tiny LLaVA, in a private cache folder the page finds."""
-    old = sae_v.CACHE_ROOT
-    sae_v.CACHE_ROOT = tmp_path_factory.mktemp("sae-cache")
+    old = sae_v.types.CACHE_ROOT
+    sae_v.types.CACHE_ROOT = tmp_path_factory.mktemp("sae-cache")
     params = sae_v.BuildParams(layer=1, dataset="noise", train_pairs=16, eval_pairs=8,
                                train=sae_v.TrainParams(d_sae=16, k=3, steps=30, batch_size=64),
                                store=sae_v.StoreParams(top_n=4, top_images=3))
     folder = sae_v.build(tiny_llava, params)
     yield folder
-    sae_v.CACHE_ROOT = old
+    sae_v.types.CACHE_ROOT = old
 
 
 def _errors(at) -> list[str]:
@@ -94,8 +94,8 @@ def test_text_only_model_on_image_view_gives_a_clear_message(tiny_llama_dir):
 
 
 def test_text_only_model_with_sae_refuses_image_views(tiny_llama, tiny_llama_dir, tmp_path):
-    old = sae_v.CACHE_ROOT
-    sae_v.CACHE_ROOT = tmp_path
+    old = sae_v.types.CACHE_ROOT
+    sae_v.types.CACHE_ROOT = tmp_path
     try:
         sae_v.build(tiny_llama, sae_v.BuildParams(layer=0, dataset="noise", train_pairs=8, eval_pairs=4,
                                                   train=sae_v.TrainParams(d_sae=8, k=2, steps=10, batch_size=32)))
@@ -104,7 +104,7 @@ def test_text_only_model_with_sae_refuses_image_views(tiny_llama, tiny_llama_dir
             assert not at.exception, at.exception
             assert any(needle in e for e in _errors(at)), _errors(at)
     finally:
-        sae_v.CACHE_ROOT = old
+        sae_v.types.CACHE_ROOT = old
 
 
 @pytest.mark.skipif(not HAS_DEMO, reason="demo model shapes-vlm and its SAE are not built")

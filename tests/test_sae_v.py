@@ -378,7 +378,7 @@ def test_concept_precision_is_the_share_of_tokens_with_the_concept():
     concepts = [{"colour:red"}, {"colour:red", "shape:circle"}, {"shape:circle"}, set()]
     c = sae_v.concept_precision([0, 1, 2, 3], concepts)
     assert c.precision == pytest.approx(0.5) and c.support == 4
-    both = sae_v._concept_in_both([0, 1], [1, 2], concepts)
+    both = sae_v.concept_in_both([0, 1], [1, 2], concepts)
     assert both.name == "colour:red" and both.precision == pytest.approx(0.5)  # 1.0 in text, 0.5 in image
 
 

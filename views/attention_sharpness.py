@@ -1,15 +1,13 @@
 """Attention sharpness: how each head disperses as inputs grow, and whether temperature helps."""
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 import streamlit as st
 
 from analysis import sharpness as S
-from analysis.models import ModelLoadError
 from components import sharpness_figures as F
-from components.common import explain, progress, require_model, set_url_params, url_param
+from components.common import (analysis_errors, explain, require_model, set_url_params, show_error, url_list,
+                               url_param)
+from components.runs import cached_run
 from components.share import share_bar
 
 N_CHOICES = [2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -31,29 +29,6 @@ info = handle.info
 @st.cache_data(max_entries=8, show_spinner=False)
 def lemma(params_json: str) -> S.LemmaResult:
     return S.lemma_demo(S.LemmaParams.from_json(params_json))
-
-
-@st.cache_resource(max_entries=1)
-def _sweep_cache() -> tuple[threading.Lock, OrderedDict]:
-    # A plain bounded dict: st.cache_data cannot replay a progress bar drawn outside the function.
-    return threading.Lock(), OrderedDict()
-
-
-def sweep(model_label: str, params: S.SweepParams, handle) -> S.SweepResult:
-    """The size/θ sweep, computed once per (model, params) with a progress bar, then cached."""
-    lock, cache = _sweep_cache()
-    key = (model_label, params.to_json())
-    with lock:
-        if key in cache:
-            cache.move_to_end(key)
-            return cache[key]
-    with progress("Running max-retrieval prompts ...") as report:
-        result = S.size_sweep(handle, params, report)
-    with lock:
-        cache[key] = result
-        while len(cache) > 16:
-            cache.popitem(last=False)
-    return result
 
 
 @st.cache_data(max_entries=32, show_spinner="Running the prompt ...")
@@ -80,11 +55,9 @@ def rule_of(choice: str, layers: list[int] | None) -> S.Temperature:
 
 with st.container(border=True):
     c1, c2, c3, c4, c5, c6 = st.columns([3, 1.2, 2, 0.9, 0.9, 1.8])
-    ns_default = [n for n in url_param("ns", "", str).split(",") if n.strip().isdigit()]
-    ns_default = [int(n) for n in ns_default if int(n) in N_CHOICES] or list(S.DEFAULT_NS)
-    ns = c1.multiselect("Item counts n", N_CHOICES, default=ns_default, key="sh_ns",
+    ns = c1.multiselect("Item counts n", N_CHOICES, default=url_list("ns", S.DEFAULT_NS, N_CHOICES), key="sh_ns",
                         help="How many numbers the max-retrieval prompts list.")
-    samples = c2.number_input("Prompts per n", 1, 512, min(max(url_param("samples", 32, int), 1), 512),
+    samples = c2.number_input("Prompts per n", 1, 512, url_param("samples", 32, int, lo=1, hi=512),
                               key="sh_samples")
     theta = c3.select_slider("Temperature θ", THETA_CHOICES, value=url_param("theta", "adaptive", str, THETA_CHOICES),
                              key="sh_theta", help="θ < 1 sharpens, θ > 1 flattens; 'adaptive' is the paper's rule.")
@@ -95,9 +68,7 @@ with st.container(border=True):
     sink = c6.toggle("Count first token", value=url_param("sink", "1", str, ["0", "1"]) == "1", key="sh_sink",
                      help="Off: drop the first (attention-sink) token and renormalise before measuring.")
     all_layers = list(range(info.layers))
-    tl_raw = url_param("tlayers", "", str)
-    tl_default = [int(x) for x in tl_raw.split(",") if x.strip().isdigit() and int(x) in all_layers]
-    tl_default = [] if tl_raw == "none" else (tl_default or all_layers)
+    tl_default = [] if url_param("tlayers", "", str) == "none" else url_list("tlayers", all_layers, all_layers)
     tlayers = st.multiselect("Apply the temperature in layers", all_layers, default=tl_default, key="sh_tlayers",
                              help="θ and adaptive θ act in these layers only; the others keep plain softmax. "
                                   "The paper applies it everywhere.")
@@ -108,7 +79,7 @@ only = None if sorted(tlayers) == all_layers else sorted(tlayers)
 # --- 1. lemma demo (no model) -------------------------------------------------------------------
 
 st.header("1 · The lemma, without a model")
-spread = st.slider("Logit spread δ", 0.5, 12.0, min(max(url_param("spread", 4.0, float), 0.5), 12.0), 0.5,
+spread = st.slider("Logit spread δ", 0.5, 12.0, url_param("spread", 4.0, float, lo=0.5, hi=12.0), 0.5,
                    key="sh_spread")
 set_url_params(spread=spread)
 lemma_result = lemma(S.LemmaParams(spread=spread).to_json())
@@ -123,11 +94,8 @@ if not ns:
     st.error("Choose at least one item count n to run the model views.")
     st.stop()
 params = S.SweepParams(ns=sorted(ns), samples=int(samples), layers=only)
-try:
-    result = sweep(handle.spec.label, params, handle)
-except (S.SharpnessError, ModelLoadError) as exc:
-    st.error(str(exc))
-    st.stop()
+with analysis_errors(S.SharpnessError):
+    result = cached_run("sweep", S.size_sweep, handle, params, label="Running max-retrieval prompts ...")
 
 ex = result.example
 st.caption(f"Prompt format: **{result.format}** · example at n = {ex.n}: `{ex.text}` → `{ex.answer}`"
@@ -152,7 +120,7 @@ else:
     try:
         pres = prompt_stats(handle.spec.label, S.PromptParams(text, target, rule_of(theta, only)).to_json(), handle)
     except S.SharpnessError as exc:
-        st.error(str(exc))
+        show_error(exc)
         pres = None
     if pres is not None:
         soft = pres.softmax if sink else pres.softmax_no_sink

@@ -9,7 +9,7 @@ import streamlit as st
 from analysis import captions as C
 from analysis.models import ModelLoadError, ModelSpec, load_model, zoo_models
 from components import caption_figures as F
-from components.common import explain, progress, require_model, set_url_params, url_param
+from components.common import analysis_errors, explain, progress, require_model, set_url_params, url_param
 from components.share import share_bar
 
 st.title("Caption correction")
@@ -25,6 +25,7 @@ world = C.shapes_world() if C.has_shapes_world() else None
 zoo = zoo_models()
 WEAK = "shapes-vlm-weak"
 OWN_LM = "the VLM's own language model"
+SEED_MAX = 2**31 - 1
 
 
 @st.cache_resource(max_entries=1, show_spinner="Loading the decomposer/rewriter model ...")
@@ -70,7 +71,8 @@ with left:
     if source == "scene":
         default_seed = world.split_seeds("test", 1)[0] + 3
         seed = int(st.number_input("Scene seed (test split starts at 20,000,000)", min_value=0,
-                                   value=url_param("seed", default_seed, int), step=1, key="cap_seed"))
+                                   value=url_param("seed", default_seed, int, lo=0, hi=SEED_MAX),
+                                   max_value=SEED_MAX, step=1, key="cap_seed"))
         data = scene_png(seed)
         image_key = f"scene:{seed}"
     else:
@@ -99,7 +101,7 @@ with right:
     cap_source = st.radio("Caption", cap_sources, format_func=cap_labels.get, horizontal=True, key="cap_from",
                           index=cap_sources.index(url_param("cap", cap_default, choices=cap_sources)))
     if cap_source == "paste":
-        caption = st.text_area("Caption to check", value=url_param("text", ""), key="cap_text", height=100)
+        caption = st.text_area("Caption to check", value=url_param("text", "", str), key="cap_text", height=100)
     else:
         try:
             captioner = handle if cap_source == "vlm" else agent_lm(f"zoo:{WEAK}")
@@ -123,7 +125,7 @@ with right:
                                 index=agent_names.index(url_param("rew", "auto", choices=agent_names)))
         ground_default = "1" if handle.info.parameters < 50_000_000 else "0"
         pi = st.slider("Threshold π (nats): drop a claim when H(u) > π", 0.0, 10.0, key="cap_pi",
-                       value=url_param("pi", C.DEFAULT_PI, float), step=0.05)
+                       value=url_param("pi", C.DEFAULT_PI, float, lo=0.0, hi=10.0), step=0.05)
         ground = st.checkbox("Ground each answer in the image (Captum Integrated Gradients)", key="cap_ground",
                              value=url_param("ground", ground_default, choices=["0", "1"]) == "1",
                              help="Integrated Gradients costs about 8 forward/backward passes per claim; "
@@ -142,20 +144,14 @@ if not caption.strip():
 
 # --- run ----------------------------------------------------------------------------------------
 
-try:
+with analysis_errors(prefix="Could not load the decomposer/rewriter model: "):
     lm = agent_lm(lm_choice) if lm_choice != OWN_LM else handle
-except ModelLoadError as exc:
-    st.error(f"Could not load the decomposer/rewriter model: {exc}")
-    st.stop()
-params = C.CorrectionParams(caption=caption, pi=pi, decomposer=decomposer, rewriter=rewriter,
-                            ground=ground, scene_seed=seed)
-verify_params = C.CorrectionParams(**{**vars(params), "pi": C.DEFAULT_PI})  # pi does not change verification
-try:
+with analysis_errors(C.CaptionError):
+    params = C.CorrectionParams(caption=caption, pi=pi, decomposer=decomposer, rewriter=rewriter,
+                                ground=ground, scene_seed=seed)
+    verify_params = C.CorrectionParams(**{**vars(params), "pi": C.DEFAULT_PI})  # pi does not change verification
     verification = verify(handle.spec.label, lm.spec.label, image_key, verify_params.to_json(), handle, lm, image)
     result = correct(lm.spec.label, verification.to_json(), params.to_json(), lm)
-except C.CaptionError as exc:
-    st.error(str(exc))
-    st.stop()
 
 # --- views --------------------------------------------------------------------------------------
 

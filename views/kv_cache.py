@@ -1,15 +1,12 @@
 """KV-cache eviction: which cached tokens each policy keeps, step by step, and what it costs."""
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from typing import Callable
-
 import streamlit as st
 
 from analysis import kv_eviction as kv
 from components import kv_figures as F
-from components.common import explain, progress, require_model, set_url_params, url_param
+from components.common import analysis_errors, explain, require_model, set_url_params, url_param
+from components.runs import cached_run
 from components.share import share_bar
 
 st.title("KV-cache eviction")
@@ -21,33 +18,8 @@ st.write(
 )
 
 handle = require_model("causal_lm", "vlm", panel="KV-cache eviction")
-try:
+with analysis_errors(kv.KvEvictionError):
     kv.evictable_layers(handle)
-except kv.KvEvictionError as exc:
-    st.error(str(exc))
-    st.stop()
-
-
-@st.cache_resource(max_entries=1)
-def _results_cache() -> tuple[threading.Lock, OrderedDict]:
-    # A bounded dict rather than st.cache_data, which cannot replay a progress bar drawn outside it.
-    return threading.Lock(), OrderedDict()
-
-
-def cached(kind: str, fn: Callable, params: kv.KvParams, label: str):
-    lock, cache = _results_cache()
-    key = (kind, handle.spec.label, params.to_json())
-    with lock:
-        if key in cache:
-            cache.move_to_end(key)
-            return cache[key]
-    with progress(label) as report:
-        result = fn(handle, params, report)
-    with lock:
-        cache[key] = result
-        while len(cache) > 24:
-            cache.popitem(last=False)
-    return result
 
 
 # --- controls (mirrored to the URL) ------------------------------------------------------------
@@ -56,37 +28,32 @@ names = list(kv.POLICIES)
 defaults = kv.KvParams()
 
 
-def num(name: str, default, lo, hi, cast=int):
-    """A URL value clamped into the widget's range (an out-of-range link must not crash the page)."""
-    return min(max(url_param(name, default, cast), lo), hi)
-
-
 with st.container(border=True):
     c1, c2, c3, c4, c5 = st.columns([2, 1.2, 1.2, 1.2, 1.2])
     policy = c1.selectbox("Policy", names, index=names.index(url_param("policy", defaults.policy, choices=names)),
                           format_func=F.POLICY_LABELS.get, key="kv_policy",
                           help="Full cache keeps everything (the reference).")
-    budget = c2.number_input("Budget C (entries per head)", 1, 100_000, num("budget", defaults.budget, 1, 100_000),
+    budget = c2.number_input("Budget C (entries per head)", 1, 100_000, url_param("budget", defaults.budget, int, lo=1, hi=100_000),
                              key="kv_budget", help="Cache entries kept per layer and KV head.")
-    window = c3.number_input("Window (R / w / recent)", 1, 4096, num("window", defaults.window, 1, 4096),
+    window = c3.number_input("Window (R / w / recent)", 1, 4096, url_param("window", defaults.window, int, lo=1, hi=4096),
                              key="kv_window", help="MorphKV's recent window R, SnapKV's observation window w, "
                                                    "H2O's recent tokens.")
-    sinks = c4.number_input("Sinks S (StreamingLLM)", 0, 256, num("sinks", defaults.sinks, 0, 256), key="kv_sinks")
-    kernel = c5.number_input("SnapKV pooling kernel", 1, 31, num("kernel", defaults.kernel, 1, 31), step=2,
+    sinks = c4.number_input("Sinks S (StreamingLLM)", 0, 256, url_param("sinks", defaults.sinks, int, lo=0, hi=256), key="kv_sinks")
+    kernel = c5.number_input("SnapKV pooling kernel", 1, 31, url_param("kernel", defaults.kernel, int, lo=1, hi=31), step=2,
                              key="kv_kernel")
     c6, c7, c8, c9, c10, c11 = st.columns([1, 1.2, 1.2, 1, 1, 1])
     fusions = ["max", "sum"]
     fusion = c6.selectbox("MorphKV fusion", fusions, index=fusions.index(url_param("fusion", "max", choices=fusions)),
                           key="kv_fusion")
-    context = c7.number_input("Context (tokens)", 16, 4096, num("context", defaults.context, 16, 4096), step=32,
+    context = c7.number_input("Context (tokens)", 16, 4096, url_param("context", defaults.context, int, lo=16, hi=4096), step=32,
                               key="kv_context", help="Length of the key-value context.")
-    prefill = c8.slider("Prefilled share", 0.05, 1.0, num("prefill", defaults.prefill, 0.05, 1.0, float), step=0.05,
+    prefill = c8.slider("Prefilled share", 0.05, 1.0, url_param("prefill", defaults.prefill, float, lo=0.05, hi=1.0), step=0.05,
                         key="kv_prefill", help="Share of the context read in one forward pass; the rest is read "
                                                "token by token, with eviction after every token.")
-    pairs = c9.number_input("Needles", 1, 8, num("pairs", defaults.pairs, 1, 8), key="kv_pairs")
-    queries = c10.number_input("Questions", 1, 8, num("queries", defaults.queries, 1, 8), key="kv_queries",
+    pairs = c9.number_input("Needles", 1, 8, url_param("pairs", defaults.pairs, int, lo=1, hi=8), key="kv_pairs")
+    queries = c10.number_input("Questions", 1, 8, url_param("queries", defaults.queries, int, lo=1, hi=8), key="kv_queries",
                                help="Needles asked after the context (shapes-lm was trained on one).")
-    seed = c11.number_input("Example seed", 0, 10_000, num("seed", 0, 0, 10_000), key="kv_seed")
+    seed = c11.number_input("Example seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="kv_seed")
     prompt = st.text_input("Your own prompt (optional)", url_param("prompt", "", str), key="kv_prompt",
                            help="Leave empty for the key-value recall task. With a prompt, the full cache's "
                                 "greedy continuation is the reference every policy is scored on.")
@@ -98,11 +65,8 @@ set_url_params(policy=policy, budget=int(budget), window=int(window), sinks=int(
                fusion=fusion, context=int(context), prefill=float(prefill), pairs=int(pairs), queries=int(queries),
                seed=int(seed), prompt=prompt)
 
-try:
-    result: kv.KvResult = cached("analyze", kv.analyze, params, "Running every policy on identical tokens ...")
-except kv.KvEvictionError as exc:
-    st.error(str(exc))
-    st.stop()
+with analysis_errors(kv.KvEvictionError):
+    result: kv.KvResult = cached_run("analyze", kv.analyze, handle, params, label="Running every policy on identical tokens ...")
 
 task = result.task
 chosen = result.run(policy)
@@ -126,9 +90,9 @@ st.subheader("Which tokens stay in the cache")
 h1, h2 = st.columns(2)
 layer_choices = list(range(len(result.layers)))
 layer_idx = h1.selectbox("Layer", layer_choices, format_func=lambda i: str(result.layers[i]),
-                         index=num("layer", 0, 0, len(layer_choices) - 1), key="kv_layer")
+                         index=url_param("layer", 0, int, lo=0, hi=len(layer_choices) - 1), key="kv_layer")
 head = h2.selectbox("KV head", list(range(result.kv_heads)),
-                    index=num("head", 0, 0, result.kv_heads - 1), key="kv_head")
+                    index=url_param("head", 0, int, lo=0, hi=result.kv_heads - 1), key="kv_head")
 set_url_params(layer=layer_idx, head=head)
 heatmap = F.retained_heatmap(result, layer_idx, head)
 if result.kept[layer_idx][head]:
@@ -168,13 +132,10 @@ explain("Measured size of the key/value tensors (lines) and the analytic 2 · la
         "one entry per step; the full cache grows from the whole context.")
 
 st.subheader("Budget sweep")
-examples = num("examples", 2, 1, 64)
+examples = url_param("examples", 2, int, lo=1, hi=64)
 sweep_params = kv.KvParams.from_dict({**params.to_dict(), "policy": "full", "budget": 1, "examples": examples})
-try:
-    sweep = cached("sweep", kv.budget_sweep, sweep_params, "Sweeping budgets ...")
-except kv.KvEvictionError as exc:
-    st.error(str(exc))
-    st.stop()
+with analysis_errors(kv.KvEvictionError):
+    sweep = cached_run("sweep", kv.budget_sweep, handle, sweep_params, label="Sweeping budgets ...")
 metrics = {"accuracy": "key-value accuracy", "mean_kl": "mean KL", "recall": "attention recall",
            "agreement": "top-1 agreement", "cache": "cache held"}
 metric = st.radio("Metric", list(metrics), horizontal=True, key="kv_metric", format_func=metrics.get,

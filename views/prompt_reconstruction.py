@@ -1,15 +1,12 @@
 """Prompt reconstruction: recover a prompt from its hidden states; defences; Cascade sharding."""
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from typing import Callable
-
 import streamlit as st
 
 from analysis import inversion as inv
 from components import inversion_figures as F
-from components.common import explain, progress, require_model, set_url_params, url_param
+from components.common import analysis_errors, explain, require_model, set_url_params, show_error, url_param
+from components.runs import cached_run
 from components.share import share_bar
 
 SHAPES_PROMPT = "there is a large red circle at the top left . there is a small blue square at the bottom right ."
@@ -31,39 +28,12 @@ handle = require_model("causal_lm", "vlm", panel="Prompt reconstruction")
 n_layers = handle.info.layers
 
 
-@st.cache_resource(max_entries=1)
-def _results() -> tuple[threading.Lock, OrderedDict]:
-    # A bounded dict instead of st.cache_data, so the progress bar is drawn live on a miss.
-    return threading.Lock(), OrderedDict()
-
-
-def cached(kind: str, fn: Callable, params, label: str, **kwargs):
-    lock, store = _results()
-    key = (kind, handle.spec.label, params.to_json(), repr(sorted(kwargs.items())))
-    with lock:
-        if key in store:
-            store.move_to_end(key)
-            return store[key]
-    with progress(label) as report:
-        result = fn(handle, params, progress=report, **kwargs)
-    with lock:
-        store[key] = result
-        while len(store) > 32:
-            store.popitem(last=False)
-    return result
-
-
 def default_prompt() -> str:
     vocab = handle.tokenizer.get_vocab()
     return SHAPES_PROMPT if all(w in vocab for w in SHAPES_PROMPT.split()) else PLAIN_PROMPT
 
 
 # --- controls (mirrored to the URL) ------------------------------------------------------------
-
-
-def bounded(name: str, default, lo, hi, cast=int):
-    """A URL value clamped to a widget's range (an out-of-range value would crash the widget)."""
-    return min(max(url_param(name, default, cast), lo), hi)
 
 
 def forget_if_outside(key: str, lo, hi) -> None:
@@ -101,11 +71,11 @@ with st.container(border=True):
                          help="Which candidates are tried first. Every order ends with the rest of the "
                               "vocabulary, and the distance check decides, so the order changes only the cost.")
     c5, c6, c7 = st.columns([1, 1, 1])
-    noise = c5.number_input("Noise σ (× state std)", 0.0, 100.0, bounded("noise", 0.5, 0.0, 100.0, float),
+    noise = c5.number_input("Noise σ (× state std)", 0.0, 100.0, url_param("noise", 0.5, float, lo=0.0, hi=100.0),
                             step=0.1, key="inv_noise", disabled=perturb != "gaussian_noise")
-    bits = c6.number_input("Quantisation bits", 1, 16, bounded("bits", 4, 1, 16), key="inv_bits",
+    bits = c6.number_input("Quantisation bits", 1, 16, url_param("bits", 4, int, lo=1, hi=16), key="inv_bits",
                            disabled=perturb != "quantise")
-    seed = c7.number_input("Defence seed", 0, 10_000, bounded("seed", 0, 0, 10_000), key="inv_seed",
+    seed = c7.number_input("Defence seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="inv_seed",
                            help="Seeds the permutations and the noise.")
 
 set_url_params(prompt=prompt, layer=layer, perm=perm, perturb=perturb, noise=noise, bits=bits, order=order,
@@ -114,22 +84,16 @@ if layer_error:
     st.error(layer_error)
 
 defences = [d for d in (perm, perturb) if d != "none"]
-params = inv.AttackParams(prompt=prompt, layer=int(layer), defences=defences, noise=float(noise), bits=int(bits),
-                          order=order, seed=int(seed))
-try:
+with analysis_errors(inv.InversionError):
+    params = inv.AttackParams(prompt=prompt, layer=int(layer), defences=defences, noise=float(noise),
+                              bits=int(bits), order=order, seed=int(seed))
     ids = inv.tokenize(handle, prompt, params.max_tokens)
-except inv.InversionError as exc:
-    st.error(str(exc))
-    st.stop()
 
 # --- 1. original vs recovered ------------------------------------------------------------------
 
 st.subheader("Original vs recovered")
-try:
-    result = cached("attack", inv.reconstruct, params, "Reconstructing")
-except inv.InversionError as exc:
-    st.error(str(exc))
-    st.stop()
+with analysis_errors(inv.InversionError):
+    result = cached_run("attack", inv.reconstruct, handle, params, label="Reconstructing")
 m1, m2, m3, m4 = st.columns(4)
 m1.metric("Tokens recovered", f"{result.accuracy:.0%}", help=f"{sum(t.correct for t in result.tokens)} of {len(ids)}")
 m2.metric("Candidates scored", f"{result.evaluations:,}",
@@ -173,7 +137,7 @@ set_url_params(sweeps=int(run_sweeps))
 layer_sweep = noise_sweep = None
 if run_sweeps:
     st.subheader("Accuracy by layer")
-    layer_sweep = cached("layers", inv.sweep_layers, params, "Sweeping layers")
+    layer_sweep = cached_run("layers", inv.sweep_layers, handle, params, label="Sweeping layers")
     st.plotly_chart(F.layer_figure(layer_sweep), key="inv_layers")
     explain(
         "The same attack (with the defences chosen above) on the states of every layer. Deeper layers mix more "
@@ -182,7 +146,7 @@ if run_sweeps:
         "hide the order, though not which tokens were used."
     )
     st.subheader("Accuracy vs noise, per defence")
-    noise_sweep = cached("noise", inv.sweep_noise, params, "Sweeping noise", noises=NOISES)
+    noise_sweep = cached_run("noise", inv.sweep_noise, handle, params, label="Sweeping noise", noises=NOISES)
     st.plotly_chart(F.noise_figure(noise_sweep), key="inv_noise_fig")
     explain(
         "Gaussian noise (σ in units of the states' standard deviation) added on top of each permutation defence. "
@@ -204,7 +168,8 @@ timing = st.toggle("Time exhaustive search", value=url_param("exhaustive", int(s
                         "vocabulary it runs on the first position only and its time is extrapolated.")
 set_url_params(exhaustive=int(timing))
 if timing:
-    speed = cached("speed", inv.compare_exhaustive, params, "Timing exhaustive search", measured_positions=measure)
+    speed = cached_run("speed", inv.compare_exhaustive, handle, params, label="Timing exhaustive search",
+                       measured_positions=measure)
     st.plotly_chart(F.speed_figure(speed), key="inv_speed")
     same = "the same tokens" if speed.identical_on_measured else "DIFFERENT tokens (see the table)"
     explain(
@@ -230,22 +195,23 @@ shardings = list(inv.SHARDINGS)
 forget_if_outside("inv_parties", 1, len(ids))
 with st.container(border=True):
     d1, d2, d3, d4 = st.columns(4)
-    parties = d1.number_input("Parties k", 1, len(ids), bounded("parties", 2, 1, len(ids)), key="inv_parties")
+    parties = d1.number_input("Parties k", 1, len(ids), url_param("parties", 2, int, lo=1, hi=len(ids)), key="inv_parties")
     sharding = d2.selectbox("Sharding", shardings, format_func=lambda s: inv.SHARDINGS[s].label,
                             index=shardings.index(url_param("sharding", "round_robin", choices=shardings)),
                             key="inv_sharding")
     forget_if_outside("inv_attacker", 0, int(parties) - 1)
     attacker = d3.number_input("Attacking party", 0, int(parties) - 1,
-                               bounded("attacker", 0, 0, int(parties) - 1), key="inv_attacker")
+                               url_param("attacker", 0, int, lo=0, hi=int(parties) - 1), key="inv_attacker")
     budget = d4.number_input("Brute-force budget (sequences)", 1_000, 5_000_000,
-                             bounded("budget", 1_000_000, 1_000, 5_000_000), step=50_000, key="inv_budget")
+                             url_param("budget", 1_000_000, int, lo=1_000, hi=5_000_000), step=50_000, key="inv_budget")
 set_url_params(parties=parties, sharding=sharding, attacker=attacker, budget=budget)
 cascade_params = inv.CascadeParams(prompt=prompt, layer=int(layer), parties=int(parties), sharding=sharding,
                                    attacker=int(attacker), budget=int(budget))
 try:
-    cascade = cached("cascade", inv.simulate_cascade, cascade_params, "Brute-forcing the attacker's view")
+    cascade = cached_run("cascade", inv.simulate_cascade, handle, cascade_params,
+                         label="Brute-forcing the attacker's view")
 except inv.InversionError as exc:
-    st.error(str(exc))
+    show_error(exc)
 else:
     st.plotly_chart(F.cascade_figure(cascade), key="inv_cascade")
     st.dataframe(F.cascade_rows(cascade), hide_index=True)

@@ -387,7 +387,7 @@ def show_ranking() -> None:
     by = c1.radio("Score", ["sum", "weighted"], horizontal=True, key="sae_rank_by",
                   index=["sum", "weighted"].index(url_param("by", "sum", str, ["sum", "weighted"])),
                   format_func={"sum": "s_i = Σ ω (SAE-V)", "weighted": "activation-weighted mean ω"}.get)
-    threshold = c2.slider("Active above", 0.0, 2.0, url_param("thr", 0.0, float), 0.05, key="sae_rank_thr")
+    threshold = c2.slider("Active above", 0.0, 2.0, url_param("thr", 0.0, float, lo=0.0, hi=2.0), 0.05, key="sae_rank_thr")
     set_url_params(by=by, thr=threshold)
     ranking = ranking_cached(str(folder), stamp, handle.spec.label, by, float(threshold))
     cols = st.columns(4)

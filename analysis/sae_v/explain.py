@@ -1,0 +1,42 @@
+"""SAE-V on one input: the active features at every text token and image patch."""
+from __future__ import annotations
+
+from analysis.models import ModelHandle
+from analysis.sae_v.activations import collect_activations, scaled
+from analysis.sae_v.scores import per_pair_max
+from analysis.sae_v.training import encode
+from analysis.sae_v.types import IMAGE, TEXT, InputExplanation, Pair, PairSet, PositionFeatures, SaeMeta, Scored
+
+
+def explain_input(handle: ModelHandle, sae, meta: SaeMeta, text: str, image=None, per_position: int = 8,
+                  threshold: float = 0.0) -> InputExplanation:
+    """Active features at every text token and image patch of one input."""
+    if handle.kind == "vlm" and image is None:
+        raise ValueError("A vision-language model needs an image with the text.")
+    if handle.kind != "vlm" and image is not None:
+        raise ValueError(f"{handle.spec.label} is a text-only model; it cannot read an image.")
+    pairs = PairSet(dataset="", seed=0, image_size=handle.info.image_size, pairs=[Pair(text=text)])
+    layer = meta.layer
+    acts = collect_activations(handle, pairs, layer, images=[image] if image is not None else None)
+    codes = encode(sae, scaled(acts, meta.scales))
+    tokens = acts.tokens[0]
+    positions = []
+    for r in range(len(acts)):
+        row = codes[r]
+        vals, idx = row.topk(min(per_position, row.numel()))
+        feats = [Scored(str(int(i)), round(float(v), 4)) for v, i in zip(vals, idx) if v > threshold]
+        m, ix = int(acts.modality[r]), int(acts.index[r])
+        positions.append(PositionFeatures(modality=m, index=ix, token=tokens[ix] if m == TEXT else f"patch {ix}",
+                                          features=feats))
+    text_max = per_pair_max(codes, acts.modality, acts.pair, 1, TEXT)[0]
+    image_max = per_pair_max(codes, acts.modality, acts.pair, 1, IMAGE)[0]
+    overall = codes.max(0).values
+    order = overall.argsort(descending=True)
+    totals = [Scored(str(int(f)), round(float(overall[f]), 4)) for f in order if overall[f] > threshold]
+    return InputExplanation(
+        model=handle.spec.label, layer=layer, tokens=tokens, grid=acts.grid, positions=positions, totals=totals,
+        text_max={int(f): round(float(text_max[f]), 4) for f in (text_max > threshold).nonzero().squeeze(1)},
+        image_max={int(f): round(float(image_max[f]), 4) for f in (image_max > threshold).nonzero().squeeze(1)},
+    )
+
+

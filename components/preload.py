@@ -1,0 +1,90 @@
+"""Import every heavy module a page may need, once, before any page runs.
+
+Streamlit runs each session's script in its own thread. When two sessions import a heavy package for
+the first time at the same moment (pandas from a plotly figure, a transformers class on first use),
+one of them can get the half-initialised module: `partially initialized module 'pandas' has no
+attribute 'Series'`, `cannot import name 'AutoConfig' from 'transformers'`. app.py imports this
+module first; Python's import lock on this module makes every other session wait until the whole
+list below is loaded, and the pages then find everything in `sys.modules`.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import time
+
+# Packages and modules a page, a figure or an analysis imports (directly or lazily).
+MODULES = [
+    "numpy", "pandas", "pyarrow", "PIL.Image", "PIL.ImageDraw",
+    "plotly.graph_objects", "plotly.subplots", "plotly.io", "plotly.offline",
+    "torch", "torch.nn.functional", "safetensors.torch", "tokenizers",
+    "huggingface_hub", "huggingface_hub.errors",
+    "transformers", "transformers.cache_utils", "transformers.masking_utils",
+    "captum.attr", "sae_lens", "sae_lens.config", "sae_lens.saes.sae",
+    "analysis.registry", "analysis.results", "analysis.models", "analysis.export", "analysis.store",
+    "analysis.sharpness", "analysis.kv_eviction", "analysis.inversion", "analysis.captions", "analysis.sae_v",
+    "analysis.anatomy", "analysis.zoo.shapes_world", "analysis.zoo.concepts",
+    "components.common", "components.runs", "components.share", "components.images",
+    "components.sharpness_figures", "components.kv_figures", "components.inversion_figures",
+    "components.caption_figures", "components.sae_figures",
+]
+
+# transformers resolves these lazily on first attribute access: resolve them here instead.
+TRANSFORMERS_NAMES = [
+    "AutoConfig", "AutoTokenizer", "AutoProcessor", "AutoModelForCausalLM", "AutoModelForImageTextToText",
+    "MODEL_FOR_CAUSAL_LM_MAPPING", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING", "PreTrainedTokenizerFast",
+    "DynamicCache", "AttentionInterface",
+    "LlamaForCausalLM", "LlamaConfig", "GPT2LMHeadModel", "GPT2Config", "MistralForCausalLM", "Qwen2ForCausalLM",
+    "LlavaForConditionalGeneration", "LlavaConfig", "LlavaProcessor", "CLIPVisionModel", "CLIPVisionConfig",
+    "CLIPImageProcessor", "CLIPImageProcessorFast",
+]
+
+FAILED: list[str] = []  # names that could not be imported here (optional extras); pages report their own errors
+
+
+def _zoo_names() -> list[str]:
+    """Model, processor and image-processor classes named by the installed demo models' configs."""
+    from analysis.models import ZOO_DIR
+
+    names = []
+    for config in sorted(ZOO_DIR.glob("*/config.json")) + sorted(ZOO_DIR.glob("*/processor_config.json")):
+        try:
+            data = json.loads(config.read_text())
+        except (OSError, ValueError):
+            continue
+        names += data.get("architectures") or []
+        names += [data[k] for k in ("processor_class", "image_processor_type") if isinstance(data.get(k), str)]
+        names += [v["image_processor_type"] for v in data.values()
+                  if isinstance(v, dict) and isinstance(v.get("image_processor_type"), str)]
+    return names
+
+
+def preload() -> float:
+    """Import everything above; returns the seconds it took."""
+    start = time.perf_counter()
+    for name in MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # an optional extra that is not installed: its page says so itself
+            FAILED.append(name)
+    import transformers
+
+    for name in dict.fromkeys(TRANSFORMERS_NAMES + _zoo_names()):
+        try:
+            getattr(transformers, name)
+        except Exception:
+            FAILED.append(f"transformers.{name}")
+    try:  # plotly builds its trace classes and validators on first use
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        fig = make_subplots(rows=1, cols=2)
+        for trace in (go.Scatter(), go.Bar(), go.Heatmap(), go.Histogram(), go.Image()):
+            fig.add_trace(trace, row=1, col=1)
+        fig.update_layout(shapes=[{"type": "line"}], annotations=[{"text": ""}]).to_plotly_json()
+    except Exception:
+        FAILED.append("plotly figures")
+    return time.perf_counter() - start
+
+
+SECONDS = preload()
