@@ -8,9 +8,9 @@ Shapes World, where we know which pairs are corrupted:
    on them); a known share (default 40 %) is corrupted: half of those carry another scene's caption,
    half a caption with swapped attributes (`shapes_world.swap_attributes`).
 2. Rank the pool by s_i with the model's demo SAE (ω from the pool's own activations, with the
-   official definition: ω only for features with >= 5 text and >= 5 image tokens among their top 30,
-   s_i summing ω over those features active on both a text and an image token of the pair).
-   No corruption label is used for the ranking.
+   official rule `analysis.sae_v.score_rule("official")`: ω only for features with >= 5 text and
+   >= 5 image tokens among their top 30, s_i summing ω over those features active (> 1) on both a
+   text and an image token of the pair). No corruption label is used for the ranking.
 3. Fine-tune the same starting checkpoint on (a) the whole pool, (b) the top 50 % by s_i, (c) a
    random 50 %, (d) the clean pairs only (oracle). Every condition trains for the same number of
    epochs over its own subset (so (a) takes twice the steps of (b)/(c), as in the paper: less data,
@@ -92,18 +92,6 @@ def make_pool(n: int, corrupted: float, seed: int = 0) -> list[dict]:
 # 2. The SAE-V score
 
 
-def official_omega(acts, codes, modality, top: int = 30, minimum: int = 5, omega_top: int = 5) -> torch.Tensor:
-    """ω_k (SAE-V): mean cosine between the residuals of the feature's top text and top image tokens,
-    defined only for cross-modal features (>= `minimum` text and >= `minimum` image tokens among the
-    top `top`); 0 for every other feature, so s_i sums over cross-modal features only."""
-    from analysis.sae_v import cross_modal_weights, modality_labels
-
-    labels, _, _ = modality_labels(codes, modality, top=top, minimum=minimum)
-    omega = cross_modal_weights(acts, codes, modality, top=omega_top)
-    keep = torch.tensor([label == "cross-modal" for label in labels])
-    return omega * keep
-
-
 def score_pool(model_name: str, layer: int, pool: list[dict]) -> dict:
     """s_i for every pair with the committed demo SAE of `model_name` at `layer`."""
     from analysis import sae_v
@@ -119,12 +107,15 @@ def score_pool(model_name: str, layer: int, pool: list[dict]) -> dict:
                                             kind=p["kind"]) for p in pool])
     acts = sae_v.collect_activations(handle, pairs, layer)
     codes = sae_v.encode(sae, sae_v.scaled(acts, meta.scales))
-    omega = official_omega(acts.acts, codes, acts.modality)
-    score, _, shared = sae_v.pair_scores(codes, acts.modality, acts.pair, omega, len(pool))
+    rule = sae_v.score_rule("official")
+    omega, defined = rule.weights(acts.acts, codes, acts.modality)
+    score, _, shared = sae_v.pair_scores(codes, acts.modality, acts.pair, omega, len(pool),
+                                         threshold=rule.cooccur_threshold, has_omega=defined)
     clean = [float(s) for s, p in zip(score, pool) if not p["corrupted"]]
     bad = [float(s) for s, p in zip(score, pool) if p["corrupted"]]
     return {"scores": [float(s) for s in score], "roc_auc": sae_v.roc_auc(clean, bad),
-            "cross_modal_features": int((omega != 0).sum()), "stale": sae_v.is_stale(handle, meta),
+            "cross_modal_features": int(defined.sum()), "rule": rule.label,
+            "cooccur_threshold": rule.cooccur_threshold, "stale": sae_v.is_stale(handle, meta),
             "sae": str(folder.relative_to(ROOT)), "path": handle.path}
 
 
@@ -336,8 +327,8 @@ def run(args) -> dict:
         "scale": "smoke" if args.smoke else args.scale_note,
         "model": args.model,
         "sae": {"folder": ranked["sae"], "layer": args.layer, "cross_modal_features": ranked["cross_modal_features"],
-                "stale": ranked["stale"], "omega": "official: cross-modal features only (>=5 text and >=5 image "
-                                                   "tokens among top 30), mean cosine of top-5 text x top-5 image"},
+                "stale": ranked["stale"], "score_rule": ranked["rule"],
+                "cooccur_threshold": ranked["cooccur_threshold"]},
         "pool": {"pairs": len(pool), "corrupted": sum(flags),
                  "kinds": {k: sum(p["kind"] == k for p in pool) for k in ("clean", "other_scene", "swapped")},
                  "scenes": f"validation split from {POOL_BASE}", "s_i_roc_auc_clean_vs_corrupted": ranked["roc_auc"],
