@@ -551,6 +551,20 @@ def test_cli_trains_and_prints_json(tiny_llava_dir, tmp_path, capsys):
     assert set(out["ranking"]["keep"]) >= {"precision", "recall", "kept", "removed"}
 
 
+@pytest.mark.parametrize("args", [
+    ["--layer", "99"], ["--layer", "-1"], ["--d-sae", "0"], ["--k", "0"], ["--steps", "abc"], ["--rule", "nope"],
+    ["--keep", "2"], ["--train-pairs", "1"], ["--arch", "nope"], ["--feature", "-3"],
+])
+def test_cli_out_of_range_arguments_print_one_error_line(args, tiny_llava_dir, capsys):
+    from analysis.__main__ import main
+
+    code = main(["sae", "--model", f"local:{tiny_llava_dir}", *args])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert [line for line in err.splitlines() if line.startswith("error:")] and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # The committed demo SAE cannot drift from its model
 

@@ -485,10 +485,18 @@ def show_filtering_experiment() -> None:
     if "top_half_at_least_whole_pool_yes_no" in verdict:
         bits.append("and " + ("matches or beats" if verdict["top_half_at_least_whole_pool_yes_no"]
                               else "falls short of") + " training on the whole pool")
+    for key, what in (("top_half_minus_random_half", "top share − random share"),
+                      ("top_half_minus_whole_pool", "top share − whole pool")):
+        diff = verdict.get(key)
+        if isinstance(diff, dict) and isinstance(diff.get("difference"), (int, float)):
+            bits.append(f"{what}: {diff['difference']:+.3f} yes/no (standard error "
+                        f"{diff.get('standard_error', float('nan')):.3f})")
     explain("Stored results of `benchmarks/sae_v_filtering.py` (model "
             f"{results.get('model', '?')}, {results.get('scale', '')}): " + ", ".join(bits)
             + ". Each condition fine-tunes the same starting checkpoint; scores are measured on held-out test "
             "scenes, mean ± standard deviation over seeds.")
+    if isinstance(results.get("note"), str) and results["note"].strip():
+        st.caption("Benchmark note: " + results["note"])
 
 
 {"list": show_list, "feature": show_feature, "explain": show_explain, "ranking": show_ranking}[view]()

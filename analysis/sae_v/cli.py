@@ -60,7 +60,11 @@ def cli(argv: list[str]) -> int:
     rule = score_rule(args.rule) if args.rule else None  # unknown names: SettingsError
     check_range("--keep", args.keep, low=0.0, high=1.0)
     train = TrainParams(architecture=args.arch, d_sae=args.d_sae, k=args.k, steps=args.steps)
-    train.validate()
+    store_params = StoreParams(score_rule=rule.name if rule else StoreParams.score_rule)
+    params = BuildParams(layer=0 if args.layer is None else args.layer, dataset=args.dataset,
+                         train_pairs=args.train_pairs, eval_pairs=args.eval_pairs, seed=args.seed, train=train,
+                         store=store_params)
+    params.validate()  # everything but the layer's upper bound, before the model loads
     if args.feature is not None:
         check_range("--feature", args.feature, low=0, integer=True)
     handle = load_model(ModelSpec.parse(args.model))
@@ -73,9 +77,7 @@ def cli(argv: list[str]) -> int:
     else:
         folder = demo_folder(handle, layer) if args.out is None else None
         if folder is None:
-            store_params = StoreParams(score_rule=rule.name if rule else StoreParams.score_rule)
-            params = BuildParams(layer=layer, dataset=args.dataset, train_pairs=args.train_pairs,
-                                 eval_pairs=args.eval_pairs, seed=args.seed, train=train, store=store_params)
+            params.layer = layer
             folder = build(handle, params, args.out)
     if args.rebuild_store:
         rebuild_store(handle, folder, rule.name if rule else None)
