@@ -10,6 +10,7 @@ import random
 from analysis import anatomy
 from analysis.anatomy import image_token  # noqa: F401  (re-exported by analysis.sae_v)
 from analysis.models import ModelHandle
+from analysis.registry import SettingsError
 from analysis.sae_v.types import Pair, PairSet
 from analysis.tasks import tasks_for
 
@@ -133,5 +134,5 @@ def default_dataset(handle: ModelHandle) -> str:
 
 def make_pairs(handle: ModelHandle, dataset: str, n: int, seed: int, corrupted: float = 0.0) -> PairSet:
     if dataset not in DATASETS:
-        raise ValueError(f"Unknown dataset '{dataset}' (available: {', '.join(DATASETS)}).")
+        raise SettingsError(f"Unknown dataset '{dataset}' (available: {', '.join(DATASETS)}).")
     return DATASETS[dataset].pairs(handle, n, seed, corrupted)
