@@ -227,12 +227,14 @@ def _kv_analyze(handle, params, kwargs) -> Work:
     total, prefill, start = _kv_shape(handle, params)
     policies = len(kv.POLICIES)
     runs = policies + (0 if params.policy == "full" else 1)  # full, every policy, the chosen one again
+    main = kv.main_policies()
+    texts = len(main) + (0 if params.policy in main else 1)  # generated text: main policies (+ a chosen variant)
     work = Work()
     if params.prompt.strip():  # the reference continuation is generated first
         work.add(**vars(_sequence(start, start, generate=max(2, params.new_tokens))))
     work.add(**vars(_sequence(prefill, total, overhead=HOOK_OVERHEAD)), times=runs)
     work.add(**vars(_sequence(prefill, start, overhead=HOOK_OVERHEAD, generate=max(2, params.new_tokens))),
-             times=policies)
+             times=texts)
     return work
 
 
@@ -242,7 +244,8 @@ def _kv_sweep(handle, params, kwargs) -> Work:
 
     total, prefill, _ = _kv_shape(handle, params)
     examples = 1 if params.prompt.strip() else max(1, params.examples)
-    runs = examples * (1 + len(params.sweep) * (len(kv.POLICIES) - 1))
+    names = [n for n in (kwargs.get("names") or kv.POLICIES) if n != "full"]
+    runs = examples * (1 + len(params.sweep) * len(names))
     return Work().add(**vars(_sequence(prefill, total, overhead=HOOK_OVERHEAD)), times=runs)
 
 
