@@ -50,7 +50,8 @@ def qwen_half_b() -> ModelHandle:
 def jobs(handle: ModelHandle) -> list[tuple[str, object, object]]:
     prompt = "1 2 3 4 5 6" if handle.info.parameters > 1e8 else "there is a large red circle"
     return [
-        ("KV: every policy, 32-token context", kv.analyze, kv.KvParams(context=32, budget=12, window=4, new_tokens=4)),
+        ("KV: every policy, 32-token context", kv.analyze,
+         kv.KvParams(context=32, budget=12, snap_window=4, morph_window=4, new_tokens=4)),
         ("sharpness: n = 4, 8, 2 prompts each", S.size_sweep, S.SweepParams(ns=[4, 8], samples=2, batch=2)),
         ("reconstruction: 6 tokens, layer 2", inv.reconstruct, inv.AttackParams(prompt=prompt, layer=2)),
     ]

@@ -13,11 +13,12 @@ from analysis import kv_eviction as kv
 from analysis import sharpness as S
 from analysis.models import ModelSpec, load_model, zoo_models
 
-KV_SMALL = kv.KvParams(context=48, budget=16, window=4, new_tokens=4)
+KV_SMALL = kv.KvParams(context=48, budget=16, snap_window=4, morph_window=4, new_tokens=4)
 JOBS = [
     (kv.analyze, KV_SMALL),
-    (kv.budget_sweep, kv.KvParams(context=48, budget=16, window=4, examples=2)),
-    (kv.analyze, kv.KvParams(prompt="a b c d e f g h i j k l", budget=8, window=2, sinks=2, new_tokens=6)),
+    (kv.budget_sweep, kv.KvParams(context=48, budget=16, snap_window=4, morph_window=4, examples=2)),
+    (kv.analyze, kv.KvParams(prompt="a b c d e f g h i j k l", budget=8, snap_window=2, morph_window=2, sinks=2,
+                             new_tokens=6)),
     (S.size_sweep, S.SweepParams(ns=[2, 4, 8], samples=5, batch=2)),
 ]
 
@@ -54,7 +55,8 @@ def test_estimate_grows_with_the_settings(tiny_llama):
     small = cost.estimate_work(S.size_sweep, tiny_llama, S.SweepParams(ns=[4, 8], samples=8))
     double = cost.estimate_work(S.size_sweep, tiny_llama, S.SweepParams(ns=[4, 8], samples=16))
     assert double.tokens == 2 * small.tokens
-    longer = cost.estimate_work(kv.analyze, tiny_llama, kv.KvParams(context=96, budget=16, window=4))
+    longer = cost.estimate_work(kv.analyze, tiny_llama,
+                                kv.KvParams(context=96, budget=16, snap_window=4, morph_window=4))
     assert longer.calls > cost.estimate_work(kv.analyze, tiny_llama, KV_SMALL).calls
 
 
@@ -92,7 +94,7 @@ def test_long_work_waits_for_a_click_then_runs(tiny_llama_dir, monkeypatch):
 
     monkeypatch.setattr(runs, "ASK_ABOVE_S", 0.0)  # every run counts as long
     spec = ModelSpec("local", str(tiny_llama_dir))
-    query = {"context": "40", "budget": "17", "window": "4", "examples": "1"}
+    query = {"context": "40", "budget": "17", "snap_window": "4", "morph_window": "4", "examples": "1"}
     at = app_with_model(spec, "views/kv_cache.py", query=query, timeout=120)
     assert not at.exception, at.exception
     assert not at.get("plotly_chart"), "nothing is computed before the click"

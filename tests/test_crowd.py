@@ -27,7 +27,7 @@ pytestmark = [
 ]
 
 USERS = [
-    ("kv-cache", "?context=48&budget=16&window=4&examples=1"),  # computed live, not precomputed
+    ("kv-cache", "?context=48&budget=16&snap_window=4&morph_window=4&examples=1"),  # computed live, not precomputed
     ("attention-sharpness", "?ns=4,8&samples=4"),  # computed live
     ("prompt-reconstruction", ""),
     ("sae-features", "?model=zoo:shapes-vlm"),

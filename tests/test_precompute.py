@@ -29,7 +29,7 @@ def assert_close(a, b, path="result"):
         assert a == b, f"{path}: {a!r} != {b!r}"
 
 
-SMALL = kv.KvParams(context=32, budget=12, window=4, new_tokens=4)
+SMALL = kv.KvParams(context=32, budget=12, snap_window=4, morph_window=4, new_tokens=4)
 
 
 @pytest.fixture()
