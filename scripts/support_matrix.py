@@ -66,7 +66,7 @@ def check_kv(handle) -> None:
 
     params = kv.KvParams(policy="streaming_llm", budget=8, sinks=2, context=24, pairs=2, prefill=0.5)
     task = kv.build_task(handle, params)
-    full = kv.run_policy(handle, task.tokens, task.prefill_len, kv.FullCache(params))
+    full = kv.run_policy(handle, task.tokens, task.prefill_len, kv.make_policy(params, "full"))
     with handle.session():
         plain = handle.language_model(input_ids=torch.tensor([task.tokens])).logits[0].float()
     ref = plain[task.prefill_len - 1: len(task.tokens) - 1]
