@@ -732,6 +732,42 @@ def size_sweep(handle: ModelHandle, params: SweepParams | None = None,
 # Command line
 
 
+def _cli_numbers(text: str, what: str, cast) -> list:
+    """A comma-separated list of numbers, or SettingsError naming the bad item."""
+    from analysis.registry import SettingsError
+
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        try:
+            out.append(cast(item))
+        except ValueError:
+            kind = "whole numbers" if cast is int else "numbers"
+            raise SettingsError(f"{what} must be comma-separated {kind}; '{item}' is not one.") from None
+    return out
+
+
+def _cli_params(args) -> SweepParams:
+    """The CLI's settings as SweepParams, every number range-checked (SettingsError: one line)."""
+    from analysis.registry import SettingsError, check_range
+
+    ns = _cli_numbers(args.n, "--n (item counts)", int)
+    if not ns:
+        raise SettingsError("--n needs at least one item count n >= 2.")
+    for n in ns:
+        check_range("Each item count n", n, low=2, high=100_000, integer=True)
+    thetas = _cli_numbers(args.thetas, "--thetas (temperatures)", float)
+    for theta in thetas:
+        check_range("Each temperature θ", theta, low=1e-6, high=1e6)
+    check_range("--samples (prompts per n)", args.samples, low=1, high=100_000, integer=True)
+    check_range("--seed", args.seed, low=0, integer=True)
+    layers = _cli_numbers(args.layers, "--layers", int)
+    for layer in layers:
+        check_range("Each layer in --layers", layer, low=0, integer=True)
+    return SweepParams(ns=ns, thetas=thetas, samples=args.samples, seed=args.seed, layers=layers or None)
+
+
 def cli(argv: list[str]) -> int:
     import argparse
 
@@ -746,12 +782,9 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     try:
-        params = SweepParams(ns=[int(x) for x in args.n.split(",") if x.strip()],
-                             thetas=[float(x) for x in args.thetas.split(",") if x.strip()],
-                             samples=args.samples, seed=args.seed,
-                             layers=[int(x) for x in args.layers.split(",") if x.strip()] or None)
+        params = _cli_params(args)  # checked before the model loads
         result = size_sweep(load_model(ModelSpec.parse(args.model)), params)
-    except (SharpnessError, ValueError) as exc:
+    except (SharpnessError, ValueError) as exc:  # ValueError includes registry.SettingsError
         import sys
 
         print(f"error: {exc}", file=sys.stderr)
