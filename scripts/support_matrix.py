@@ -107,7 +107,8 @@ def check_sae(handle, folder: Path) -> None:
 
 
 def check_captions(handle) -> None:
-    """Yes/no verification of each claim alone: batched equals one at a time; p_T + p_F <= 1."""
+    """Yes/no verification of each claim alone: batched equals one at a time; p_T + p_F <= 1; the VLM
+    captions the image and Integrated Gradients grounds a claim on its patch grid."""
     from PIL import Image
 
     from analysis import captions as C
@@ -122,6 +123,8 @@ def check_captions(handle) -> None:
         assert abs(t - t1) < 1e-4 and abs(f - f1) < 1e-4, "a claim's answer depends on the batch"
         assert 0.0 <= t + f <= 1.0 + 1e-6
     C.caption_image(handle, image, max_new_tokens=3)
+    heatmap = C.ground_claims(verifier, image, CLAIMS[:1], steps=2)[0]
+    assert len(heatmap) == len(heatmap[0]) == verifier.grid, "grounding heatmap is not the patch grid"
 
 
 CHECKS = {"sharpness": check_sharpness, "kv": check_kv, "inversion": check_inversion, "sae": check_sae,
