@@ -654,7 +654,10 @@ def ground_claims(verifier: YesNoVerifier, image, claims: list[str], steps: int 
         with vlm.patch(), torch.enable_grad():
             attr = IntegratedGradients(margin).attribute(pixels, baselines=torch.zeros_like(pixels),
                                                          n_steps=steps, internal_batch_size=steps)
-        per_pixel = attr[0].sum(0).detach()  # (H, W)
+        tile = attr[0]
+        while tile.dim() > 3:  # tiled processors (LLaVA-NeXT, Idefics3): the first tile is the whole image
+            tile = tile[0]
+        per_pixel = tile.sum(0).detach()  # (H, W)
         patch = per_pixel.shape[-1] // grid
         maps.append(per_pixel.reshape(grid, patch, grid, patch).sum((1, 3)).tolist())
         if progress:
@@ -667,7 +670,7 @@ def ground_claims(verifier: YesNoVerifier, image, claims: list[str], steps: int 
 
 
 def verify_caption(vlm: ModelHandle, image, params: CorrectionParams, lm: ModelHandle | None = None,
-                   progress: Progress | None = None, verifier: Verifier | None = None) -> Verification:
+                   progress: Progress | None = None, verifier: YesNoVerifier | None = None) -> Verification:
     """Decompose the caption and verify (and ground) every claim alone. Independent of pi.
 
     `verifier` overrides `params.verifier` (e.g. a ground-truth oracle in an evaluation).

@@ -200,6 +200,9 @@ def temperature_attention(module, query, key, value, attention_mask, scaling=Non
     key = _repeat_kv(key, groups)
     value = _repeat_kv(value, groups)
     scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
+    softcap = kwargs.get("softcap")
+    if softcap:  # Gemma 2: the logits as used are soft-capped, cap * tanh(s / cap), before the mask
+        scores = torch.tanh(scores / softcap).mul_(softcap)
     if attention_mask is not None:
         scores.add_(attention_mask[:, :, :, : key.shape[-2]])
     recorder = active.recorder if active is not None else None
@@ -369,12 +372,19 @@ def item_format(tokenizer) -> ItemFormat:
         return ItemFormat("numbers", numbers, prefix if words_ok else "", suffix if words_ok else "", bos)
     special = set(tokenizer.all_special_ids)
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    words = [w for w, i in vocab if i not in special and not w.startswith("<")]
-    words = [w for w in words if _encode(tokenizer, " " + w) == [tokenizer.convert_tokens_to_ids(w)]]
-    if len(words) < 8:
+    # A vocabulary entry is an item when " " + its text encodes back to it alone; the text comes from
+    # decode(), so byte-level BPE entries ("Ġcat" -> " cat") qualify as well as word-level ones.
+    pieces = []
+    for w, i in vocab:
+        if i in special or w.startswith("<"):
+            continue
+        text = tokenizer.decode([i]).strip()
+        if text.isalnum() and _encode(tokenizer, " " + text) == [i]:
+            pieces.append(" " + text)
+    if len(pieces) < 8:
         raise SharpnessError("Could not find enough single-token items in this tokenizer to build "
                              "a max-retrieval prompt.")
-    return ItemFormat("vocabulary", [" " + w for w in words[:100]], "", "", bos)
+    return ItemFormat("vocabulary", pieces[:100], "", "", bos)
 
 
 def _sample_values(n: int, vmax: int, rng: random.Random) -> list[int]:
