@@ -670,7 +670,7 @@ def ground_claims(verifier: YesNoVerifier, image, claims: list[str], steps: int 
 
 
 def verify_caption(vlm: ModelHandle, image, params: CorrectionParams, lm: ModelHandle | None = None,
-                   progress: Progress | None = None, verifier: Verifier | None = None) -> Verification:
+                   progress: Progress | None = None, verifier: YesNoVerifier | None = None) -> Verification:
     """Decompose the caption and verify (and ground) every claim alone. Independent of pi.
 
     `verifier` overrides `params.verifier` (e.g. a ground-truth oracle in an evaluation).
