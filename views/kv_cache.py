@@ -194,9 +194,9 @@ def budget_sweep_section() -> kv.SweepResult | None:
     explain(f"Each policy at budgets of 25 %, 50 % and 75 % of the context (each policy's settings as set above), "
             f"averaged over {examples} key-value prompts (seeds {params.seed} to {params.seed + examples - 1}; "
             "`examples` in the URL). The dashed line is the full cache's accuracy. 'Cache held' shows what each "
-            "policy really kept when the last token was predicted: the same for every solid line; the dotted "
-            "lines are the labelled variants (the prefill-only ones hold more). With few prompts the accuracy "
-            "steps are coarse; the README table averages more.")
+            "policy really kept when the last token was predicted: the same for every policy here (the "
+            "labelled variants are left out of the sweep; docs/readme_kv.md measures them). With few prompts "
+            "the accuracy steps are coarse; the README table averages more.")
     return sweep
 
 
