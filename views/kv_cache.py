@@ -6,6 +6,7 @@ import streamlit as st
 from analysis import kv_eviction as kv
 from components import kv_figures as F
 from components.common import analysis_errors, explain, require_model, set_url_params, url_param
+from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
 
@@ -17,6 +18,7 @@ st.write(
     "prompt is a key-value recall task: needles (key, value) hidden in filler, then each key is asked."
 )
 
+preset_bar("kv-cache", widget_prefix="kv_")
 handle = require_model("causal_lm", "vlm", panel="KV-cache eviction")
 with analysis_errors(kv.KvEvictionError):
     kv.evictable_layers(handle)
@@ -33,25 +35,30 @@ with st.container(border=True):
     policy = c1.selectbox("Policy", names, index=names.index(url_param("policy", defaults.policy, choices=names)),
                           format_func=F.POLICY_LABELS.get, key="kv_policy",
                           help="Full cache keeps everything (the reference).")
-    budget = c2.number_input("Budget C (entries per head)", 1, 100_000, url_param("budget", defaults.budget, int, lo=1, hi=100_000),
+    budget = c2.number_input("Budget C (entries per head)", 1, 100_000,
+                             url_param("budget", defaults.budget, int, lo=1, hi=100_000),
                              key="kv_budget", help="Cache entries kept per layer and KV head.")
-    window = c3.number_input("Window (R / w / recent)", 1, 4096, url_param("window", defaults.window, int, lo=1, hi=4096),
+    window = c3.number_input("Window (R / w / recent)", 1, 4096,
+                             url_param("window", defaults.window, int, lo=1, hi=4096),
                              key="kv_window", help="MorphKV's recent window R, SnapKV's observation window w, "
                                                    "H2O's recent tokens.")
-    sinks = c4.number_input("Sinks S (StreamingLLM)", 0, 256, url_param("sinks", defaults.sinks, int, lo=0, hi=256), key="kv_sinks")
-    kernel = c5.number_input("SnapKV pooling kernel", 1, 31, url_param("kernel", defaults.kernel, int, lo=1, hi=31), step=2,
-                             key="kv_kernel")
+    sinks = c4.number_input("Sinks S (StreamingLLM)", 0, 256, url_param("sinks", defaults.sinks, int, lo=0, hi=256),
+                            key="kv_sinks")
+    kernel = c5.number_input("SnapKV pooling kernel", 1, 31, url_param("kernel", defaults.kernel, int, lo=1, hi=31),
+                             step=2, key="kv_kernel")
     c6, c7, c8, c9, c10, c11 = st.columns([1, 1.2, 1.2, 1, 1, 1])
     fusions = ["max", "sum"]
     fusion = c6.selectbox("MorphKV fusion", fusions, index=fusions.index(url_param("fusion", "max", choices=fusions)),
                           key="kv_fusion")
-    context = c7.number_input("Context (tokens)", 16, 4096, url_param("context", defaults.context, int, lo=16, hi=4096), step=32,
+    context = c7.number_input("Context (tokens)", 16, 4096,
+                              url_param("context", defaults.context, int, lo=16, hi=4096), step=32,
                               key="kv_context", help="Length of the key-value context.")
-    prefill = c8.slider("Prefilled share", 0.05, 1.0, url_param("prefill", defaults.prefill, float, lo=0.05, hi=1.0), step=0.05,
-                        key="kv_prefill", help="Share of the context read in one forward pass; the rest is read "
+    prefill = c8.slider("Prefilled share", 0.05, 1.0, url_param("prefill", defaults.prefill, float, lo=0.05, hi=1.0),
+                        step=0.05, key="kv_prefill", help="Share of the context read in one forward pass; the rest is read "
                                                "token by token, with eviction after every token.")
     pairs = c9.number_input("Needles", 1, 8, url_param("pairs", defaults.pairs, int, lo=1, hi=8), key="kv_pairs")
-    queries = c10.number_input("Questions", 1, 8, url_param("queries", defaults.queries, int, lo=1, hi=8), key="kv_queries",
+    queries = c10.number_input("Questions", 1, 8, url_param("queries", defaults.queries, int, lo=1, hi=8),
+                               key="kv_queries",
                                help="Needles asked after the context (shapes-lm was trained on one).")
     seed = c11.number_input("Example seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="kv_seed")
     prompt = st.text_input("Your own prompt (optional)", url_param("prompt", "", str), key="kv_prompt",
@@ -66,7 +73,8 @@ set_url_params(policy=policy, budget=int(budget), window=int(window), sinks=int(
                seed=int(seed), prompt=prompt)
 
 with analysis_errors(kv.KvEvictionError):
-    result: kv.KvResult = cached_run("analyze", kv.analyze, handle, params, label="Running every policy on identical tokens ...")
+    result: kv.KvResult = cached_run("analyze", kv.analyze, handle, params,
+                                     label="Running every policy on identical tokens ...")
 
 task = result.task
 chosen = result.run(policy)

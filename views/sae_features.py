@@ -12,12 +12,14 @@ from analysis.export import rows_to_csv
 from components import sae_figures as figs
 from components.common import explain, progress, require_model, set_url_params, url_param
 from components.model_picker import try_load
+from components.presets import preset_bar
 
 VIEWS = {"list": "Feature list", "feature": "Feature page", "explain": "Explain an input", "ranking": "Data ranking"}
 
 st.title("SAE-V features")
 st.caption("Sparse-autoencoder features over the image and text tokens of a multimodal model, their cross-modal "
            "weight ω, and data filtering by cross-modal score — after *SAE-V* (ICML 2025).")
+preset_bar("sae-features", widget_prefix="sae_")
 handle = require_model("vlm", "causal_lm", panel="SAE-V feature browser")
 is_vlm = handle.kind == "vlm"
 if not is_vlm and "shapes-vlm" in zoo_models():
@@ -387,7 +389,8 @@ def show_ranking() -> None:
     by = c1.radio("Score", ["sum", "weighted"], horizontal=True, key="sae_rank_by",
                   index=["sum", "weighted"].index(url_param("by", "sum", str, ["sum", "weighted"])),
                   format_func={"sum": "s_i = Σ ω (SAE-V)", "weighted": "activation-weighted mean ω"}.get)
-    threshold = c2.slider("Active above", 0.0, 2.0, url_param("thr", 0.0, float, lo=0.0, hi=2.0), 0.05, key="sae_rank_thr")
+    threshold = c2.slider("Active above", 0.0, 2.0, url_param("thr", 0.0, float, lo=0.0, hi=2.0), 0.05,
+                          key="sae_rank_thr")
     set_url_params(by=by, thr=threshold)
     ranking = ranking_cached(str(folder), stamp, handle.spec.label, by, float(threshold))
     cols = st.columns(4)
