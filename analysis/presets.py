@@ -113,13 +113,14 @@ PRESETS: list[Preset] = [
            "— the trade-off the threshold sweep shows.",
            "zoo:shapes-vlm", {**CAPTION_BASE, "seed": "20000003", "pi": "0.0"}),
     # --- SAE-V --------------------------------------------------------------------------------------------
-    Preset("sae-features", "cross-modal-list", "Cross-modal features first",
-           "The feature list sorted by cross-modal weight ω: the few features that fire on both caption words "
-           "and image patches are at the top.",
+    Preset("sae-features", "cross-modal-list", "How many features are cross-modal",
+           "The feature list sorted by cross-modal weight ω: on the demo SAE only a few features fire on "
+           "both caption words and image patches (the 'Cross-modal' count); most are text-only.",
            "zoo:shapes-vlm", {**SAE_BASE}),
     Preset("sae-features", "cross-modal-feature", "One feature, a word and a patch",
-           "The demo SAE's most cross-modal feature: its strongest tokens include caption words and image "
-           "patches (top images with the patch outlined).",
+           "The demo SAE's feature with the largest cross-modal weight ω: caption words and image patches "
+           "are both among its 30 strongest tokens (the 'Top-30 tokens: text / image' card), shown on the "
+           "words it shades and on the patches outlined in its top images.",
            "zoo:shapes-vlm", {**SAE_BASE, "view": "feature", "feature": top_cross_modal_feature}),
 ]
 

@@ -43,16 +43,24 @@ HAS_VLM = "shapes-vlm" in zoo_models()
 
 @pytest.fixture(autouse=True)
 def small_sweeps():
-    """A huge `samples` is clamped to 512 prompts per n: valid, but minutes of work that proves nothing
-    here. Serve the sharpness sweep with 2 prompts per n instead, and forget those results afterwards."""
+    """Valid but large settings (512 prompts per n, a 192-token KV context swept over budgets) are minutes
+    of work on a busy machine and prove nothing about URL handling. Serve them from smaller settings of
+    the same analysis (settings a model cannot take still reach the real code and its error), and forget
+    those results afterwards."""
     import dataclasses
 
+    from analysis import kv_eviction as kv
     from analysis import sharpness as S
     from components import runs
 
     def shrink(key, handle, params):
         if isinstance(params, S.SweepParams) and params.samples > 2:
             return S.size_sweep(handle, dataclasses.replace(params, samples=2))
+        if isinstance(params, kv.KvParams) and not params.prompt.strip():
+            limit = handle.info.max_positions or 10**9
+            if params.context + 16 + params.new_tokens <= limit and (params.context > 48 or params.examples > 1):
+                small = dataclasses.replace(params, context=min(params.context, 48), examples=1)
+                return (kv.analyze if key.kind == "analyze" else kv.budget_sweep)(handle, small)
         return None
 
     runs.add_source(shrink)
