@@ -23,8 +23,9 @@ FINAL_NORM_NAMES = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm
 LAYER_LIST_NAMES = ("layers", "h", "blocks", "layer")
 
 
-class AnatomyError(ModelLoadError):
-    """A part of the model could not be found; the message names the part and the model."""
+class AnatomyError(ModelLoadError, ValueError):
+    """A part of the model could not be found (or a layer is out of range); the message names the part
+    and the model. A `ModelLoadError`, so the CLI and the pages show it as one line."""
 
 
 class ModelRunError(ModelLoadError):
@@ -186,6 +187,16 @@ def final_norm(obj: Any) -> torch.nn.Module | None:
             if isinstance(norm, torch.nn.Module):
                 return norm
     return None
+
+
+def final_norm_scale(obj: Any) -> torch.Tensor | None:
+    """The final norm's per-dimension scale as applied: Gemma's RMSNorm multiplies by (1 + weight)."""
+    norm = final_norm(obj)
+    weight = getattr(norm, "weight", None)
+    if weight is None:
+        return None
+    weight = weight.detach().float()
+    return 1.0 + weight if type(norm).__name__.startswith("Gemma") else weight
 
 
 def logit_softcap(obj: Any) -> float | None:
@@ -372,3 +383,12 @@ def require_processor(handle, panel: str) -> Any:
         why = getattr(handle, "processor_error", "") or "it has no processor"
         raise AnatomyError(f"The {panel} panel needs {handle.spec.label}'s image processor, but {why}.")
     return handle.processor
+
+
+def image_prompt(handle, text: str) -> str:
+    """A one-image user turn: the processor's chat template when it has one, else '<image> text'."""
+    processor = getattr(handle, "processor", None)
+    if getattr(processor, "chat_template", None):
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+        return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return f"{image_token(handle)} {text}"

@@ -24,8 +24,10 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from analysis import anatomy
 from analysis.models import ModelHandle, ModelLoadError, ModelSpec, load_model, require_kind
 from analysis.results import Result
+from analysis.tasks import tasks_for
 
 Progress = Callable[[float, str], None]
 
@@ -183,7 +185,7 @@ def generate_text(handle: ModelHandle, prompt: str, max_new_tokens: int = 64,
         raise CaptionError(f"The prompt is longer than {handle.spec.label} can read "
                            f"({handle.info.max_positions} tokens); use a shorter caption.")
     max_new_tokens = min(max_new_tokens, room)
-    with handle.session():
+    with handle.session(), anatomy.model_step(handle, "generating text"):
         out = handle.language_model.generate(
             **ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=_pad_id(tok),
         )
@@ -194,9 +196,9 @@ def caption_image(handle: ModelHandle, image, prompt: str | None = None, max_new
     """Greedy caption of `image` by a VLM, with its chat template when it has one."""
     require_kind(handle, "vlm", panel="Caption correction")
     if prompt is None:
-        prompt = _shapes_caption_prompt(handle) or vlm_prompt(handle, GENERIC_CAPTION_PROMPT)
+        prompt = tasks_for(handle).caption_prompt(handle) or vlm_prompt(handle, GENERIC_CAPTION_PROMPT)
     inputs = _vlm_inputs(handle, [image], [prompt])
-    with handle.session():
+    with handle.session(), anatomy.model_step(handle, "captioning the image"):
         out = handle.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                     pad_token_id=_pad_id(handle.tokenizer))
     text = handle.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
@@ -205,19 +207,12 @@ def caption_image(handle: ModelHandle, image, prompt: str | None = None, max_new
 
 def vlm_prompt(handle: ModelHandle, text: str) -> str:
     """A one-image user turn: the chat template's when there is one, else '<image> text'."""
-    proc = handle.processor
-    if getattr(proc, "chat_template", None):
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
-        return proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return f"{_image_token(handle)} {text}"
+    return anatomy.image_prompt(handle, text)
 
 
 def speaks_shapes_world(handle: ModelHandle) -> bool:
-    """True for the demo models (and any model whose vocabulary holds every Shapes World word)."""
-    if not has_shapes_world():
-        return False
-    vocab = handle.tokenizer.get_vocab()
-    return all(w in vocab for w in shapes_world().VOCAB)
+    """True for the demo models: the task provider gives them Shapes World tasks."""
+    return tasks_for(handle).shapes_world
 
 
 def shapes_text(text: str) -> str:
@@ -228,18 +223,12 @@ def shapes_text(text: str) -> str:
     return " ".join(re.sub(r"([.;?:=])", r" \1 ", text).split())
 
 
-def _shapes_caption_prompt(handle: ModelHandle) -> str | None:
-    return shapes_world().VLM_CAPTION_PROMPT if speaks_shapes_world(handle) else None
-
-
-def _image_token(handle: ModelHandle) -> str:
-    return getattr(handle.processor, "image_token", None) or "<image>"
-
-
 def _vlm_inputs(handle: ModelHandle, images: list, prompts: list[str]) -> dict[str, torch.Tensor]:
     # Left padding: every row's next-token logits sit at its last position.
-    inputs = handle.processor(images=[_rgb(i) for i in images], text=prompts, return_tensors="pt",
-                              padding=True, padding_side="left")
+    processor = anatomy.require_processor(handle, "Caption correction")
+    with anatomy.model_step(handle, "preparing the image and prompt"):
+        inputs = processor(images=[[_rgb(i)] for i in images], text=prompts, return_tensors="pt",
+                           padding=True, padding_side="left")
     return {k: v.to(handle.device) for k, v in inputs.items()}
 
 
@@ -456,7 +445,7 @@ class YesNoVerifier:
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start:start + self.batch_size]
             inputs = _vlm_inputs(self.vlm, [image] * len(chunk), [self.question(claims[i]) for i in chunk])
-            with self.vlm.session():
+            with self.vlm.session(), anatomy.model_step(self.vlm, "verifying claims"):
                 logits = self.vlm.model(**inputs).logits[:, -1].float()
             probs = logits.softmax(-1)
             p_true = probs[:, self.yes_ids].sum(-1)
@@ -475,7 +464,7 @@ GENERIC_QUESTION = "Is the following statement about this image true? Answer yes
 def make_verifier(name: str, vlm: ModelHandle) -> YesNoVerifier:
     require_kind(vlm, "vlm", panel="Caption correction")
     if name == "auto":
-        name = "shapes-vlm" if _shapes_caption_prompt(vlm) else "vlm-yesno"
+        name = tasks_for(vlm).verifier
     if name == "shapes-vlm":
         world = shapes_world()
         return YesNoVerifier(vlm, world.vlm_question_prompt, name="shapes-vlm")

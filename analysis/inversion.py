@@ -30,6 +30,7 @@ from typing import Callable, ClassVar, Iterator
 
 import torch
 
+from analysis import anatomy
 from analysis.models import ModelHandle
 from analysis.results import Result
 
@@ -150,49 +151,19 @@ class SpeedComparison(Result):
 # Running the first L layers
 
 
-class _Stop(Exception):
-    """Raised by the capture hook to skip the layers above L."""
-
-
-def decoder_blocks(lm: torch.nn.Module) -> torch.nn.ModuleList:
-    """The decoder blocks of a causal LM (Llama-family `model.layers`, GPT-2 `transformer.h`, ...)."""
-    n = lm.config.get_text_config().num_hidden_layers
-    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
-        obj = lm
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-        if isinstance(obj, torch.nn.ModuleList) and len(obj) == n:
-            return obj
-    for module in lm.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == n:
-            return module
-    raise InversionError("Could not find the decoder blocks of this model.")
-
-
 class _Probe:
     """Captures the residual stream after block L (or the embeddings for L = 0) and stops there."""
 
     def __init__(self, handle: ModelHandle, patch, layer: int) -> None:
         self.lm = handle.language_model
         self.layer = layer
-        self.stopping = True
-        self.captured: torch.Tensor | None = None
         self._embedding_stats: tuple[torch.Tensor, float] | None = None
-        blocks = decoder_blocks(self.lm)
-        if layer == 0:
-            patch.hook(blocks[0], self._before, pre=True, with_kwargs=True)
-        else:
-            patch.hook(blocks[layer - 1], self._after)
+        # depth L: the input of block 0 for L = 0 (the embeddings), else the output of block L - 1
+        self.capture = anatomy.Capture(max(layer - 1, 0), before=layer == 0).attach(patch, self.lm)
 
-    def _before(self, module, args, kwargs):
-        self.captured = args[0] if args else kwargs["hidden_states"]
-        if self.stopping:
-            raise _Stop
-
-    def _after(self, module, args, output):
-        self.captured = output[0] if isinstance(output, tuple) else output
-        if self.stopping:
-            raise _Stop
+    @property
+    def captured(self) -> torch.Tensor | None:
+        return self.capture.output
 
     def new_cache(self):
         from transformers import DynamicCache
@@ -203,16 +174,16 @@ class _Probe:
         """Layer-L states (B, T, d) of `ids` placed at positions start.., and last logits if `full`."""
         batch, length = ids.shape
         positions = torch.arange(start, start + length, device=ids.device).expand(batch, length)
-        self.stopping = not full
+        self.capture.stop = not full
         logits = None
         try:
             out = self.lm(input_ids=ids, position_ids=positions, cache=cache,
                           use_cache=cache is not None, logits_to_keep=1)
             logits = out.logits[:, -1].float()
-        except _Stop:
+        except anatomy.StopForward:
             pass
         finally:
-            self.stopping = True
+            self.capture.stop = True
         return self.captured.float(), logits
 
     def expanded(self, cache, batch: int):
@@ -231,7 +202,7 @@ class _Probe:
     def invert(self, cache, position: int, rows: torch.Tensor, sorted_dims: bool, steps: int) -> torch.Tensor:
         """An input embedding whose layer-L state at `position` is L1-close to one of `rows`,
         found by Adam from the mean embedding (no weights change; gradients flow only to it)."""
-        table = self.lm.get_input_embeddings().weight.detach()
+        table = anatomy.input_embeddings(self.lm).weight.detach()
         if self._embedding_stats is None:  # std over V x d values is slow enough to compute once
             self._embedding_stats = (table.mean(0), float(table.float().std()))
         start, scale = self._embedding_stats
@@ -244,7 +215,7 @@ class _Probe:
                 try:
                     self.lm(inputs_embeds=embed[None, None], position_ids=positions,
                             cache=self.expanded(cache, 1), use_cache=cache is not None)
-                except _Stop:
+                except anatomy.StopForward:
                     pass
                 state = self.captured[0, -1].float()
                 if sorted_dims:
@@ -291,7 +262,7 @@ def tokenize(handle: ModelHandle, prompt: str, max_tokens: int = MAX_TOKENS) -> 
 
 
 def vocab_size(handle: ModelHandle) -> int:
-    return int(handle.language_model.get_input_embeddings().weight.shape[0])
+    return int(anatomy.input_embeddings(handle.language_model).weight.shape[0])
 
 
 def token_text(handle: ModelHandle, token_id: int) -> str:
@@ -585,7 +556,7 @@ def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress = 
         # (in vocabulary order, in large batches) and proposals would only add work.
         exact_possible = epsilon == numerical_eps
         use_logits = order.needs_logits and exact_possible and not params.exhaustive
-        embeddings = handle.language_model.get_input_embeddings().weight.detach().float().cpu()
+        embeddings = anatomy.input_embeddings(handle.language_model).weight.detach().float().cpu()
 
         cache = probe.new_cache() if (params.layer > 0 or use_logits) else None
         logits = None

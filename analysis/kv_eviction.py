@@ -23,8 +23,10 @@ from typing import Callable, ClassVar
 import torch
 import torch.nn.functional as F
 
+from analysis.anatomy import attention_modules
 from analysis.models import ModelHandle, ModelLoadError
 from analysis.results import Result
+from analysis.tasks import tasks_for
 
 Progress = Callable[[float, str], None]
 
@@ -300,18 +302,6 @@ class Trace:
     cache: object = None  # the final DynamicCache (for inspection in tests)
 
 
-def attention_modules(lm: torch.nn.Module) -> dict[int, torch.nn.Module]:
-    """Self-attention module of every decoder layer, by layer index."""
-    found = {}
-    for module in lm.modules():
-        idx = getattr(module, "layer_idx", None)
-        if isinstance(idx, int) and type(module).__name__.endswith("Attention") and not getattr(
-            module, "is_cross_attention", False
-        ):
-            found.setdefault(idx, module)
-    return found
-
-
 def _new_cache(lm: torch.nn.Module):
     from transformers import DynamicCache
 
@@ -512,12 +502,6 @@ def shapes_kv_task(tokenizer, *, context: int, pairs: int, seed: int, queries: i
     return _with_questions(ctx, questions, prefill, "Shapes World key-value recall")
 
 
-def _is_shapes_model(handle: ModelHandle) -> bool:
-    tok = handle.tokenizer
-    vocab = tok.get_vocab() if hasattr(tok, "get_vocab") else {}
-    return all(w in vocab for w in ("needle", "query", "k0", "f0", "="))
-
-
 def build_task(handle: ModelHandle, params: KvParams, seed: int | None = None) -> KvTask:
     """The user's prompt followed by the full cache's greedy continuation, or the key-value task."""
     tok = handle.tokenizer
@@ -533,12 +517,8 @@ def build_task(handle: ModelHandle, params: KvParams, seed: int | None = None) -
         task = _with_questions(ids, [], params.prefill, "custom prompt")
         task.tokens = full.tokens
         return task
-    if _is_shapes_model(handle):
-        task = shapes_kv_task(tok, context=params.context, pairs=params.pairs, seed=seed, queries=params.queries,
-                              prefill=params.prefill)
-    else:
-        task = synthetic_kv_task(tok, handle.info.vocab_size, context=params.context, pairs=params.pairs, seed=seed,
-                                 queries=params.queries, prefill=params.prefill)
+    task = tasks_for(handle).kv_task(handle, context=params.context, pairs=params.pairs, seed=seed,
+                                     queries=params.queries, prefill=params.prefill)
     _check_length(handle, len(task.tokens) + params.new_tokens)
     return task
 

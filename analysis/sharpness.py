@@ -386,8 +386,11 @@ def _sample_values(n: int, vmax: int, rng: random.Random) -> list[int]:
 
 
 def prompt_builder(tokenizer) -> Callable[[int, int], RetrievalPrompt]:
-    """`build(n, seed)` for this tokenizer: the zoo's training format, else numbers or vocabulary words."""
-    return _zoo_builder(tokenizer) or _generic_builder(tokenizer, item_format(tokenizer))
+    """`build(n, seed)` for this tokenizer, from the task provider: Shapes World's training format for a
+    tokenizer that speaks it, else numbers or vocabulary words."""
+    from analysis.tasks import tasks_for
+
+    return tasks_for(tokenizer).retrieval_builder(tokenizer)
 
 
 def build_prompt(tokenizer, n: int, seed: int = 0) -> RetrievalPrompt:

@@ -1,4 +1,5 @@
-"""SAE-V benchmark: speed of each build stage and quality of each SAE architecture.
+"""SAE-V benchmark: speed of each build stage and quality of each SAE architecture, with the data
+score s_i under the official SAE-V rule and under our earlier variant (`all-shared`).
 
     python benchmarks/sae_bench.py [--model zoo:shapes-vlm] [--layer 1] [--steps 1500]
 
@@ -44,6 +45,7 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=300)
     ap.add_argument("--steps", type=int, default=1500)
     args = ap.parse_args()
+    torch.set_num_threads(1)
     if args.model is None:
         from analysis import tiny_models
 
@@ -77,13 +79,16 @@ def main() -> int:
         fve, l0, dead = sae_v.reconstruction_metrics(sae, test_in)
         codes = sae_v.encode(sae, test_in)
         labels, _, _ = sae_v.modality_labels(codes, test_acts.modality)
-        omega = sae_v.cross_modal_weights(test_acts.acts, codes, test_acts.modality)
         meta = sae_v.SaeMeta(model=args.model, layer=layer, d_in=acts.acts.shape[1], train=params, dataset=dataset,
                              n_pairs=len(train.pairs), n_tokens=len(acts), fve=fve, l0=l0, dead=dead, scales=scales)
-        ranking = sae_v.rank_pairs(meta, omega, codes, test_acts, test)
         row = {"architecture": arch, "train s": round(seconds, 1), "steps/s": round(args.steps / seconds, 1),
-               "FVE": round(fve, 4), "L0": round(l0, 2), "dead": dead,
-               "cross-modal": labels.count("cross-modal"), "ROC AUC s_i": ranking.roc_auc}
+               "FVE": round(fve, 4), "L0": round(l0, 2), "dead": dead, "cross-modal": labels.count("cross-modal")}
+        for rule_name in sae_v.SCORE_RULES:  # the official rule first, then the labelled variant
+            rule = sae_v.score_rule(rule_name)
+            omega, has = rule.weights(test_acts.acts, codes, test_acts.modality)
+            ranking = sae_v.rank_pairs(meta, omega, codes, test_acts, test, has_omega=has, rule=rule)
+            row[f"ROC AUC s_i ({rule_name})"] = None if ranking.roc_auc is None else round(ranking.roc_auc, 4)
+            row[f"pairs with s_i > 0 ({rule_name})"] = sum(r.score != 0 for r in ranking.rows)
         if arch == "topk":
             t = time.perf_counter()
             sae_v.build_feature_store(handle, sae, meta, test_acts, test)

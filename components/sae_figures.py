@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import io
+from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
@@ -200,6 +201,128 @@ def roc_figure(ranking: Ranking) -> go.Figure:
     return fig
 
 
+def keep_summary(ranking: Ranking, keep: float) -> dict:
+    """Keep the top `keep` share of the ranking: precision / recall of the corrupted pairs removed."""
+    from analysis.sae_v import keep_top
+
+    return keep_top(ranking.rows, keep)
+
+
+def keep_curve_figure(ranking: Ranking, keep: float | None = None, steps: int = 40) -> go.Figure:
+    """Precision and recall of the corrupted pairs removed, as the kept share goes from 0 to 1."""
+    from analysis.sae_v import keep_top
+
+    keeps = [i / steps for i in range(steps + 1)]
+    stats = [keep_top(ranking.rows, k) for k in keeps]
+    base = sum(r.corrupted for r in ranking.rows) / max(len(ranking.rows), 1)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=keeps, y=[s["precision"] for s in stats], mode="lines", name="precision (removed)",
+                             line=dict(color="#c62828"),
+                             hovertemplate="keep %{x:.0%}<br>corrupted among removed %{y:.3f}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=keeps, y=[s["recall"] for s in stats], mode="lines", name="recall (removed)",
+                             line=dict(color="#1565c0"),
+                             hovertemplate="keep %{x:.0%}<br>share of corrupted removed %{y:.3f}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[0, 1], y=[base, base], mode="lines", name="random removal (precision)",
+                             line=dict(color="#999", dash="dash")))
+    if keep is not None:
+        fig.add_vline(x=keep, line=dict(color="#555", dash="dot"))
+    fig.update_layout(title="Removing the lowest-scoring pairs: which of them are corrupted?",
+                      xaxis=dict(title="share of pairs kept (highest s_i first)", tickformat=".0%", range=[0, 1]),
+                      yaxis=dict(title="precision / recall", range=[0, 1.02]),
+                      height=340, margin=dict(l=10, r=10, t=60, b=50))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# The data-filtering experiment (benchmarks/sae_v_filtering.py writes its JSON)
+
+FILTERING_RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "sae_v_filtering.json"
+FILTERING_LABELS = {
+    "whole_pool": "whole pool",
+    "top_half_by_s_i": "top share by s_i (SAE-V)",
+    "random_half": "random share",
+    "clean_only_oracle": "clean pairs only (oracle)",
+}
+FILTERING_METRICS = {"yes_no": "yes/no accuracy", "factuality": "caption factuality", "coverage": "caption coverage"}
+
+
+def filtering_results(path) -> tuple[dict | None, str | None]:
+    """(results, None) from the experiment's JSON, or (None, why not) when it is absent or unreadable."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        return None, "absent"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable ({exc.__class__.__name__})"
+    if not isinstance(data, dict) or not isinstance(data.get("conditions"), dict) or not data["conditions"]:
+        return None, "it holds no conditions"
+    return data, None
+
+
+def _mean_std(entry: dict, metric: str) -> tuple[float | None, float | None]:
+    summary = (entry.get("summary") or {}).get(metric) or {}
+    if "mean" in summary:
+        return summary.get("mean"), summary.get("std")
+    values = [v for v in entry.get(metric) or [] if isinstance(v, (int, float))]
+    if not values:
+        return None, None
+    mean = sum(values) / len(values)
+    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    return mean, std
+
+
+def filtering_rows(results: dict) -> list[dict]:
+    """One row per training condition: data kept, corrupted kept, and each metric's mean ± std over seeds."""
+    rows = []
+    for name, entry in results["conditions"].items():
+        corrupted = entry.get("kept_corrupted")
+        if isinstance(corrupted, list):
+            corrupted = round(sum(corrupted) / len(corrupted), 1) if corrupted else None
+        row = {"condition": FILTERING_LABELS.get(name, name), "pairs kept": entry.get("kept"),
+               "corrupted kept": corrupted, "steps": entry.get("steps")}
+        for metric, label in FILTERING_METRICS.items():
+            mean, std = _mean_std(entry, metric)
+            row[label] = None if mean is None else (f"{mean:.3f} ± {std:.3f}" if std is not None else f"{mean:.3f}")
+        rows.append(row)
+    start = results.get("starting_checkpoint")
+    if isinstance(start, dict):
+        rows.append({"condition": "starting checkpoint (no fine-tune)", "pairs kept": None, "corrupted kept": None,
+                     "steps": 0, **{label: (f"{start[m]:.3f}" if isinstance(start.get(m), (int, float)) else None)
+                                    for m, label in FILTERING_METRICS.items()}})
+    return rows
+
+
+def filtering_figure(results: dict) -> go.Figure:
+    """Each metric per training condition: mean over seeds with ± one standard deviation."""
+    fig = go.Figure()
+    names = list(results["conditions"])
+    colours = {"whole_pool": "#616161", "top_half_by_s_i": "#7b1fa2", "random_half": "#ef6c00",
+               "clean_only_oracle": "#2e7d32"}
+    for name in names:
+        entry = results["conditions"][name]
+        stats = [_mean_std(entry, m) for m in FILTERING_METRICS]
+        fig.add_trace(go.Bar(
+            x=list(FILTERING_METRICS.values()), y=[m for m, _ in stats], name=FILTERING_LABELS.get(name, name),
+            marker_color=colours.get(name), error_y=dict(type="data", array=[s or 0.0 for _, s in stats]),
+            hovertemplate="%{x}: %{y:.3f}<extra>" + html.escape(FILTERING_LABELS.get(name, name)) + "</extra>"))
+    start = results.get("starting_checkpoint")
+    if isinstance(start, dict):
+        fig.add_trace(go.Scatter(x=list(FILTERING_METRICS.values()), y=[start.get(m) for m in FILTERING_METRICS],
+                                 mode="markers", name="starting checkpoint",
+                                 marker=dict(symbol="line-ew-open", size=40, color="#000")))
+    seeds = (results.get("training") or {}).get("seeds")
+    fig.update_layout(
+        barmode="group", title="Fine-tuning on filtered data: held-out quality per condition"
+        + (f"<br><sup>mean ± std over {seeds} seeds</sup>" if seeds else ""),
+        yaxis=dict(title="score on held-out test scenes (0–1)", range=[0, 1.05]), xaxis_title="metric",
+        height=380, margin=dict(l=10, r=10, t=70, b=50), legend_title="trained on",
+    )
+    return fig
+
+
 # ---------------------------------------------------------------------------------------------
 # HTML
 
@@ -242,6 +365,17 @@ def read_image_upload(data: bytes, name: str = "upload"):
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
         return None, f"'{name}' is not an image that can be read (use PNG, JPEG, GIF, BMP or WebP)."
     return image, None
+
+
+def shared_features(explanation: InputExplanation, store: FeatureStore,
+                    active_above: float) -> tuple[list[int], list[int]]:
+    """(features active on a text token and an image patch of the input, strongest ω first; those of
+    them that count towards s_i: they have an ω and fire above `active_above` on both sides)."""
+    shared = sorted(set(explanation.text_max) & set(explanation.image_max), key=lambda f: -store.features[f].omega)
+    counted = [f for f in shared if (store.features[f].has_omega if store.features[f].has_omega is not None
+                                     else store.features[f].omega != 0)
+               and explanation.text_max[f] > active_above and explanation.image_max[f] > active_above]
+    return shared, counted
 
 
 def explanation_patch_heatmap(explanation: InputExplanation, feature: int) -> list[float]:

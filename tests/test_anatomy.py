@@ -118,6 +118,22 @@ def test_image_tokens_come_from_config_and_processor(tiny, family, token):
     assert cap.output.shape[1] == enc["input_ids"].shape[1]
 
 
+def test_final_norm_scale_is_the_scale_the_norm_applies(tiny):
+    for family in ("llama", "gemma2", "gpt2"):
+        model, _, _ = tiny(family)
+        norm = anatomy.final_norm(model)
+        x = torch.randn(3, 32)
+        with torch.no_grad():
+            unit = norm(x) if family != "gpt2" else None
+            if family == "gpt2":  # LayerNorm: scale * normalised + bias
+                centred = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + norm.eps)
+                expected = centred * anatomy.final_norm_scale(model) + norm.bias
+                torch.testing.assert_close(norm(x), expected, atol=1e-5, rtol=1e-5)
+                continue
+            rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)  # both configs use eps 1e-6
+            torch.testing.assert_close(unit, rms * anatomy.final_norm_scale(model), atol=1e-5, rtol=1e-5)
+
+
 def test_unknown_architecture_names_what_is_missing():
     class Odd(torch.nn.Module):
         def __init__(self):

@@ -30,7 +30,7 @@ PAGES = {
     "views/prompt_reconstruction.py": ["prompt", "layer", "perm", "perturb", "order", "noise", "bits", "seed",
                                        "sweeps", "exhaustive", "parties", "sharding", "attacker", "budget"],
     "views/caption_correction.py": ["src", "seed", "cap", "text", "lm", "dec", "rew", "pi", "ground"],
-    "views/sae_features.py": ["sae", "view", "sort", "feature", "by", "thr"],
+    "views/sae_features.py": ["sae", "view", "sort", "feature", "by", "thr", "rule", "keep"],
     "views/overview.py": [],
 }
 for page_params in PAGES.values():

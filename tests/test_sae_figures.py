@@ -98,3 +98,79 @@ def test_ranking_rows_keep_caption_text_and_order():
     rows = figs.ranking_rows(_ranking([(3.0, False), (2.0, True)]))
     assert [r["rank"] for r in rows] == [1, 2] and rows[1]["corrupted"] is True
     assert rows[0]["caption"] == "<b>0</b>"  # raw text: tables are not HTML
+
+
+# ---------------------------------------------------------------------------------------------
+# Keep fraction and the data-filtering experiment
+
+
+def test_keep_curve_matches_a_direct_count_at_every_share():
+    ranking = _ranking([(5.0, False), (4.0, True), (3.0, False), (2.0, True), (1.0, True), (0.5, False)])
+    fig = figs.keep_curve_figure(ranking, keep=0.5, steps=6)
+    precision, recall = fig.data[0], fig.data[1]
+    flags = [r.corrupted for r in ranking.rows]
+    for keep, p, r in zip(precision.x, precision.y, recall.y):
+        n_keep = round(keep * len(flags))
+        removed = flags[n_keep:]
+        assert p == (pytest.approx(sum(removed) / len(removed)) if removed else None)
+        assert r == pytest.approx(sum(removed) / sum(flags))
+    assert fig.data[2].y[0] == pytest.approx(0.5)  # random removal: the corrupted base rate
+    summary = figs.keep_summary(ranking, 0.5)
+    assert (summary["precision"], summary["recall"]) == (pytest.approx(2 / 3), pytest.approx(2 / 3))
+
+
+FILTERING = {
+    "model": "shapes-vlm", "scale": "demo",
+    "conditions": {
+        "whole_pool": {"yes_no": [0.9, 0.92], "factuality": [0.8, 0.82], "coverage": [0.7, 0.7], "kept": 200,
+                       "kept_corrupted": [80, 80], "steps": 50,
+                       "summary": {"yes_no": {"mean": 0.91, "std": 0.0141}, "factuality": {"mean": 0.81, "std": 0.0141},
+                                   "coverage": {"mean": 0.7, "std": 0.0}}},
+        "top_half_by_s_i": {"yes_no": [0.95, 0.93], "factuality": [0.9, 0.9], "coverage": [0.75, 0.77], "kept": 100,
+                            "kept_corrupted": [10, 10], "steps": 25},
+    },
+    "starting_checkpoint": {"yes_no": 0.95, "factuality": 1.0, "coverage": 1.0},
+    "training": {"seeds": 2},
+    "pool": {"pairs": 200, "corrupted": 80, "s_i_roc_auc_clean_vs_corrupted": 0.8},
+    "verdict": {"top_half_beats_random_half_yes_no": True, "top_half_at_least_whole_pool_yes_no": True},
+}
+
+
+def test_filtering_table_and_figure_show_mean_and_spread_per_condition(tmp_path):
+    import json
+
+    path = tmp_path / "sae_v_filtering.json"
+    path.write_text(json.dumps(FILTERING))
+    results, why = figs.filtering_results(path)
+    assert why is None
+    rows = {r["condition"]: r for r in figs.filtering_rows(results)}
+    assert rows["whole pool"]["yes/no accuracy"] == "0.910 ± 0.014"
+    # no stored summary: mean and sample std computed from the per-seed values
+    assert rows["top share by s_i (SAE-V)"]["yes/no accuracy"] == "0.940 ± 0.014"
+    assert rows["top share by s_i (SAE-V)"]["corrupted kept"] == 10
+    assert rows["starting checkpoint (no fine-tune)"]["caption factuality"] == "1.000"
+    fig = figs.filtering_figure(results)
+    bars = {t.name: t for t in fig.data if t.type == "bar"}
+    assert list(bars["top share by s_i (SAE-V)"].y) == pytest.approx([0.94, 0.9, 0.76])
+    assert "2 seeds" in fig.layout.title.text
+
+
+def test_filtering_results_absent_or_broken_say_why(tmp_path):
+    assert figs.filtering_results(tmp_path / "missing.json") == (None, "absent")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert figs.filtering_results(bad)[0] is None and "unreadable" in figs.filtering_results(bad)[1]
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"conditions": {}}')
+    assert figs.filtering_results(empty) == (None, "it holds no conditions")
+
+
+def test_shared_features_count_only_those_with_omega_above_the_threshold():
+    cards = [_card(0, "cross-modal", 0.4, 0.1), _card(1, "text-only", 0.0, 0.1), _card(2, "cross-modal", 0.3, 0.1)]
+    for c, has in zip(cards, (True, False, True)):
+        c.has_omega = has
+    store = sae_v.FeatureStore(meta=None, params=sae_v.StoreParams(), pairs=None, tokens=[], grid=0, features=cards)
+    result = sae_v.InputExplanation(model="m", layer=0, tokens=[], grid=0, positions=[], totals=[],
+                                    text_max={0: 2.0, 1: 3.0, 2: 0.5}, image_max={0: 1.5, 1: 3.0, 2: 4.0})
+    shared, counted = figs.shared_features(result, store, active_above=1.0)
+    assert shared == [0, 2, 1] and counted == [0]

@@ -86,6 +86,36 @@ def test_ranking_view_shows_auc_and_exports_csv(tiny_llava_dir, tiny_sae):
     assert any(m.label == "ROC AUC (s_i)" for m in at.metric)
 
 
+def test_ranking_view_keep_fraction_reports_removed_corrupted_pairs(tiny_llava_dir, tiny_sae):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "ranking", "keep": "0.25"})
+    assert not at.exception, at.exception
+    assert at.slider(key="sae_rank_keep").value == pytest.approx(0.25)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Pairs kept / removed"] == "2 / 6"  # 8 held-out pairs
+    assert "Precision: corrupted among removed" in metrics and "Recall: corrupted pairs removed" in metrics
+    at.slider(key="sae_rank_keep").set_value(1.0).run()
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric}["Pairs kept / removed"] == "8 / 0"
+    # the variant rule is offered, labelled, and never the default
+    assert at.selectbox(key="sae_rank_rule").value == "official"
+    at.selectbox(key="sae_rank_rule").set_value("all-shared").run()
+    assert not at.exception, at.exception
+    assert str(at.query_params["rule"]).strip("[]'") == "all-shared"
+
+
+def test_ranking_view_shows_the_filtering_experiment_or_says_it_has_not_run(tiny_llava_dir, tiny_sae):
+    from components import sae_figures as figs
+
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "ranking"})
+    assert not at.exception, at.exception
+    results, _ = figs.filtering_results(figs.FILTERING_RESULTS)
+    if results is None:
+        assert any("has not been run" in i.value for i in at.info)
+    else:
+        table = _frame(at, "condition")
+        assert "top share by s_i (SAE-V)" in set(table["condition"])
+
+
 def test_text_only_model_on_image_view_gives_a_clear_message(tiny_llama_dir):
     at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query={"view": "ranking"})
     assert not at.exception, at.exception

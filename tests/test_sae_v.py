@@ -12,6 +12,112 @@ from analysis.sae_v import IMAGE, TEXT
 
 
 # ---------------------------------------------------------------------------------------------
+# References written from the official SAE-V scripts (PKU-Alignment SAELens-V; file and line in
+# docs/readme_sae.md), in plain float64 Python loops. They never call analysis.sae_v.
+
+
+def official_omega_reference(acts, codes, modality, top_k=30, text_image_top_k=5, per_token=50, drop_zeros=False):
+    """scripts/cosimilarity.py, process_activations_and_save, step by step.
+
+    1. every token lists its `per_token` strongest features (activation_visualization.cal_top_cosimilarity:
+       torch.topk(feature_act, k=50)); 2. each feature collects (activation, token, modality) from those
+       lists, sorts by activation (descending) and keeps `top_k`; 3. a feature whose list is neither all
+       text nor all image gets omega only with >= `text_image_top_k` text and image entries: the mean
+       cosine of the first `text_image_top_k` text x image raw residuals (denominator 0 counts 0).
+    Returns {feature: omega} for the features that get one.
+
+    `drop_zeros`: leave out the zero activations that the per-token top-50 admits when a token has
+    fewer than 50 active features (torch.topk ties at 0, in no defined order); only matters for a
+    feature with fewer than `top_k` active tokens (docs/readme_sae.md, "Deviations")."""
+    n_tok, n_feat = codes.shape
+    values, indices = codes.double().topk(min(per_token, n_feat), dim=1)  # the official script's torch.topk
+    values, indices = values.tolist(), indices.tolist()
+    resid = acts.double().tolist()
+    mods = modality.tolist()
+    features_top = [[] for _ in range(n_feat)]
+    for r in range(n_tok):
+        for v, f in zip(values[r], indices[r]):
+            if drop_zeros and v <= 0:
+                continue
+            features_top[f].append((v, r, "text" if mods[r] == TEXT else "image"))
+    out = {}
+    for f in range(n_feat):
+        tokens = sorted(features_top[f], key=lambda x: -x[0])[:top_k]
+        if not tokens:
+            continue
+        text = [r for _, r, kind in tokens if kind == "text"]
+        image = [r for _, r, kind in tokens if kind == "image"]
+        if len(text) == len(tokens) or len(image) == len(tokens):
+            continue
+        if len(text) >= text_image_top_k and len(image) >= text_image_top_k:
+            cosines = []
+            for a in text[:text_image_top_k]:
+                for b in image[:text_image_top_k]:
+                    dot = sum(x * y for x, y in zip(resid[a], resid[b]))
+                    den = math.sqrt(sum(x * x for x in resid[a])) * math.sqrt(sum(y * y for y in resid[b]))
+                    cosines.append(0.0 if den == 0 else dot / den)
+            out[f] = sum(cosines) / len(cosines)
+    return out
+
+
+def official_score_reference(codes, modality, pair, n_pairs, omega, active_above=1.0):
+    """s_i: activation_visualization.separate_feature (features > 1 on some text token, and on some
+    image token: their intersection) and tutorials/data_filter.ipynb (sum of omega over those
+    co-occurring features that are in the omega file)."""
+    rows = codes.double().tolist()
+    out = []
+    for p in range(n_pairs):
+        text_union, image_union = set(), set()
+        for r in range(len(rows)):
+            if int(pair[r]) != p:
+                continue
+            hits = {f for f, v in enumerate(rows[r]) if v > active_above}
+            (text_union if int(modality[r]) == TEXT else image_union).update(hits)
+        out.append(sum(omega[f] for f in text_union & image_union if f in omega))
+    return out
+
+
+def mann_whitney_auc(positive, negative):
+    """P(positive > negative) + half the ties, by counting every pair."""
+    wins = 0.0
+    for a in positive:
+        for b in negative:
+            wins += 1.0 if a > b else 0.5 if a == b else 0.0
+    return wins / (len(positive) * len(negative))
+
+
+def random_sparse(seed, n_pairs=40, text=6, image=9, d=10, k=5):
+    """TopK-like codes (k active features per token, fewer than the official 50-per-token cut) on
+    random residuals, 28 features: 0-5 frequent on both modalities, 6-11 text only, 12-17 image only,
+    18-23 on both, 24-27 strong on text and weak (just above 1) on three image tokens each, so that
+    they fire in both modalities without 5 image tokens among their top 30. Every feature fires on more than 30 tokens, so no zero activation enters a top-30
+    list (where the official script would count tokens the feature does not fire on; see
+    docs/readme_sae.md)."""
+    g = torch.Generator().manual_seed(seed)
+    modality, pair = [], []
+    for p in range(n_pairs):
+        modality += [TEXT] * text + [IMAGE] * image
+        pair += [p] * (text + image)
+    modality, pair = torch.tensor(modality), torch.tensor(pair)
+    n = len(modality)
+    acts = torch.randn(n, d, generator=g, dtype=torch.float64).float()
+    codes = torch.zeros(n, 28)
+    allowed = {TEXT: list(range(0, 12)) + list(range(18, 24)), IMAGE: list(range(0, 6)) + list(range(12, 24))}
+    for r in range(n):
+        choices = torch.tensor(allowed[int(modality[r])])
+        weights = torch.where(choices < 6, 2.0, 1.0)
+        pick = choices[torch.multinomial(weights, k, replacement=False, generator=g)]
+        codes[r, pick] = torch.rand(k, generator=g) * 3.0
+    text_rows = (modality == TEXT).nonzero().squeeze(1)
+    image_rows = (modality == IMAGE).nonzero().squeeze(1)
+    for f in range(24, 28):
+        codes[text_rows[torch.randperm(len(text_rows), generator=g)[:40]], f] = 2.0 + torch.rand(40, generator=g)
+        codes[image_rows[torch.randperm(len(image_rows), generator=g)[:3]], f] = 1.2 + 0.2 * torch.rand(3, generator=g)
+    assert int((codes > 0).sum(0).min()) > 30
+    return acts, codes, modality, pair, n_pairs
+
+
+# ---------------------------------------------------------------------------------------------
 # Synthetic activations with planted features
 
 
@@ -44,23 +150,6 @@ def planted():
     return acts, codes, modality, pair, n_pairs
 
 
-def brute_omega(acts, codes, modality, top=5):
-    out = []
-    for f in range(codes.shape[1]):
-        sides = []
-        for mod in (TEXT, IMAGE):
-            rows = [r for r in range(len(modality)) if modality[r] == mod and codes[r, f] > 0]
-            rows.sort(key=lambda r: -float(codes[r, f]))
-            sides.append(rows[:top])
-        t, i = sides
-        if not t or not i:
-            out.append(0.0)
-            continue
-        cos = [float(torch.dot(acts[a], acts[b]) / (acts[a].norm() * acts[b].norm())) for a in t for b in i]
-        out.append(sum(cos) / len(cos))
-    return out
-
-
 def brute_labels(codes, modality, top=30, minimum=5):
     labels = []
     for f in range(codes.shape[1]):
@@ -73,33 +162,91 @@ def brute_labels(codes, modality, top=30, minimum=5):
     return labels
 
 
-def brute_scores(codes, modality, pair, omega, n_pairs, threshold):
-    sums, weighted, counts = [], [], []
-    for p in range(n_pairs):
-        total = wsum = wtotal = 0.0
-        count = 0
-        for f in range(codes.shape[1]):
-            text = [float(codes[r, f]) for r in range(len(pair)) if pair[r] == p and modality[r] == TEXT]
-            image = [float(codes[r, f]) for r in range(len(pair)) if pair[r] == p and modality[r] == IMAGE]
-            if text and image and max(text) > threshold and max(image) > threshold:
-                total += float(omega[f])
-                w = min(max(text), max(image))
-                wsum += w * float(omega[f])
-                wtotal += w
-                count += 1
-        sums.append(total)
-        weighted.append(wsum / wtotal if wtotal else 0.0)
-        counts.append(count)
-    return sums, weighted, counts
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_official_omega_matches_the_official_script_on_random_codes(seed):
+    acts, codes, modality, _, _ = random_sparse(seed)
+    ref = official_omega_reference(acts, codes, modality)
+    omega, has = sae_v.scores.score_rule("official").weights(acts, codes, modality)
+    assert {f for f in range(codes.shape[1]) if has[f]} == set(ref)
+    assert 0 < len(ref) < codes.shape[1]  # the rule includes some features and excludes others
+    for f in range(codes.shape[1]):
+        assert float(omega[f]) == pytest.approx(ref.get(f, 0.0), abs=1e-5)
 
 
-def test_omega_matches_brute_force_and_is_high_for_planted_cross_modal_feature():
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_official_pair_scores_match_the_official_scripts_on_random_codes(seed):
+    acts, codes, modality, pair, n_pairs = random_sparse(seed)
+    omega_ref = official_omega_reference(acts, codes, modality)
+    ref = official_score_reference(codes, modality, pair, n_pairs, omega_ref)
+    rule = sae_v.scores.score_rule("official")
+    omega, has = rule.weights(acts, codes, modality)
+    score, _, shared = sae_v.pair_scores(codes, modality, pair, omega, n_pairs, rule.cooccur_threshold, has)
+    assert score.tolist() == pytest.approx(ref, abs=1e-5)
+    # the features left out matter here: summing every shared feature's cosine would differ
+    everything, _ = sae_v.scores.score_rule("all-shared").weights(acts, codes, modality)
+    loose, _, _ = sae_v.pair_scores(codes, modality, pair, everything, n_pairs, 1.0)
+    assert loose.tolist() != pytest.approx(ref, abs=1e-3)
+
+
+def test_omega_needs_five_text_and_five_image_tokens_among_the_top_thirty():
+    # feature 0: 25 strong text tokens and 5 weaker image tokens -> in its top 30: 25 text + 5 image
+    # feature 1: 26 strong text tokens and 5 weaker image tokens -> 26 text + 4 image: no omega
+    modality = torch.tensor([TEXT] * 30 + [IMAGE] * 10)
+    acts = torch.randn(40, 8, generator=torch.Generator().manual_seed(5))
+    codes = torch.zeros(40, 2)
+    codes[:25, 0] = torch.linspace(5.0, 4.0, 25)
+    codes[30:35, 0] = torch.linspace(1.0, 0.8, 5)
+    codes[:26, 1] = torch.linspace(5.0, 4.0, 26)
+    codes[30:35, 1] = torch.linspace(1.0, 0.8, 5)
+    omega, has = sae_v.scores.score_rule("official").weights(acts, codes, modality)
+    ref = official_omega_reference(acts, codes, modality)
+    assert has.tolist() == [True, False] and set(ref) == {0}
+    assert float(omega[0]) == pytest.approx(ref[0], abs=1e-5) and float(omega[1]) == 0.0
+    # the variant gives both an omega
+    _, every = sae_v.scores.score_rule("all-shared").weights(acts, codes, modality)
+    assert every.tolist() == [True, True]
+
+
+def test_official_scores_ignore_shared_features_without_omega_and_weak_activations():
+    modality = torch.tensor([TEXT, IMAGE, TEXT, IMAGE])
+    pair = torch.tensor([0, 0, 1, 1])
+    codes = torch.tensor([[2.0, 3.0, 0.5], [2.0, 3.0, 0.5], [0.5, 3.0, 0.0], [2.0, 3.0, 0.0]])
+    omega = torch.tensor([0.3, 0.2, 0.4])
+    has = torch.tensor([True, False, True])
+    score, _, shared = sae_v.pair_scores(codes, modality, pair, omega, 2, threshold=1.0, has_omega=has)
+    assert score.tolist() == pytest.approx([0.3, 0.0])  # f1 has no omega; f2 and pair 1's f0 are <= 1
+    assert shared.tolist() == [1, 0]
+    ref = official_score_reference(codes, modality, pair, 2, {0: 0.3, 2: 0.4})
+    assert score.tolist() == pytest.approx(ref)
+
+
+def test_variant_all_shared_is_labelled_and_never_the_default():
+    rules = sae_v.scores.SCORE_RULES
+    assert rules.names()[0] == "official" and sae_v.StoreParams().score_rule == "official"
+    assert sae_v.scores.score_rule(None).name == "official"
+    assert "Variant" in rules.label("all-shared")
+    with pytest.raises(sae_v.SettingsError, match="score rule"):
+        sae_v.scores.score_rule("nope")
+    with pytest.raises(sae_v.SettingsError, match="co-occurrence threshold"):
+        sae_v.scores.OfficialRule(cooccur_threshold=-1)
+
+
+def test_variant_omega_is_the_mean_top_five_cosine_of_every_feature_firing_in_both():
+    """The labelled variant (our earlier reading): omega for any feature that fires once in each modality."""
     acts, codes, modality, _, _ = planted()
-    omega = sae_v.cross_modal_weights(acts, codes, modality, top=5)
-    ref = brute_omega(acts, codes, modality)
-    assert omega.tolist() == pytest.approx(ref, abs=1e-5)
+    omega, has = sae_v.scores.score_rule("all-shared").weights(acts, codes, modality)
+    unit = torch.nn.functional.normalize(acts.double(), dim=1)
+    for f in range(codes.shape[1]):
+        text = sorted((r for r in range(len(modality)) if modality[r] == TEXT and codes[r, f] > 0),
+                      key=lambda r: -float(codes[r, f]))[:5]
+        image = sorted((r for r in range(len(modality)) if modality[r] == IMAGE and codes[r, f] > 0),
+                       key=lambda r: -float(codes[r, f]))[:5]
+        assert bool(has[f]) == bool(text and image)
+        expected = (sum(float(unit[a] @ unit[b]) for a in text for b in image) / (len(text) * len(image))
+                    if text and image else 0.0)
+        assert float(omega[f]) == pytest.approx(expected, abs=1e-5)
+    assert has.tolist() == [True, True, False, False]  # feature 1 fires weakly on 2 image tokens
     assert omega[0] > 0.8  # shared direction planted
-    assert omega[2] == 0 and omega[3] == 0  # never active on a text token
 
 
 def test_modality_labels_match_brute_force_on_planted_features():
@@ -121,40 +268,49 @@ def test_modality_label_needs_five_of_each_modality():
     assert labels == ["text-only", "cross-modal"]
 
 
-@pytest.mark.parametrize("threshold", [0.0, 0.7])
-def test_pair_scores_match_brute_force(threshold):
-    acts, codes, modality, pair, n_pairs = planted()
-    omega = sae_v.cross_modal_weights(acts, codes, modality)
-    score, weighted, shared = sae_v.pair_scores(codes, modality, pair, omega, n_pairs, threshold)
-    ref_s, ref_w, ref_c = brute_scores(codes, modality, pair, omega, n_pairs, threshold)
-    assert score.tolist() == pytest.approx(ref_s, abs=1e-5)
-    assert weighted.tolist() == pytest.approx(ref_w, abs=1e-5)
-    assert shared.tolist() == ref_c
-    assert max(ref_c) >= 1  # the planted cross-modal feature is shared by some pair
-
-
 def test_roc_auc_counts_pairs_and_ties():
     assert sae_v.roc_auc([3.0, 2.0], [1.0, 2.0]) == pytest.approx(0.875)
     assert sae_v.roc_auc([1.0], [2.0]) == 0.0
     assert sae_v.roc_auc([], [1.0]) is None
+    g = torch.Generator().manual_seed(3)
+    pos = torch.randint(0, 6, (40,), generator=g).double().tolist()
+    neg = torch.randint(0, 6, (30,), generator=g).double().tolist()
+    assert sae_v.roc_auc(pos, neg) == pytest.approx(mann_whitney_auc(pos, neg))
 
 
-def test_ranking_puts_higher_scores_first_and_measures_separation():
-    acts, codes, modality, pair, n_pairs = planted()
-    omega = sae_v.cross_modal_weights(acts, codes, modality)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ranking_puts_higher_scores_first_and_measures_separation(seed):
+    acts, codes, modality, pair, n_pairs = random_sparse(seed)
+    corrupted = [p % 3 == 0 for p in range(n_pairs)]
     pairs = sae_v.PairSet(dataset="noise", seed=0, image_size=None,
-                          pairs=[sae_v.Pair(text=f"p{i}", corrupted=i % 2 == 1) for i in range(n_pairs)])
+                          pairs=[sae_v.Pair(text=f"p{i}", corrupted=c) for i, c in enumerate(corrupted)])
     a = sae_v.Activations(acts=acts, modality=modality, pair=pair, index=torch.zeros_like(pair),
                           tokens=[[]] * n_pairs, layer=0, grid=0)
-    meta = sae_v.SaeMeta(model="m", layer=0, d_in=16, train=sae_v.TrainParams(), dataset="noise", n_pairs=0,
-                         n_tokens=0, fve=0, l0=0, dead=0)
-    ranking = sae_v.rank_pairs(meta, omega, codes, a, pairs)
-    scores = [r.score for r in ranking.rows]
-    assert scores == sorted(scores, reverse=True)
+    meta = sae_v.SaeMeta(model="m", layer=0, d_in=acts.shape[1], train=sae_v.TrainParams(), dataset="noise",
+                         n_pairs=0, n_tokens=0, fve=0, l0=0, dead=0)
+    omega, has = sae_v.scores.score_rule("official").weights(acts, codes, modality)
+    ranking = sae_v.rank_pairs(meta, omega, codes, a, pairs, has_omega=has)
+    # independent: scores from the official scripts, AUC by counting pairs
+    ref = official_score_reference(codes, modality, pair, n_pairs, official_omega_reference(acts, codes, modality))
+    assert {r.pair: r.score for r in ranking.rows} == pytest.approx(dict(enumerate(ref)), abs=1e-3)
+    assert [r.score for r in ranking.rows] == pytest.approx(sorted(ref, reverse=True), abs=1e-3)
     assert [r.rank for r in ranking.rows] == list(range(1, n_pairs + 1))
-    clean = [r.score for r in ranking.rows if not r.corrupted]
-    bad = [r.score for r in ranking.rows if r.corrupted]
-    assert ranking.roc_auc == pytest.approx(sae_v.roc_auc(clean, bad))
+    clean = [s for s, c in zip(ref, corrupted) if not c]
+    bad = [s for s, c in zip(ref, corrupted) if c]
+    assert ranking.roc_auc == pytest.approx(mann_whitney_auc(clean, bad), abs=1e-9)
+    assert ranking.rule == "official" and ranking.threshold == 1.0
+
+
+def test_keep_fraction_reports_precision_and_recall_of_removed_corrupted_pairs():
+    rows = [sae_v.PairScore(pair=i, text="", corrupted=c, kind="", score=0.0, weighted=0.0, shared=0, rank=i + 1)
+            for i, c in enumerate([False, False, True, False, True, True, False, True])]
+    out = sae_v.scores.keep_top(rows, 0.5)  # keep 4, remove the last 4: 3 of them corrupted
+    assert (out["kept"], out["removed"]) == (4, 4)
+    assert out["precision"] == pytest.approx(3 / 4) and out["recall"] == pytest.approx(3 / 4)
+    assert out["clean_share_kept"] == pytest.approx(3 / 4)
+    assert sae_v.scores.keep_top(rows, 1.0)["precision"] is None
+    with pytest.raises(sae_v.SettingsError):
+        sae_v.scores.keep_top(rows, 1.5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,7 +546,23 @@ def test_cli_trains_and_prints_json(tiny_llava_dir, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["meta"]["layer"] == 1 and out["summary"]["features"] == 16
     assert len(out["meta"]["model_fingerprint"]) == 16
-    assert set(out["ranking"]) == {"roc_auc", "roc_auc_weighted", "precision", "recall"}
+    assert {"roc_auc", "roc_auc_weighted", "precision", "recall"} <= set(out["ranking"])
+    assert out["ranking"]["rule"] == "official" and out["summary"]["score_rule"] == "official"
+    assert set(out["ranking"]["keep"]) >= {"precision", "recall", "kept", "removed"}
+
+
+@pytest.mark.parametrize("args", [
+    ["--layer", "99"], ["--layer", "-1"], ["--d-sae", "0"], ["--k", "0"], ["--steps", "abc"], ["--rule", "nope"],
+    ["--keep", "2"], ["--train-pairs", "1"], ["--arch", "nope"], ["--feature", "-3"],
+])
+def test_cli_out_of_range_arguments_print_one_error_line(args, tiny_llava_dir, capsys):
+    from analysis.__main__ import main
+
+    code = main(["sae", "--model", f"local:{tiny_llava_dir}", *args])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert [line for line in err.splitlines() if line.startswith("error:")] and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,3 +600,32 @@ def test_demo_store_matches_a_recomputation_from_the_committed_weights():
         assert codes[rows, card.index].tolist() == pytest.approx(im.heatmap, rel=1e-3, abs=1e-3)
     fve, l0, _ = sae_v.reconstruction_metrics(sae, sae_v.scaled(acts, meta.scales))
     assert fve > meta.fve - 0.1 and l0 == pytest.approx(meta.l0, rel=0.5)
+
+
+@pytest.mark.skipif(not list(DEMO.glob("layer*/" + sae_v.STORE_FILE)), reason="demo SAE not built")
+def test_demo_store_omega_and_scores_match_the_official_scripts():
+    """On the committed demo SAE and its 300 held-out pairs: the stored omega (official rule) and the
+    ranking's s_i equal the references written from the official scripts."""
+    from analysis.models import ModelSpec, load_model, zoo_models
+
+    if "shapes-vlm" not in zoo_models():
+        pytest.skip("shapes-vlm not built")
+    folder = sorted(DEMO.glob("layer*/" + sae_v.STORE_FILE))[0].parent
+    handle = load_model(ModelSpec("zoo", "shapes-vlm"))
+    sae, meta = sae_v.load_sae(folder)
+    store = sae_v.load_store(folder)
+    assert store.params.score_rule == "official"
+    acts = sae_v.collect_activations(handle, store.pairs, meta.layer)
+    codes = sae_v.encode(sae, sae_v.scaled(acts, meta.scales))
+    ref = official_omega_reference(acts.acts, codes, acts.modality, drop_zeros=True)
+    assert {c.index for c in store.features if c.has_omega} == set(ref)
+    for c in store.features:
+        assert c.omega == pytest.approx(ref.get(c.index, 0.0), abs=2e-3)
+    omega, has = sae_v.store_weights(store)
+    ranking = sae_v.rank_pairs(meta, omega, codes, acts, store.pairs, has_omega=has)
+    scores = official_score_reference(codes, acts.modality, acts.pair, len(store.pairs.pairs), ref)
+    assert {r.pair: r.score for r in ranking.rows} == pytest.approx(dict(enumerate(scores)), abs=1e-2)
+    clean = [s for s, p in zip(scores, store.pairs.pairs) if not p.corrupted]
+    bad = [s for s, p in zip(scores, store.pairs.pairs) if p.corrupted]
+    assert ranking.roc_auc == pytest.approx(mann_whitney_auc(clean, bad), abs=0.01)
+

@@ -4,14 +4,13 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis import inversion as inv
+from analysis.tasks import tasks_for
 from components import inversion_figures as F
 from components.common import analysis_errors, explain, require_model, set_url_params, show_error, url_param
 from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
 
-SHAPES_PROMPT = "there is a large red circle at the top left . there is a small blue square at the bottom right ."
-PLAIN_PROMPT = "My password is hunter2 and my PIN is 4921"
 NOISES = [0.0, 0.01, 0.1, 0.3, 1.0, 3.0]
 PERTURBATIONS = ["none", "gaussian_noise", "quantise"]
 SMALL_WORK = 400_000  # candidate evaluations below which sweeps run without asking
@@ -31,8 +30,7 @@ n_layers = handle.info.layers
 
 
 def default_prompt() -> str:
-    vocab = handle.tokenizer.get_vocab()
-    return SHAPES_PROMPT if all(w in vocab for w in SHAPES_PROMPT.split()) else PLAIN_PROMPT
+    return tasks_for(handle).reconstruction_prompt
 
 
 # --- controls (mirrored to the URL) ------------------------------------------------------------

@@ -156,7 +156,8 @@ def show_list() -> None:
         "image density": st.column_config.NumberColumn(format="%.4f"),
     })
     explain("Each row is one SAE feature. ω (cross-modal weight) is the mean cosine between the raw residual "
-            "vectors of its 5 strongest text tokens and 5 strongest image patches; density is the share of tokens "
+            "vectors of its 5 strongest text tokens and 5 strongest image patches; under the official SAE-V rule "
+            "only cross-modal features have one (0 for the others). Density is the share of tokens "
             "where it fires. Concepts are Shapes World ground truth: the attribute shared by most of its top-20 "
             "tokens, with that share as precision (\"both\": the same attribute in text and in image). Click a "
             "column header to sort.")
@@ -358,14 +359,18 @@ def show_explain() -> None:
         st.dataframe([{"token": p.token, "features (activation)": ", ".join(f"{s.key} ({s.value:.2f})"
                                                                             for s in p.features[:6])}
                       for p in result.positions if p.modality == sae_v.TEXT], hide_index=True, key="sae_tok_feats")
-        shared = sorted(set(result.text_max) & set(result.image_max),
-                        key=lambda f: -store.features[f].omega)
-        st.markdown(f"**Features active on both text and image: {len(shared)}**, Σω = "
-                    f"{sum(store.features[f].omega for f in shared):.2f} (this pair's s_i)")
+        stored_rule = store.params.score_rule if store.params is not None else "official"
+        active_above = sae_v.score_rule(stored_rule).cooccur_threshold
+        shared, counted = figs.shared_features(result, store, active_above)
+        st.markdown(f"**Features active on both text and image: {len(shared)}**; {len(counted)} of them have an ω "
+                    f"and fire above {active_above:g} in both: Σω = "
+                    f"{sum(store.features[f].omega for f in counted):.2f} (this pair's s_i)")
         if shared:
-            st.write(", ".join(f"{f} (ω {store.features[f].omega:.2f})" for f in shared[:30]))
+            st.write(", ".join(f"{f} (ω {store.features[f].omega:.2f})" if f in counted else f"{f} (no ω)"
+                               for f in shared[:30]))
         explain("Every text token with its strongest features. Features active on a text token and on an image "
-                "patch of the same input are the 'shared' ones whose ω add up to the SAE-V score s_i.")
+                "patch of the same input are 'shared'; SAE-V's score s_i adds the ω of the shared features that have "
+                f"one (rule: {sae_v.SCORE_RULES.label(stored_rule)}) and fire above {active_above:g} on both sides.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,11 +378,12 @@ def show_explain() -> None:
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
-def ranking_cached(folder: str, stamp: float, model_label: str, by: str, threshold: float):
+def ranking_cached(folder: str, stamp: float, model_label: str, by: str, threshold: float, rule: str):
     sae_, meta_ = load_sae(folder, stamp)
     store_ = load_feature_store(folder, stamp)
     with progress("Scoring pairs ...") as cb:
-        return sae_v.rank_dataset(handle, sae_, meta_, store_, store_.pairs, by=by, threshold=threshold, progress=cb)
+        return sae_v.rank_dataset(handle, sae_, meta_, store_, store_.pairs, by=by, threshold=threshold, progress=cb,
+                                  rule=rule)
 
 
 def show_ranking() -> None:
@@ -385,24 +391,52 @@ def show_ranking() -> None:
         st.error(f"Data ranking scores image–caption pairs, so it needs a vision-language model; "
                  f"{handle.spec.label} is text-only.")
         return
-    c1, c2 = st.columns(2)
+    rules = sae_v.SCORE_RULES
+    stored_rule = store.params.score_rule if store.params is not None else "official"
+    c1, c2, c3 = st.columns([2, 3, 2])
     by = c1.radio("Score", ["sum", "weighted"], horizontal=True, key="sae_rank_by",
                   index=["sum", "weighted"].index(url_param("by", "sum", str, ["sum", "weighted"])),
                   format_func={"sum": "s_i = Σ ω (SAE-V)", "weighted": "activation-weighted mean ω"}.get)
-    threshold = c2.slider("Active above", 0.0, 2.0, url_param("thr", 0.0, float, lo=0.0, hi=2.0), 0.05,
-                          key="sae_rank_thr")
-    set_url_params(by=by, thr=threshold)
-    ranking = ranking_cached(str(folder), stamp, handle.spec.label, by, float(threshold))
+    rule = c2.selectbox("Score rule", rules.names(), key="sae_rank_rule", format_func=rules.label,
+                        index=rules.names().index(url_param("rule", stored_rule, str, rules.names())))
+    default_thr = sae_v.score_rule(rule).cooccur_threshold
+    threshold = c3.slider("Active above", 0.0, 2.0, url_param("thr", default_thr, float, lo=0.0, hi=2.0), 0.05,
+                          key=f"sae_rank_thr_{rule}",
+                          help=f"A feature counts as active on a token above this activation ({default_thr:g} "
+                               "for this rule).")
+    set_url_params(by=by, thr=threshold, rule=rule)
+    ranking = ranking_cached(str(folder), stamp, handle.spec.label, by, float(threshold), rule)
     cols = st.columns(4)
     fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
     cols[0].metric("ROC AUC (s_i)", fmt(ranking.roc_auc))
     cols[1].metric("ROC AUC (weighted)", fmt(ranking.roc_auc_weighted))
-    cols[2].metric("Precision of top half", fmt(ranking.precision))
-    cols[3].metric("Recall of top half", fmt(ranking.recall))
+    cols[2].metric("Features with ω", sum(f.omega != 0 for f in store.features) if rule == stored_rule else "—")
+    cols[3].metric("Pairs with s_i > 0", f"{sum(r.score != 0 for r in ranking.rows)} / {len(ranking.rows)}")
     explain("Each held-out image–caption pair is scored by the features active on both one of its caption tokens "
-            "and one of its image patches: s_i sums their ω. Pairs whose caption does not match the image share "
-            "fewer cross-modal features, so they should rank low. ROC AUC is the chance that a clean pair outscores "
-            "a corrupted one; precision/recall treat the top half of the ranking as 'kept'.")
+            "and one of its image patches. Official SAE-V rule: only features with at least 5 text and 5 image "
+            "tokens among their 30 strongest have a cross-modal weight ω, a feature counts as active above 1, "
+            "and s_i sums ω over the shared features that have one. The variant gives every feature that fires "
+            "in both modalities an ω and sums over all shared features (our earlier reading, not the paper's). "
+            "ROC AUC is the chance that a clean pair outscores a corrupted one.")
+
+    keep = st.slider("Keep the top share of pairs by score", 0.05, 1.0,
+                     url_param("keep", 0.5, float, lo=0.05, hi=1.0), 0.05, key="sae_rank_keep", format="%.2f")
+    set_url_params(keep=keep)
+    kept = figs.keep_summary(ranking, keep)
+    base = sum(r.corrupted for r in ranking.rows) / max(len(ranking.rows), 1)
+    cols = st.columns(4)
+    cols[0].metric("Pairs kept / removed", f"{kept['kept']} / {kept['removed']}")
+    cols[1].metric("Precision: corrupted among removed", fmt(kept["precision"]),
+                   help=f"Removing pairs at random would give {base:.3f}.")
+    cols[2].metric("Recall: corrupted pairs removed", fmt(kept["recall"]))
+    cols[3].metric("Clean share of what is kept", fmt(kept["clean_share_kept"]),
+                   help=f"{1 - base:.3f} in the whole set.")
+    keep_fig = figs.keep_curve_figure(ranking, keep)
+    st.plotly_chart(keep_fig, key="sae_rank_keep_curve")
+    explain(f"Filtering as in the paper: keep the {keep:.0%} of pairs with the highest score and drop the rest. "
+            "Precision is the share of the dropped pairs that are corrupted (random dropping gives the dashed "
+            f"base rate {base:.2f}); recall is the share of all corrupted pairs that get dropped.")
+
     c1, c2 = st.columns(2)
     dist = figs.score_distribution_figure(ranking)
     roc = figs.roc_figure(ranking)
@@ -417,14 +451,54 @@ def show_ranking() -> None:
     st.dataframe(rows, hide_index=True, height=360, key="sae_rank_table")
     st.download_button("Download ranking (CSV)", data=rows_to_csv(rows), file_name="sae-v-ranking.csv",
                        mime="text/csv", key="sae_rank_csv", on_click="ignore")
+    show_filtering_experiment()
     try:
         from components.share import share_bar
 
         share_bar("sae", title=f"SAE-V ranking on {handle.spec.label} layer {meta.layer}",
-                  params={"sae": folder.name, "by": by, "threshold": threshold}, result=ranking,
-                  model=handle.spec.label, figures={"Scores": dist, "ROC": roc}, tables={"ranking": rows})
+                  params={"sae": folder.name, "by": by, "threshold": threshold, "rule": rule, "keep": keep},
+                  result=ranking, model=handle.spec.label,
+                  figures={"Scores": dist, "ROC": roc, "Keep": keep_fig}, tables={"ranking": rows})
     except ImportError:
         pass
+
+
+def show_filtering_experiment() -> None:
+    st.markdown("#### Does filtering by s_i train a better model? (the paper's experiment, demo scale)")
+    results, why = figs.filtering_results(figs.FILTERING_RESULTS)
+    if results is None:
+        st.info("The data-filtering experiment has not been run yet"
+                + ("" if why == "absent" else f" (its results file is {why})") + ": "
+                "`python benchmarks/sae_v_filtering.py` writes `benchmarks/results/sae_v_filtering.json`, "
+                "which this view then shows.")
+        return
+    st.dataframe(figs.filtering_rows(results), hide_index=True, key="sae_filter_table")
+    st.plotly_chart(figs.filtering_figure(results), key="sae_filter_fig")
+    pool = results.get("pool") or {}
+    verdict = results.get("verdict") or {}
+    bits = []
+    if pool.get("pairs"):
+        bits.append(f"a pool of {pool['pairs']} pairs, {pool.get('corrupted', '?')} of them corrupted")
+    if isinstance(pool.get("s_i_roc_auc_clean_vs_corrupted"), (int, float)):
+        bits.append(f"s_i separates them with ROC AUC {pool['s_i_roc_auc_clean_vs_corrupted']:.3f}")
+    if "top_half_beats_random_half_yes_no" in verdict:
+        bits.append("the top share by s_i " + ("beats" if verdict["top_half_beats_random_half_yes_no"]
+                                               else "does not beat") + " a random share on yes/no accuracy")
+    if "top_half_at_least_whole_pool_yes_no" in verdict:
+        bits.append("and " + ("matches or beats" if verdict["top_half_at_least_whole_pool_yes_no"]
+                              else "falls short of") + " training on the whole pool")
+    for key, what in (("top_half_minus_random_half", "top share − random share"),
+                      ("top_half_minus_whole_pool", "top share − whole pool")):
+        diff = verdict.get(key)
+        if isinstance(diff, dict) and isinstance(diff.get("difference"), (int, float)):
+            bits.append(f"{what}: {diff['difference']:+.3f} yes/no (standard error "
+                        f"{diff.get('standard_error', float('nan')):.3f})")
+    explain("Stored results of `benchmarks/sae_v_filtering.py` (model "
+            f"{results.get('model', '?')}, {results.get('scale', '')}): " + ", ".join(bits)
+            + ". Each condition fine-tunes the same starting checkpoint; scores are measured on held-out test "
+            "scenes, mean ± standard deviation over seeds.")
+    if isinstance(results.get("note"), str) and results["note"].strip():
+        st.caption("Benchmark note: " + results["note"])
 
 
 {"list": show_list, "feature": show_feature, "explain": show_explain, "ranking": show_ranking}[view]()

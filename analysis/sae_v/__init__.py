@@ -9,25 +9,30 @@ Pipeline, one module per step:
 3. `store`: everything the browser shows, computed once per (model, layer, SAE, dataset): top
    examples, quantile samples, histograms, densities, neighbours, co-activation, logit-lens tokens,
    modality label, cross-modal weight omega_k and (Shapes World) concept labels.
-4. `scores`: SAE-V data filtering, s_i = sum of omega_k over features active on both a text and an
-   image token of pair i, with ROC AUC against known corrupted pairs (`rank_pairs`).
+4. `scores`: SAE-V data filtering. Under the official score rule (the default; `SCORE_RULES`), a
+   feature has a cross-modal weight omega_k only when at least 5 of its 30 strongest tokens are text
+   and 5 are image, and s_i sums omega_k over the features with one that are active (> 1) on both a
+   text and an image token of pair i; ROC AUC against known corrupted pairs (`rank_pairs`).
 5. `explain`: the active features of one user-supplied image and text.
 `types` holds the settings and result records, `datasets` the image-caption pair generators,
 `build` the end-to-end train-and-store step and `cli` the `python -m analysis sae` command.
 """
 from __future__ import annotations
 
-from analysis.sae_v.activations import collect_activations, decoder_layers, modality_scales, scaled
+from analysis.anatomy import decoder_layers
+from analysis.sae_v.activations import collect_activations, modality_scales, scaled
 from analysis.sae_v.build import (
-    available_saes, build, build_folder, demo_folder, is_stale, model_fingerprint,
+    available_saes, build, build_folder, demo_folder, is_stale, model_fingerprint, rebuild_store,
 )
 from analysis.sae_v.cli import cli
 from analysis.sae_v.datasets import (
     DATASETS, Dataset, NoiseDataset, ShapesDataset, default_dataset, image_token, make_pairs, register_dataset,
 )
 from analysis.sae_v.explain import explain_input
+from analysis.registry import SettingsError
 from analysis.sae_v.scores import (
-    cross_modal_weights, modality_labels, pair_scores, per_pair_max, rank_dataset, rank_pairs, roc_auc,
+    SCORE_RULES, AllSharedRule, OfficialRule, ScoreRule, cross_modal_weights, keep_top, modality_labels, pair_scores,
+    per_pair_max, rank_dataset, rank_pairs, roc_auc, score_rule, store_weights,
 )
 from analysis.sae_v.store import (
     build_feature_store, concept_in_both, concept_precision, load_store, save_store,
@@ -42,10 +47,12 @@ from analysis.sae_v.types import (
 
 __all__ = [
     "collect_activations", "decoder_layers", "modality_scales", "scaled",
-    "available_saes", "build", "build_folder", "demo_folder", "is_stale", "model_fingerprint", "cli",
+    "available_saes", "build", "build_folder", "demo_folder", "is_stale", "model_fingerprint", "rebuild_store", "cli",
     "DATASETS", "Dataset", "NoiseDataset", "ShapesDataset", "default_dataset", "image_token", "make_pairs",
     "register_dataset", "explain_input",
-    "cross_modal_weights", "modality_labels", "pair_scores", "per_pair_max", "rank_dataset", "rank_pairs", "roc_auc",
+    "SettingsError", "SCORE_RULES", "AllSharedRule", "OfficialRule", "ScoreRule", "cross_modal_weights", "keep_top",
+    "modality_labels", "pair_scores", "per_pair_max", "rank_dataset", "rank_pairs", "roc_auc", "score_rule",
+    "store_weights",
     "build_feature_store", "concept_in_both", "concept_precision", "load_store", "save_store",
     "encode", "load_sae", "reconstruction_metrics", "save_sae", "train_sae",
     "ARCHITECTURES", "CACHE_ROOT", "IMAGE", "LABELS", "META_FILE", "MODALITY_NAMES", "SAE_ROOT", "STORE_FILE", "TEXT",

@@ -6,17 +6,10 @@ import math
 
 import torch
 
+from analysis import anatomy
 from analysis.models import ModelHandle
 from analysis.sae_v.datasets import DATASETS, Dataset
 from analysis.sae_v.types import IMAGE, TEXT, Activations, PairSet, Progress, _noop
-
-
-class _StopForward(Exception):
-    """Raised by the capture hook: layers after the chosen one are not needed."""
-
-
-def decoder_layers(handle: ModelHandle) -> torch.nn.ModuleList:
-    return handle.language_model.model.layers
 
 
 def collect_activations(handle: ModelHandle, pairs: PairSet, layer: int, batch_size: int = 32,
@@ -27,25 +20,19 @@ def collect_activations(handle: ModelHandle, pairs: PairSet, layer: int, batch_s
     order. `images` overrides the dataset's rendered images (used by `explain_input`).
     """
     progress = progress or _noop
-    layers = decoder_layers(handle)
-    if not 0 <= layer < len(layers):
-        raise ValueError(f"Layer {layer} is out of range: {handle.spec.label} has {len(layers)} decoder layers.")
+    anatomy.check_layer(handle.model, layer)
     is_vlm = handle.kind == "vlm"
     tok = handle.tokenizer
-    img_id = handle.model.config.image_token_id if is_vlm else None
+    processor = anatomy.require_processor(handle, "SAE-V") if is_vlm else None
+    img_id = anatomy.image_token_id(handle) if is_vlm else None
     skip = set(tok.all_special_ids) - ({img_id} if img_id is not None else set())
-    grid = int(round(math.sqrt(handle.info.image_tokens))) if is_vlm else 0
+    grid = 0
     dataset = DATASETS.get(pairs.dataset) or Dataset()
-    captured: list[torch.Tensor] = []
-
-    def hook(module, args, output):
-        captured.append((output[0] if isinstance(output, tuple) else output).detach().float().cpu())
-        raise _StopForward
 
     acts, modality, pair_idx, index, tokens = [], [], [], [], []
     n = len(pairs.pairs)
     with handle.patch() as patch, torch.no_grad():
-        patch.hook(layers[layer], hook)
+        cap = anatomy.Capture(layer).attach(patch, handle.model)
         for start in range(0, n, batch_size):
             batch = list(range(start, min(n, start + batch_size)))
             prompts = [dataset.prompt(handle, pairs.pairs[i].text) for i in batch]
@@ -53,17 +40,16 @@ def collect_activations(handle: ModelHandle, pairs: PairSet, layer: int, batch_s
                 imgs = [images[i] if images is not None else pairs.image(i) for i in batch]
                 if any(im is None for im in imgs):
                     raise ValueError("Every pair needs an image for a vision-language model.")
-                enc = handle.processor(images=[im.convert("RGB") for im in imgs], text=prompts,
-                                       return_tensors="pt", padding=True)
+                with anatomy.model_step(handle, "preparing the SAE-V inputs"):
+                    enc = processor(images=[[im.convert("RGB")] for im in imgs], text=prompts,
+                                    return_tensors="pt", padding=True)
+                grid = grid or anatomy.patch_grid(handle, enc).cols
             else:
                 enc = tok(prompts, return_tensors="pt", padding=True)
             enc = {k: v.to(handle.device) for k, v in enc.items()}
-            captured.clear()
-            try:
-                handle.model(**enc)
-            except _StopForward:
-                pass
-            hidden = captured[0]
+            with anatomy.model_step(handle, f"collecting layer-{layer} activations"):
+                cap.run(handle.model, **enc)
+            hidden = cap.output.detach().float().cpu()
             ids = enc["input_ids"].cpu()
             mask = enc["attention_mask"].cpu().bool()
             is_image = (ids == img_id) & mask if is_vlm else torch.zeros_like(mask)

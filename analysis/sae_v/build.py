@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from analysis import anatomy
 from analysis.models import ModelHandle
 from analysis.sae_v import types as T
 from analysis.sae_v.activations import collect_activations, modality_scales, scaled
@@ -60,6 +61,8 @@ def build(handle: ModelHandle, params: BuildParams, folder: str | Path | None = 
     import time
 
     progress = progress or _noop
+    params.validate()
+    anatomy.check_layer(handle.model, params.layer)
     dataset = params.dataset or default_dataset(handle)
     folder = Path(folder) if folder is not None else build_folder(handle, params)
     train_set = make_pairs(handle, dataset, params.train_pairs, params.seed * 2 + 1, corrupted=0.0)
@@ -90,4 +93,26 @@ def build(handle: ModelHandle, params: BuildParams, folder: str | Path | None = 
     progress(1.0, "done")
     return folder
 
+
+def rebuild_store(handle: ModelHandle, folder: str | Path, score_rule: str | None = None,
+                  progress: Progress | None = None) -> Path:
+    """Recompute the feature store of a saved SAE (same weights, same evaluation pairs), e.g. under
+    another score rule or after the store's definitions changed."""
+    from analysis.sae_v.training import load_sae
+
+    progress = progress or _noop
+    folder = Path(folder)
+    sae, meta = load_sae(folder)
+    params_file = folder / "build_params.json"
+    params = BuildParams.from_json(params_file.read_text()) if params_file.is_file() else BuildParams(layer=meta.layer)
+    if score_rule is not None:
+        params.store.score_rule = score_rule
+    dataset = params.dataset or meta.dataset or default_dataset(handle)
+    eval_set = make_pairs(handle, dataset, params.eval_pairs, params.seed * 2 + 2, corrupted=params.corrupted)
+    eval_acts = collect_activations(handle, eval_set, meta.layer, progress=lambda f, m: progress(0.3 * f, m))
+    store = build_feature_store(handle, sae, meta, eval_acts, eval_set, params.store,
+                                progress=lambda f, m: progress(0.3 + 0.7 * f, m))
+    save_store(store, folder)
+    params_file.write_text(params.to_json(indent=1))
+    return folder
 

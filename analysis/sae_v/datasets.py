@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import random
 
+from analysis import anatomy
+from analysis.anatomy import image_token  # noqa: F401  (re-exported by analysis.sae_v)
 from analysis.models import ModelHandle
+from analysis.registry import SettingsError
 from analysis.sae_v.types import Pair, PairSet
+from analysis.tasks import tasks_for
 
 
 class Dataset:
@@ -23,7 +27,7 @@ class Dataset:
     def prompt(self, handle: ModelHandle, text: str) -> str:
         if handle.kind != "vlm":
             return text
-        return f"{image_token(handle)} {text}"
+        return anatomy.image_prompt(handle, text)
 
     def concepts(self, pair: Pair, tokens: list[str], grid: int) -> tuple[list[set], list[set]]:
         """Ground-truth concept sets per text token and per patch; empty when unknown."""
@@ -124,25 +128,11 @@ def register_dataset(dataset: Dataset) -> None:
 
 
 def default_dataset(handle: ModelHandle) -> str:
-    """Shapes World for the demo VLM (its ground truth is known), random pairs otherwise."""
-    words = ["describe", "there", "is", "a", "red", "circle", "at", "the", "top", "left"]
-    try:
-        word_level = handle.tokenizer.tokenize(" ".join(words)) == words
-    except Exception:  # a tokenizer without tokenize(): not the zoo's
-        word_level = False
-    return "shapes" if word_level else "noise"
+    """The task provider's pairs: Shapes World for the demo models (ground truth known), random otherwise."""
+    return tasks_for(handle).sae_dataset
 
 
 def make_pairs(handle: ModelHandle, dataset: str, n: int, seed: int, corrupted: float = 0.0) -> PairSet:
     if dataset not in DATASETS:
-        raise ValueError(f"Unknown dataset '{dataset}' (available: {', '.join(DATASETS)}).")
+        raise SettingsError(f"Unknown dataset '{dataset}' (available: {', '.join(DATASETS)}).")
     return DATASETS[dataset].pairs(handle, n, seed, corrupted)
-
-
-def image_token(handle: ModelHandle) -> str:
-    token = getattr(handle.processor, "image_token", None)
-    if token is None:
-        token = handle.tokenizer.convert_ids_to_tokens(handle.model.config.image_token_id)
-    return token
-
-

@@ -1,31 +1,47 @@
-"""SAE-V scores: modality labels, cross-modal weights omega_k, pair scores s_i, ROC AUC and ranking."""
+"""SAE-V scores: modality labels, cross-modal weights omega_k, pair scores s_i, ROC AUC and ranking.
+
+Two score rules, each a registered class (`SCORE_RULES`) holding its own settings:
+
+- `official` (default): the SAE-V scripts' definitions. A feature gets a cross-modal weight omega_k
+  only when at least 5 of its 30 strongest activating tokens are text and at least 5 are image;
+  omega_k is the mean cosine between the raw residuals of its 5 strongest text and 5 strongest image
+  tokens (all 25 pairs). A pair's score s_i sums omega_k over the features that are active (> 1, as
+  in the official co-occurrence script) on one of its text tokens and on one of its image tokens
+  *and have an omega*. Sources: docs/readme_sae.md.
+- `all-shared` (our earlier variant, kept to compare): omega_k for every feature that fires at
+  least once in each modality (top 5 of each that fire), s_i over every shared feature (> 0).
+"""
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from analysis.models import ModelHandle
+from analysis.registry import Method, Registry, check_range
 from analysis.sae_v.activations import collect_activations, scaled
 from analysis.sae_v.training import encode
 from analysis.sae_v.types import (
     IMAGE, TEXT, Activations, FeatureStore, PairScore, PairSet, Progress, Ranking, SaeMeta,
 )
 
+SCORE_RULES: Registry["ScoreRule"] = Registry("SAE-V score rule")
+
+
+# ---------------------------------------------------------------------------------------------
+# Modality labels (shared by both rules)
+
 
 def modality_labels(codes: torch.Tensor, modality: torch.Tensor, top: int = 30, minimum: int = 5,
                     threshold: float = 0.0) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-    """SAE-V modality label per feature from its top-`top` activating tokens.
+    """SAE-V modality label per feature from its top-`top` activating tokens (those above `threshold`).
 
     Cross-modal when at least `minimum` of them are text and `minimum` are image; otherwise the
     modality of the majority; "dead" if it never fires. Returns (labels, n_text, n_image).
     """
-    k = min(top, codes.shape[0])
-    values, rows = codes.topk(k, dim=0)  # (k, F)
-    live = values > threshold
-    is_text = (modality[rows] == TEXT) & live
-    is_image = (modality[rows] == IMAGE) & live
-    n_text, n_image = is_text.sum(0), is_image.sum(0)
+    n_text, n_image = top_token_counts(codes, modality, top, threshold)
     labels = []
     for t, i in zip(n_text.tolist(), n_image.tolist()):
         if t + i == 0:
@@ -37,27 +53,119 @@ def modality_labels(codes: torch.Tensor, modality: torch.Tensor, top: int = 30, 
     return labels, n_text, n_image
 
 
-def cross_modal_weights(acts: torch.Tensor, codes: torch.Tensor, modality: torch.Tensor, top: int = 5,
-                        threshold: float = 0.0) -> torch.Tensor:
-    """omega_k (SAE-V): mean cosine between the raw residual vectors of the feature's top text and
-    top image tokens (all top-x top pairs). 0 when the feature never fires in one of the modalities."""
+def top_token_counts(codes: torch.Tensor, modality: torch.Tensor, top: int = 30,
+                     threshold: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n_text, n_image) per feature among its `top` strongest tokens that are above `threshold`."""
+    k = min(top, codes.shape[0])
+    values, rows = codes.topk(k, dim=0)  # (k, F)
+    live = values > threshold
+    return ((modality[rows] == TEXT) & live).sum(0), ((modality[rows] == IMAGE) & live).sum(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-modal weight omega_k
+
+
+def mean_top_cosine(acts: torch.Tensor, codes: torch.Tensor, modality: torch.Tensor, top: int = 5,
+                    threshold: float = 0.0) -> torch.Tensor:
+    """Per feature: mean cosine between the raw residuals of its `top` strongest text tokens and its
+    `top` strongest image tokens (only tokens where it is above `threshold`; fewer when fewer fire).
+    0 for a feature that never fires in one of the modalities."""
     unit = torch.nn.functional.normalize(acts.float(), dim=1)
-    omega = torch.zeros(codes.shape[1])
+    out = torch.zeros(codes.shape[1])
     sides = []
     for mod in (TEXT, IMAGE):
         rows = (modality == mod).nonzero().squeeze(1)
         if rows.numel() == 0:
-            return omega
-        k = min(top, rows.numel())
-        values, which = codes[rows].topk(k, dim=0)  # (k, F)
+            return out
+        values, which = codes[rows].topk(min(top, rows.numel()), dim=0)  # (k, F)
         sides.append((values > threshold, rows[which]))
     (live_t, rows_t), (live_i, rows_i) = sides
     for f in range(codes.shape[1]):
         t = rows_t[live_t[:, f], f]
         i = rows_i[live_i[:, f], f]
         if t.numel() and i.numel():
-            omega[f] = (unit[t] @ unit[i].T).mean()
+            out[f] = (unit[t] @ unit[i].T).mean()
+    return out
+
+
+def cross_modal_weights(acts: torch.Tensor, codes: torch.Tensor, modality: torch.Tensor, top: int = 5,
+                        threshold: float = 0.0, rule: "ScoreRule | str | None" = None) -> torch.Tensor:
+    """omega_k per feature under a score rule (default: the official one); 0 where a feature has none."""
+    omega, _ = score_rule(rule).weights(acts, codes, modality, omega_top=top, threshold=threshold)
     return omega
+
+
+# ---------------------------------------------------------------------------------------------
+# Score rules
+
+
+@dataclass
+class ScoreRule(Method):
+    """Which features get an omega_k, and which shared features a pair's s_i sums over."""
+
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    top: int = 30  # modality count over a feature's strongest `top` tokens ...
+    minimum: int = 5  # ... needs at least `minimum` of each modality (official rule only)
+    omega_top: int = 5  # omega_k: top-`omega_top` text x top-`omega_top` image residuals
+    cooccur_threshold: float = 1.0  # "active on a token" for s_i: activation above this
+
+    def validate(self) -> None:
+        check_range("top tokens per feature", self.top, low=1, integer=True)
+        check_range("tokens of each modality", self.minimum, low=1, high=self.top, integer=True)
+        check_range("tokens per side for omega", self.omega_top, low=1, integer=True)
+        check_range("co-occurrence threshold", self.cooccur_threshold, low=0.0)
+
+    def weights(self, acts: torch.Tensor, codes: torch.Tensor, modality: torch.Tensor, omega_top: int | None = None,
+                threshold: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(omega per feature, 0 where it has none; bool mask of the features that have one)."""
+        raise NotImplementedError
+
+
+@SCORE_RULES.register
+@dataclass
+class OfficialRule(ScoreRule):
+    name: ClassVar[str] = "official"
+    label: ClassVar[str] = "SAE-V official (ω for ≥5 text + ≥5 image of top 30; s_i over those)"
+    colour: ClassVar[str] = "#7b1fa2"
+    summary: ClassVar[str] = ("omega only for features with at least 5 text and 5 image tokens among their 30 "
+                              "strongest; s_i sums omega over co-occurring features (activation > 1) that have one.")
+
+    def weights(self, acts, codes, modality, omega_top=None, threshold=0.0):
+        n_text, n_image = top_token_counts(codes, modality, self.top, threshold)
+        defined = (n_text >= self.minimum) & (n_image >= self.minimum)
+        # with >= omega_top of each modality among the top tokens, the strongest omega_top of each
+        # modality are exactly the first omega_top text and image entries of that top list
+        omega = mean_top_cosine(acts, codes, modality, omega_top or self.omega_top, threshold)
+        return torch.where(defined, omega, torch.zeros_like(omega)), defined
+
+
+@SCORE_RULES.register
+@dataclass
+class AllSharedRule(ScoreRule):
+    name: ClassVar[str] = "all-shared"
+    label: ClassVar[str] = "Variant: ω for every feature firing in both modalities; s_i over all shared (> 0)"
+    colour: ClassVar[str] = "#9e9e9e"
+    summary: ClassVar[str] = ("Our earlier reading, not the paper's: omega for every feature that fires at least "
+                              "once on each modality; s_i sums omega over every feature active (> 0) on both.")
+    cooccur_threshold: float = 0.0
+
+    def weights(self, acts, codes, modality, omega_top=None, threshold=0.0):
+        omega = mean_top_cosine(acts, codes, modality, omega_top or self.omega_top, threshold)
+        fires = [((codes > threshold) & (modality == m)[:, None]).any(0) for m in (TEXT, IMAGE)]
+        return omega, fires[0] & fires[1]
+
+
+def score_rule(rule: "ScoreRule | str | None" = None) -> ScoreRule:
+    """A rule instance from an instance, a registered name, or None (the official rule)."""
+    if isinstance(rule, ScoreRule):
+        return rule
+    return SCORE_RULES.create(rule or OfficialRule.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pair scores s_i
 
 
 def _amax_into(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -77,13 +185,18 @@ def per_pair_max(codes: torch.Tensor, modality: torch.Tensor, pair: torch.Tensor
 
 
 def pair_scores(codes: torch.Tensor, modality: torch.Tensor, pair: torch.Tensor, omega: torch.Tensor,
-                n_pairs: int, threshold: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """SAE-V data score per pair: s_i = sum of omega_k over features active (> threshold) on a text
-    token and on an image token of pair i. Also the mean of omega_k over those features weighted by
-    min(text max, image max) activation, and the number of shared features."""
+                n_pairs: int, threshold: float = 1.0,
+                has_omega: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SAE-V data score per pair: s_i = sum of omega_k over the features active (> threshold) on a text
+    token and on an image token of pair i that have an omega (`has_omega`; all features when None).
+
+    Also the mean of omega_k over those features weighted by min(text max, image max) activation, and
+    how many such features the pair has."""
     text_max = per_pair_max(codes, modality, pair, n_pairs, TEXT)
     image_max = per_pair_max(codes, modality, pair, n_pairs, IMAGE)
     shared = (text_max > threshold) & (image_max > threshold)
+    if has_omega is not None:
+        shared &= has_omega.bool()[None, :]
     score = (shared.float() * omega).sum(1)
     weight = torch.minimum(text_max, image_max) * shared
     weighted = (weight * omega).sum(1) / weight.sum(1).clamp_min(1e-12)
@@ -101,15 +214,43 @@ def roc_auc(positive: list[float], negative: list[float]) -> float | None:
     return float((greater + 0.5 * ties) / (len(positive) * len(negative)))
 
 
+def keep_top(rows: list[PairScore], keep: float) -> dict:
+    """Keep the top `keep` share of a ranking (rows best first): how well that removes corrupted pairs.
+
+    precision = corrupted among the removed / removed; recall = corrupted removed / all corrupted;
+    also the clean share of what is kept."""
+    check_range("keep fraction", keep, low=0.0, high=1.0)
+    n_keep = int(round(keep * len(rows)))
+    kept, removed = rows[:n_keep], rows[n_keep:]
+    bad_removed = sum(r.corrupted for r in removed)
+    bad_total = sum(r.corrupted for r in rows)
+    return {
+        "keep": keep, "kept": len(kept), "removed": len(removed),
+        "precision": bad_removed / len(removed) if removed else None,
+        "recall": bad_removed / bad_total if bad_total else None,
+        "clean_share_kept": sum(not r.corrupted for r in kept) / len(kept) if kept else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranking
+
 
 def rank_pairs(store_or_meta: SaeMeta, omega: torch.Tensor, codes: torch.Tensor, acts: Activations,
-               pairs: PairSet, by: str = "sum", threshold: float = 0.0) -> Ranking:
+               pairs: PairSet, by: str = "sum", threshold: float | None = None, has_omega: torch.Tensor | None = None,
+               rule: "ScoreRule | str | None" = None) -> Ranking:
     """Rank image-caption pairs by their SAE-V score (highest first) and measure how well that
-    separates corrupted pairs from clean ones."""
+    separates corrupted pairs from clean ones. `threshold` defaults to the rule's co-occurrence
+    threshold; `has_omega` to the features with a non-zero omega."""
     if by not in ("sum", "weighted"):
         raise ValueError("Rank by 'sum' or 'weighted'.")
+    rule = score_rule(rule)
+    threshold = rule.cooccur_threshold if threshold is None else threshold
+    check_range("activity threshold", threshold, low=0.0)
+    if has_omega is None:
+        has_omega = omega != 0
     n = len(pairs.pairs)
-    score, weighted, shared = pair_scores(codes, acts.modality, acts.pair, omega, n, threshold)
+    score, weighted, shared = pair_scores(codes, acts.modality, acts.pair, omega, n, threshold, has_omega)
     rows = [PairScore(pair=i, text=p.text, corrupted=p.corrupted, kind=p.kind, score=round(float(score[i]), 4),
                       weighted=round(float(weighted[i]), 4), shared=int(shared[i]))
             for i, p in enumerate(pairs.pairs)]
@@ -128,14 +269,33 @@ def rank_pairs(store_or_meta: SaeMeta, omega: torch.Tensor, codes: torch.Tensor,
         precision = kept_clean / max(len(top), 1)
         recall = kept_clean / len(clean)
     return Ranking(model=store_or_meta.model, layer=store_or_meta.layer, by=by, threshold=threshold, rows=rows,
-                   roc_auc=auc, roc_auc_weighted=auc_w, precision=precision, recall=recall)
+                   roc_auc=auc, roc_auc_weighted=auc_w, precision=precision, recall=recall, rule=rule.name)
+
+
+def store_weights(store: FeatureStore) -> tuple[torch.Tensor, torch.Tensor]:
+    """(omega, has_omega) per feature from a feature store."""
+    omega = torch.tensor([f.omega for f in store.features])
+    has = [f.has_omega if f.has_omega is not None else f.omega != 0 for f in store.features]
+    return omega, torch.tensor(has, dtype=torch.bool)
 
 
 def rank_dataset(handle: ModelHandle, sae, meta: SaeMeta, store: FeatureStore, pairs: PairSet,
-                 by: str = "sum", threshold: float = 0.0, progress: Progress | None = None) -> Ranking:
-    """Collect activations for `pairs`, encode them, and rank with the store's omega."""
+                 by: str = "sum", threshold: float | None = None, progress: Progress | None = None,
+                 rule: "ScoreRule | str | None" = None) -> Ranking:
+    """Collect activations for `pairs`, encode them, and rank them.
+
+    With the store's own score rule (`rule` None or the same name), omega comes from the store. With
+    another rule, omega is recomputed under that rule from the residuals and codes of `pairs` (the
+    store's own pairs give exactly what a store built with that rule would hold)."""
     acts = collect_activations(handle, pairs, meta.layer, progress=progress)
-    omega = torch.tensor([f.omega for f in store.features])
-    return rank_pairs(meta, omega, encode(sae, scaled(acts, meta.scales)), acts, pairs, by=by, threshold=threshold)
-
-
+    codes = encode(sae, scaled(acts, meta.scales))
+    stored = store.params.score_rule if store.params is not None else OfficialRule.name
+    rule = score_rule(rule or stored)
+    if rule.name == stored:
+        omega, has_omega = store_weights(store)
+    else:
+        params = store.params
+        rule = SCORE_RULES.create(rule.name, top=params.modality_top, minimum=params.modality_min,
+                                  omega_top=params.omega_top)
+        omega, has_omega = rule.weights(acts.acts, codes, acts.modality, threshold=params.threshold)
+    return rank_pairs(meta, omega, codes, acts, pairs, by=by, threshold=threshold, has_omega=has_omega, rule=rule)

@@ -8,15 +8,17 @@ from pathlib import Path
 
 import torch
 
+from analysis import anatomy
 from analysis.models import ModelHandle
 from analysis.sae_v.datasets import DATASETS
-from analysis.sae_v.scores import _amax_into, cross_modal_weights, modality_labels
-from analysis.sae_v.training import encode
 from analysis.sae_v.activations import scaled
+from analysis.sae_v.scores import SCORE_RULES, _amax_into, modality_labels
+from analysis.sae_v.training import encode
 from analysis.sae_v.types import (
     IMAGE, STORE_FILE, TEXT, Activations, Concept, Example, FeatureCard, FeatureStore, ImageExample, PairSet,
     Progress, QuantileBin, SaeMeta, Scored, StoreParams, TextExample, _noop,
 )
+
 
 def concept_precision(rows: list[int], concepts: list[set]) -> Concept | None:
     """The concept shared by most of the given tokens, with the share (precision)."""
@@ -46,16 +48,13 @@ def concept_in_both(text_rows: list[int], image_rows: list[int], concepts: list[
     return best
 
 
-
 def _logit_lens(handle: ModelHandle, sae, top: int) -> list[list[Scored]]:
     """Tokens each decoder direction promotes most, read through the final norm's scale and lm_head."""
-    lm = handle.language_model
     w_dec = sae.W_dec.detach().float()  # (F, d)
-    norm = getattr(lm.model, "norm", None)
-    scale = getattr(norm, "weight", None)
     with handle.session():
-        direction = w_dec * scale.detach().float().cpu() if scale is not None else w_dec
-        logits = direction @ lm.lm_head.weight.detach().float().cpu().T  # (F, V)
+        scale = anatomy.final_norm_scale(handle.model)
+        direction = w_dec * scale.cpu() if scale is not None else w_dec
+        logits = direction @ anatomy.unembedding(handle.model).weight.detach().float().cpu().T  # (F, V)
     values, ids = logits.topk(min(top, logits.shape[1]), dim=1)
     tok = handle.tokenizer
     return [[Scored(tok.convert_ids_to_tokens(int(i)), round(float(v), 4)) for v, i in zip(vs, is_)]
@@ -66,122 +65,165 @@ def _round(xs, nd: int = 3) -> list[float]:
     return [round(float(x), nd) for x in xs]
 
 
-def build_feature_store(handle: ModelHandle, sae, meta: SaeMeta, acts: Activations, pairs: PairSet,
-                        params: StoreParams | None = None, progress: Progress | None = None) -> FeatureStore:
-    """Everything the browser shows per feature, computed once from the SAE codes of `acts`."""
-    params = params or StoreParams()
-    progress = progress or _noop
-    progress(0.0, "encoding")
-    codes = encode(sae, scaled(acts, meta.scales))
-    n_tok, n_feat = codes.shape
-    thr = params.threshold
-    active = codes > thr
-    mod, pair_of, index_of = acts.modality, acts.pair, acts.index
-    is_text, is_image = mod == TEXT, mod == IMAGE
-    n_text, n_image = int(is_text.sum()), int(is_image.sum())
+class _Tokens:
+    """Where each recorded position is: modality masks and the text / image rows of every pair."""
 
-    labels, top_text_n, top_image_n = modality_labels(codes, mod, params.modality_top, params.modality_min, thr)
-    omega = cross_modal_weights(acts.acts, codes, mod, params.omega_top, thr)
-    progress(0.2, "neighbours")
+    def __init__(self, acts: Activations, n_pairs: int) -> None:
+        self.modality, self.pair, self.index = acts.modality, acts.pair, acts.index
+        self.is_text, self.is_image = acts.modality == TEXT, acts.modality == IMAGE
+        self.n_text, self.n_image = int(self.is_text.sum()), int(self.is_image.sum())
+        self.n_pairs = n_pairs
+        self.text_rows = [((self.pair == p) & self.is_text).nonzero().squeeze(1) for p in range(n_pairs)]
+        self.image_rows = [((self.pair == p) & self.is_image).nonzero().squeeze(1) for p in range(n_pairs)]
+
+
+def _neighbour_tables(sae, codes: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(decoder cosine, activation correlation) between features; -2 on the diagonal and for dead features."""
     w_dec = torch.nn.functional.normalize(sae.W_dec.detach().float(), dim=1)
     dec_cos = w_dec @ w_dec.T
     dec_cos.fill_diagonal_(-2)
     centred = codes - codes.mean(0)
     std = centred.pow(2).mean(0).sqrt().clamp_min(1e-8)
-    corr = (centred.T @ centred) / n_tok / (std[:, None] * std[None, :])
+    corr = (centred.T @ centred) / codes.shape[0] / (std[:, None] * std[None, :])
     corr.fill_diagonal_(-2)
-    corr[~active.any(0)] = -2
-    corr[:, ~active.any(0)] = -2
-    logit_tokens = _logit_lens(handle, sae, params.logit_tokens)
+    dead = ~active.any(0)
+    corr[dead] = -2
+    corr[:, dead] = -2
+    return dec_cos, corr
 
-    # ground-truth concepts per recorded position (Shapes World)
+
+def _token_concepts(acts: Activations, pairs: PairSet) -> list[set]:
+    """Ground-truth concept set of every recorded position (empty when the dataset knows none)."""
+    out: list[set] = [set() for _ in range(len(acts))]
     dataset = DATASETS.get(pairs.dataset)
-    token_concepts: list[set] = [set() for _ in range(n_tok)]
-    if dataset is not None:
-        per_pair = [dataset.concepts(p, acts.tokens[i], acts.grid) for i, p in enumerate(pairs.pairs)]
-        for r in range(n_tok):
-            t_sets, i_sets = per_pair[int(pair_of[r])]
-            sets = t_sets if mod[r] == TEXT else i_sets
-            idx = int(index_of[r])
-            token_concepts[r] = sets[idx] if idx < len(sets) else set()
+    if dataset is None:
+        return out
+    per_pair = [dataset.concepts(p, acts.tokens[i], acts.grid) for i, p in enumerate(pairs.pairs)]
+    for r in range(len(acts)):
+        text_sets, image_sets = per_pair[int(acts.pair[r])]
+        sets = text_sets if acts.modality[r] == TEXT else image_sets
+        idx = int(acts.index[r])
+        out[r] = sets[idx] if idx < len(sets) else set()
+    return out
 
-    # rows of each pair, for contexts and heatmaps
-    text_rows_of: dict[int, torch.Tensor] = {}
-    image_rows_of: dict[int, torch.Tensor] = {}
-    for p in range(len(pairs.pairs)):
-        rows = (pair_of == p)
-        text_rows_of[p] = (rows & is_text).nonzero().squeeze(1)
-        image_rows_of[p] = (rows & is_image).nonzero().squeeze(1)
+
+def _top_rows(col: torch.Tensor, mask: torch.Tensor, n: int, threshold: float) -> list[int]:
+    """The rows of `mask` where `col` is largest (at most n), keeping those above threshold."""
+    masked = torch.where(mask, col, torch.full_like(col, -1.0))
+    values, rows = masked.topk(min(n, col.numel()))
+    return rows[values > threshold].tolist()
+
+
+def _top_text(col: torch.Tensor, where: _Tokens, params: StoreParams) -> list[TextExample]:
+    out = []
+    for r in _top_rows(col, where.is_text, params.top_n, params.threshold):
+        p = int(where.pair[r])
+        out.append(TextExample(pair=p, index=int(where.index[r]), act=round(float(col[r]), 4),
+                               context=_round(col[where.text_rows[p]])))
+    return out
+
+
+def _top_images(col: torch.Tensor, where: _Tokens, params: StoreParams) -> list[ImageExample]:
+    """The images where the feature fires most, ranked by each image's best patch."""
+    best = torch.full((where.n_pairs,), -1.0)
+    _amax_into(best, where.pair, torch.where(where.is_image, col, torch.full_like(col, -1.0)))
+    values, order = best.topk(min(params.top_images, where.n_pairs))
+    out = []
+    for v, p in zip(values.tolist(), order.tolist()):
+        if v <= params.threshold:
+            break
+        rows = where.image_rows[p]
+        heat = col[rows]
+        out.append(ImageExample(pair=p, patch=int(where.index[rows[int(heat.argmax())]]), act=round(v, 4),
+                                heatmap=_round(heat)))
+    return out
+
+
+def _quantiles(col: torch.Tensor, on: torch.Tensor, where: _Tokens, params: StoreParams,
+               seed: int) -> list[QuantileBin]:
+    """A few random active tokens from each activation quantile bin (seeded by the feature index)."""
+    values = col[on]
+    if not values.numel():
+        return []
+    qs = torch.quantile(values, torch.linspace(0, 1, params.quantile_bins + 1))
+    on_rows = on.nonzero().squeeze(1)
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for b in range(params.quantile_bins):
+        lo, hi = float(qs[b]), float(qs[b + 1])
+        upper = (values <= hi) if b == params.quantile_bins - 1 else (values < hi)
+        inside = on_rows[(values >= lo) & upper]
+        pick = inside[torch.randperm(inside.numel(), generator=gen)[:params.per_quantile]]
+        out.append(QuantileBin(round(lo, 4), round(hi, 4), [
+            Example(int(where.pair[r]), int(where.index[r]), int(where.modality[r]), round(float(col[r]), 4))
+            for r in pick.tolist()]))
+    return out
+
+
+def _histogram(values: torch.Tensor, bins: int) -> tuple[list[float], list[int]]:
+    if not values.numel():
+        return [], []
+    hist = torch.histogram(values.float(), bins=bins)
+    return _round(hist.bin_edges, 4), [int(c) for c in hist.hist]
+
+
+def _ranked(row: torch.Tensor, n: int) -> list[Scored]:
+    values, idx = row.topk(min(n, row.numel() - 1))
+    return [Scored(str(int(i)), round(float(v), 4)) for v, i in zip(values, idx) if v > -2]
+
+
+def build_feature_store(handle: ModelHandle, sae, meta: SaeMeta, acts: Activations, pairs: PairSet,
+                        params: StoreParams | None = None, progress: Progress | None = None) -> FeatureStore:
+    """Everything the browser shows per feature, computed once from the SAE codes of `acts`.
+
+    Steps: encode; modality label and omega_k per feature (under the store's score rule); decoder
+    neighbours, co-activation and logit-lens tables; ground-truth concepts per position; then one
+    card per feature."""
+    params = params or StoreParams()
+    progress = progress or _noop
+    progress(0.0, "encoding")
+    codes = encode(sae, scaled(acts, meta.scales))
+    active = codes > params.threshold
+    where = _Tokens(acts, len(pairs.pairs))
+
+    labels, n_text_top, n_image_top = modality_labels(codes, acts.modality, params.modality_top,
+                                                      params.modality_min, params.threshold)
+    rule = SCORE_RULES.create(params.score_rule, top=params.modality_top, minimum=params.modality_min,
+                              omega_top=params.omega_top)
+    omega, has_omega = rule.weights(acts.acts, codes, acts.modality, threshold=params.threshold)
+    progress(0.2, "neighbours")
+    dec_cos, corr = _neighbour_tables(sae, codes, active)
+    logit_tokens = _logit_lens(handle, sae, params.logit_tokens)
+    concepts = _token_concepts(acts, pairs)
 
     cards = []
+    n_feat = codes.shape[1]
     for f in range(n_feat):
         if f % 32 == 0:
             progress(0.3 + 0.7 * f / n_feat, f"feature {f}/{n_feat}")
-        col = codes[:, f]
-        on = active[:, f]
+        col, on = codes[:, f], active[:, f]
         values = col[on]
-        top_text: list[TextExample] = []
-        top_images: list[ImageExample] = []
-        quantiles: list[QuantileBin] = []
-        t_rows = i_rows = []
-        if n_text:
-            t_col = torch.where(is_text, col, torch.full_like(col, -1.0))
-            tv, tr = t_col.topk(min(params.top_n, n_tok))
-            tr = tr[tv > thr]
-            for r in tr.tolist():
-                p = int(pair_of[r])
-                top_text.append(TextExample(pair=p, index=int(index_of[r]), act=round(float(col[r]), 4),
-                                            context=_round(col[text_rows_of[p]])))
-            tv, tr = t_col.topk(min(params.concept_top, n_tok))
-            t_rows = tr[tv > thr].tolist()
-        if n_image:
-            # top images: by each image's best patch
-            i_col = torch.where(is_image, col, torch.full_like(col, -1.0))
-            best = torch.full((len(pairs.pairs),), -1.0)
-            _amax_into(best, pair_of, i_col)
-            bv, bp = best.topk(min(params.top_images, len(best)))
-            for v, p in zip(bv.tolist(), bp.tolist()):
-                if v <= thr:
-                    break
-                rows = image_rows_of[p]
-                heat = col[rows]
-                top_images.append(ImageExample(pair=p, patch=int(index_of[rows[int(heat.argmax())]]),
-                                               act=round(v, 4), heatmap=_round(heat)))
-            iv, ir = i_col.topk(min(params.concept_top, n_tok))
-            i_rows = ir[iv > thr].tolist()
-        if values.numel():
-            qs = torch.quantile(values, torch.linspace(0, 1, params.quantile_bins + 1))
-            on_rows = on.nonzero().squeeze(1)
-            gen = torch.Generator().manual_seed(f)
-            for b in range(params.quantile_bins):
-                lo, hi = float(qs[b]), float(qs[b + 1])
-                inside = on_rows[(values >= lo) & ((values <= hi) if b == params.quantile_bins - 1 else (values < hi))]
-                pick = inside[torch.randperm(inside.numel(), generator=gen)[:params.per_quantile]]
-                quantiles.append(QuantileBin(round(lo, 4), round(hi, 4), [
-                    Example(int(pair_of[r]), int(index_of[r]), int(mod[r]), round(float(col[r]), 4))
-                    for r in pick.tolist()]))
-            hist = torch.histogram(values.float(), bins=params.hist_bins)
-            edges, counts = _round(hist.bin_edges, 4), [int(c) for c in hist.hist]
-        else:
-            edges, counts = [], []
-        nb_v, nb_i = dec_cos[f].topk(min(params.neighbours, n_feat - 1))
-        co_v, co_i = corr[f].topk(min(params.neighbours, n_feat - 1))
+        text_rows = _top_rows(col, where.is_text, params.concept_top, params.threshold) if where.n_text else []
+        image_rows = _top_rows(col, where.is_image, params.concept_top, params.threshold) if where.n_image else []
+        edges, counts = _histogram(values, params.hist_bins)
         cards.append(FeatureCard(
-            index=f, label=labels[f], omega=round(float(omega[f]), 4),
+            index=f, label=labels[f], omega=round(float(omega[f]), 4), has_omega=bool(has_omega[f]),
             density=float(on.float().mean()),
-            density_text=float(on[is_text].float().mean()) if n_text else 0.0,
-            density_image=float(on[is_image].float().mean()) if n_image else 0.0,
+            density_text=float(on[where.is_text].float().mean()) if where.n_text else 0.0,
+            density_image=float(on[where.is_image].float().mean()) if where.n_image else 0.0,
             max_act=round(float(values.max()), 4) if values.numel() else 0.0,
             mean_act=round(float(values.mean()), 4) if values.numel() else 0.0,
-            n_text_top=int(top_text_n[f]), n_image_top=int(top_image_n[f]),
-            top_text=top_text, top_images=top_images, quantiles=quantiles,
+            n_text_top=int(n_text_top[f]), n_image_top=int(n_image_top[f]),
+            top_text=_top_text(col, where, params) if where.n_text else [],
+            top_images=_top_images(col, where, params) if where.n_image else [],
+            quantiles=_quantiles(col, on, where, params, seed=f),
             hist_edges=edges, hist_counts=counts,
-            neighbours=[Scored(str(int(i)), round(float(v), 4)) for v, i in zip(nb_v, nb_i) if v > -2],
-            coactive=[Scored(str(int(i)), round(float(v), 4)) for v, i in zip(co_v, co_i) if v > -2],
+            neighbours=_ranked(dec_cos[f], params.neighbours),
+            coactive=_ranked(corr[f], params.neighbours),
             logit_tokens=logit_tokens[f],
-            concept_text=concept_precision(t_rows, token_concepts),
-            concept_image=concept_precision(i_rows, token_concepts),
-            concept_both=concept_in_both(t_rows, i_rows, token_concepts),
+            concept_text=concept_precision(text_rows, concepts),
+            concept_image=concept_precision(image_rows, concepts),
+            concept_both=concept_in_both(text_rows, image_rows, concepts),
         ))
     progress(1.0, "feature store built")
     return FeatureStore(meta=meta, params=params, pairs=pairs, tokens=acts.tokens, grid=acts.grid, features=cards)
@@ -197,6 +239,12 @@ def save_store(store: FeatureStore, folder: str | Path) -> Path:
 def load_store(folder: str | Path) -> FeatureStore:
     path = Path(folder) / STORE_FILE
     with gzip.open(path, "rt", encoding="utf-8") as fh:
-        return FeatureStore.from_dict(json.load(fh))
+        store = FeatureStore.from_dict(json.load(fh))
+    if any(f.has_omega is None for f in store.features):
+        # written before score rules existed: its omegas follow our earlier reading
+        store.params.score_rule = "all-shared"
+        for f in store.features:
+            f.has_omega = f.omega != 0
+    return store
 
 

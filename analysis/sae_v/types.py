@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from analysis.registry import SettingsError, check_range
 from analysis.results import Result
 
 Progress = Callable[[float, str], None]
@@ -42,6 +43,20 @@ class TrainParams(Result):
     # loss is spent almost entirely on image tokens.
     balance_modalities: bool = True
 
+    def validate(self) -> None:
+        """Raise SettingsError (one line, for the user) when a setting is out of range."""
+        if self.architecture not in ARCHITECTURES:
+            raise SettingsError(f"Unknown SAE architecture '{self.architecture}' (use {', '.join(ARCHITECTURES)}).")
+        check_range("SAE features (d_sae)", self.d_sae, low=1, high=1 << 20, integer=True)
+        check_range("k (active features per token)", self.k, low=1, high=self.d_sae, integer=True)
+        check_range("training steps", self.steps, low=1, high=10_000_000, integer=True)
+        check_range("batch size", self.batch_size, low=1, integer=True)
+        check_range("learning rate", self.lr, low=0.0)
+        if self.lr <= 0:
+            raise SettingsError(f"learning rate must be positive, got {self.lr}.")
+        check_range("L1 coefficient", self.l1_coefficient, low=0.0)
+        check_range("L0 coefficient", self.l0_coefficient, low=0.0)
+
 
 @dataclass
 class StoreParams(Result):
@@ -55,6 +70,7 @@ class StoreParams(Result):
     modality_top: int = 30  # modality label: among the top-30 tokens ...
     modality_min: int = 5  # ... at least 5 of each modality makes a feature cross-modal
     omega_top: int = 5  # omega_k: top-5 text x top-5 image residual vectors
+    score_rule: str = "official"  # which features get an omega_k and what s_i sums (scores.SCORE_RULES)
     concept_top: int = 20  # concept precision over the top-20 tokens of a modality
     threshold: float = 0.0  # "active" means activation > threshold
 
@@ -168,7 +184,7 @@ class Concept(Result):
 class FeatureCard(Result):
     index: int
     label: str  # text-only | image-only | cross-modal | dead
-    omega: float
+    omega: float  # cross-modal weight; 0.0 when the store's score rule gives this feature none
     density: float
     density_text: float
     density_image: float
@@ -187,6 +203,7 @@ class FeatureCard(Result):
     concept_text: Concept | None = None
     concept_image: Concept | None = None
     concept_both: Concept | None = None  # same concept in both modalities; precision = the lower one
+    has_omega: bool | None = None  # whether the score rule gives it an omega (None: a store from before rules)
 
 
 @dataclass
@@ -211,6 +228,9 @@ class FeatureStore(Result):
             "dead": labels.count("dead"),
             "concept_both_ge_0.9": len(both),
             "concept_both_ge_0.9_cross_modal": sum(f.label == "cross-modal" for f in both),
+            "with_omega": sum(bool(f.has_omega) if f.has_omega is not None else f.omega != 0
+                              for f in self.features),
+            "score_rule": self.params.score_rule if self.params is not None else "official",
             "omega_mean_cross_modal": round(sum(f.omega for f in self.features if f.label == "cross-modal")
                                             / max(labels.count("cross-modal"), 1), 4),
             "fve": self.meta.fve,
@@ -241,6 +261,7 @@ class Ranking(Result):
     roc_auc_weighted: float | None
     precision: float | None  # of "clean" among the top half
     recall: float | None  # share of clean pairs that land in the top half
+    rule: str = "official"  # the score rule (scores.SCORE_RULES) behind omega and s_i
 
 
 @dataclass
@@ -273,4 +294,13 @@ class BuildParams(Result):
     seed: int = 0
     train: TrainParams = field(default_factory=TrainParams)
     store: StoreParams = field(default_factory=StoreParams)
+
+    def validate(self) -> None:
+        """Raise SettingsError when a setting is out of range (the layer against the model: anatomy)."""
+        check_range("layer", self.layer, low=0, integer=True)
+        check_range("training pairs", self.train_pairs, low=2, high=1_000_000, integer=True)
+        check_range("evaluation pairs", self.eval_pairs, low=2, high=1_000_000, integer=True)
+        check_range("corrupted share", self.corrupted, low=0.0, high=1.0)
+        check_range("seed", self.seed, low=0, integer=True)
+        self.train.validate()
 
