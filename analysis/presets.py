@@ -71,7 +71,7 @@ PRESETS: list[Preset] = [
     Preset("attention-sharpness", "lemma", "The lemma, no model",
            "With the maximum only δ = 2 above the other logits, its weight falls like 1/n at every fixed "
            "temperature and the entropy approaches ln n (first figure).",
-           "zoo:shapes-lm", {**SHARPNESS_BASE, "spread": "2.0", "ns": "8,64"}),
+           "zoo:shapes-lm", {**SHARPNESS_BASE, "spread": "2.0"}),
     # --- MorphKV: which tokens stay --------------------------------------------------------------------
     Preset("kv-cache", "needle-streaming", "StreamingLLM loses the needle",
            "Budget 32 of 189 context tokens, the asked needle at positions 64-65: StreamingLLM keeps only the "

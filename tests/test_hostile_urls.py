@@ -134,3 +134,14 @@ def test_caption_page_with_negative_seed_is_clamped():
                                "dec": "grammar", "rew": "grammar", "ground": "0"})
     assert not at.exception, [e.value for e in at.exception]
     assert at.number_input(key="cap_seed").value == 0
+
+
+def test_every_url_parameter_of_every_page_is_tried():
+    """A control added to a page later must be added above, so hostile values reach it too."""
+    import re
+
+    from conftest import ROOT
+
+    for page, names in PAGES.items():
+        read = set(re.findall(r"url_(?:param|list)\(\s*\"(\w+)\"", (ROOT / page).read_text()))
+        assert read <= set(names), f"{page}: add {sorted(read - set(names))} to PAGES"
