@@ -43,6 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelLoadError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:
+        from analysis.anatomy import raised_by_model
+
+        if not raised_by_model(exc):  # our own bug: keep the traceback
+            raise
+        print(f"error: {_model_arg(argv)} failed while running '{argv[0]}': {' '.join(str(exc).split())}",
+              file=sys.stderr)
+        return 1
+
+
+def _model_arg(argv: list[str]) -> str:
+    for i, arg in enumerate(argv):
+        if arg == "--model" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--model="):
+            return arg.split("=", 1)[1]
+    return "the model"
 
 
 if __name__ == "__main__":

@@ -359,6 +359,15 @@ def capture(handle, layer: int, *, before: bool = False, stop: bool = True) -> I
 # Errors from inside the model
 
 
+def raised_by_model(exc: BaseException) -> bool:
+    """True when `exc` was raised inside a transformers model's code (its forward, generate or
+    processor), not by ours: the CLI then reports it as one line naming the model and the step."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any("/transformers/" in f.filename or "/torch/nn/" in f.filename for f in frames[-3:])
+
+
 PASS_THROUGH: tuple[type[BaseException], ...] = (ModelLoadError, StopForward, KeyboardInterrupt)
 
 

@@ -7,7 +7,13 @@ Three agents, each a small object behind one method and looked up by a stable na
   p_True and p_False off its next-token distribution;
 - a rewriter turns (caption, true claims, false claims) into a caption without the false content.
 
-A claim u is flagged when H(u) = -log max(p_T - p_F, eps) exceeds the threshold pi (CapMAS, sec. 3).
+A claim u is flagged when H(u) = -log max(p_T - p_F, eps) exceeds the threshold pi (CapMAS's
+hallucination score). By default p_T and p_F are the raw next-token probabilities, as the paper
+writes H; the labelled option "renormalised" reads p_T / (p_T + p_F) instead. The yes+no mass
+p_T + p_F is kept per claim: when it is small the verifier is not answering the question.
+
+Every agent and every probability form is a small dataclass registered by its stable name
+(`DECOMPOSERS`, `REWRITERS`, `VERIFIERS`, `PROBABILITY_FORMS`), holding and checking its own settings.
 Grounding attributes each verification answer to image patches with Captum's Integrated
 Gradients. On Shapes World the ground truth is known, so factuality, coverage, CHAIR and
 POPE-style verifier scores are exact.
@@ -20,12 +26,13 @@ import math
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ClassVar
 
 import torch
 
 from analysis import anatomy
 from analysis.models import ModelHandle, ModelLoadError, ModelSpec, load_model, require_kind
+from analysis.registry import Method, Registry, SettingsError, check_range
 from analysis.results import Result
 from analysis.tasks import tasks_for
 
@@ -33,13 +40,15 @@ Progress = Callable[[float, str], None]
 
 DEFAULT_PI = 1.0
 DEFAULT_EPS = 1e-4
+DEFAULT_PROBABILITIES = "raw"  # the paper's H reads the raw p(T|x,Q(u)), p(F|x,Q(u))
+LOW_MASS = 0.5  # below this yes+no mass the verifier is mostly answering something else
 MAX_IMAGE_PIXELS = 4096 * 4096
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 GENERIC_CAPTION_PROMPT = "Describe this image in detail."
 
 
-class CaptionError(Exception):
-    """Bad input for the caption panel; the message is meant for a user."""
+class CaptionError(SettingsError):
+    """Bad input for the caption panel; the message is meant for a user (one line)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,6 +66,16 @@ class CorrectionParams(Result):
     ground: bool = True  # Captum heatmap per claim
     ig_steps: int = 8
     scene_seed: int | None = None  # a Shapes World scene: enables ground truth
+    probabilities: str = DEFAULT_PROBABILITIES  # name in PROBABILITY_FORMS: how H reads p_T and p_F
+
+    def validate(self) -> None:
+        """Every setting in range, or SettingsError with a message for the user (CLI, URL and page)."""
+        check_range("The threshold π", self.pi, low=0)
+        check_range("ε", self.eps, low=1e-12, high=0.5)
+        check_range("Integrated Gradients steps", self.ig_steps, low=1, high=512, integer=True)
+        if self.scene_seed is not None:
+            check_range("The scene seed", self.scene_seed, low=0, integer=True)
+        probability_form(self.probabilities)
 
 
 @dataclass
@@ -64,10 +83,20 @@ class ClaimVerdict(Result):
     claim: str
     p_true: float
     p_false: float
-    score: float  # H(u)
+    score: float  # H(u), from p_T and p_F as the params' probability form reads them
     flagged: bool
     truth: bool | None = None  # ground truth when the scene is known
     heatmap: list[list[float]] | None = None  # patch grid, signed attribution of the answer
+    asked: bool = True  # False when the verifier's question format cannot express the claim
+
+    @property
+    def mass(self) -> float:
+        """p_T + p_F: how much of the next-token distribution answers the yes/no question at all."""
+        return self.p_true + self.p_false
+
+    @property
+    def low_mass(self) -> bool:
+        return self.asked and self.mass < LOW_MASS
 
 
 @dataclass
@@ -166,9 +195,56 @@ def has_shapes_world() -> bool:
 # The score and the flag
 
 
-def hallucination_score(p_true: float, p_false: float, eps: float = DEFAULT_EPS) -> float:
-    """H(u) = -log max(p_T - p_F, eps) (CapMAS): 0 for a certain 'true', -log eps for 'false'."""
+def hallucination_score(p_true: float, p_false: float, eps: float = DEFAULT_EPS,
+                        probabilities: str = DEFAULT_PROBABILITIES) -> float:
+    """H(u) = -log max(p_T - p_F, eps) (CapMAS): 0 for a certain 'true', -log eps for 'false'.
+    `probabilities` names how p_T and p_F are read first (raw by default, as in the paper)."""
+    p_true, p_false = probability_form(probabilities).read(p_true, p_false)
     return -math.log(max(p_true - p_false, eps))
+
+
+PROBABILITY_FORMS: Registry["ProbabilityForm"] = Registry("p_True/p_False form")
+
+
+@dataclass
+class ProbabilityForm(Method):
+    """How the hallucination score reads the verifier's (p_T, p_F)."""
+
+    def read(self, p_true: float, p_false: float) -> tuple[float, float]:
+        raise NotImplementedError
+
+
+@PROBABILITY_FORMS.register
+@dataclass
+class RawProbabilities(ProbabilityForm):
+    """The paper's form: the raw next-token probabilities of yes and no. Mass that leaks to other
+    tokens lowers both, so p_T - p_F shrinks and H rises."""
+
+    name: ClassVar[str] = "raw"
+    label: ClassVar[str] = "raw p_T, p_F (CapMAS, as in the paper)"
+
+    def read(self, p_true, p_false):
+        return p_true, p_false
+
+
+@PROBABILITY_FORMS.register
+@dataclass
+class RenormalisedProbabilities(ProbabilityForm):
+    """p_T / (p_T + p_F) and p_F / (p_T + p_F): the answer among yes and no only, whatever mass
+    went elsewhere (0, 0 when no mass is on either: nothing to read)."""
+
+    name: ClassVar[str] = "renormalised"
+    label: ClassVar[str] = "renormalised p_T/(p_T+p_F) (variant)"
+
+    def read(self, p_true, p_false):
+        mass = p_true + p_false
+        return (p_true / mass, p_false / mass) if mass > 0 else (0.0, 0.0)
+
+
+def probability_form(name: str) -> ProbabilityForm:
+    if name not in PROBABILITY_FORMS:
+        raise CaptionError(f"Unknown p_True/p_False form '{name}' (choose one of {', '.join(PROBABILITY_FORMS)}).")
+    return PROBABILITY_FORMS.create(name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,54 +329,61 @@ def answer_token_ids(tokenizer, word: str) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Agents: one protocol each, implementations registered by stable name
+# Agents: small dataclasses registered by stable name (names appear in URLs and saved analyses)
 
-
-class Decomposer(Protocol):
-    name: str
-
-    def decompose(self, caption: str) -> list[str]: ...
-
-
-class Verifier(Protocol):
-    name: str
-
-    def verify(self, image, claims: list[str]) -> list[tuple[float, float]]: ...
-
-
-class Rewriter(Protocol):
-    name: str
-
-    def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str: ...
+DECOMPOSERS: Registry["Decomposer"] = Registry("decomposer")
+REWRITERS: Registry["Rewriter"] = Registry("rewriter")
+VERIFIERS: Registry["YesNoVerifier"] = Registry("verifier")
 
 
 @dataclass
-class GrammarDecomposer:
+class Agent(Method):
+    """A decomposer or rewriter. `needs_lm`: it runs a language model (given as `lm`)."""
+
+    needs_lm: ClassVar[bool] = False
+
+
+@dataclass
+class Decomposer(Agent):
+    def decompose(self, caption: str) -> list[str]:
+        raise NotImplementedError
+
+
+@dataclass
+class Rewriter(Agent):
+    def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
+        raise NotImplementedError
+
+
+def _check_new_tokens(value: int) -> None:
+    check_range("Tokens to generate", value, low=1, high=4096, integer=True)
+
+
+@DECOMPOSERS.register
+@dataclass
+class GrammarDecomposer(Decomposer):
     """Shapes World reference: the caption grammar parsed by rule."""
 
-    name: str = "grammar"
+    name: ClassVar[str] = "grammar"
+    label: ClassVar[str] = "Shapes World grammar (reference)"
 
     def decompose(self, caption: str) -> list[str]:
         return list(shapes_world().decompose(shapes_text(caption)))
 
 
+@DECOMPOSERS.register
 @dataclass
-class GrammarRewriter:
-    """Shapes World reference: the caption restricted to the true claims (adds nothing)."""
-
-    name: str = "grammar"
-
-    def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
-        return shapes_world().rewrite(shapes_text(caption), true_claims)
-
-
-@dataclass
-class ShapesLMDecomposer:
+class ShapesLMDecomposer(Decomposer):
     """The demo LM (`shapes-lm`) trained on Shapes World's 'decompose : CAPTION =' task."""
 
-    lm: ModelHandle
-    name: str = "shapes-lm"
+    name: ClassVar[str] = "shapes-lm"
+    label: ClassVar[str] = "demo LM (shapes-lm)"
+    needs_lm: ClassVar[bool] = True
+    lm: ModelHandle | None = None
     max_new_tokens: int = 160
+
+    def validate(self) -> None:
+        _check_new_tokens(self.max_new_tokens)
 
     def decompose(self, caption: str) -> list[str]:
         prompt = f"<s> decompose : {shapes_text(caption)} ="
@@ -308,16 +391,53 @@ class ShapesLMDecomposer:
         return list(dict.fromkeys(c.strip() for c in shapes_text(text).split(";") if c.strip()))
 
 
+@DECOMPOSERS.register
 @dataclass
-class ShapesLMRewriter:
+class ChatDecomposer(Decomposer):
+    """Prompt-based decomposition by an instruct LM through its chat template."""
+
+    name: ClassVar[str] = "lm-chat"
+    label: ClassVar[str] = "instruct LM, chat prompt"
+    needs_lm: ClassVar[bool] = True
+    lm: ModelHandle | None = None
+    max_new_tokens: int = 200
+
+    def validate(self) -> None:
+        _check_new_tokens(self.max_new_tokens)
+
+    def decompose(self, caption: str) -> list[str]:
+        prompt = chat_prompt(self.lm, DECOMPOSE_INSTRUCTION.format(caption=caption))
+        text = generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False)
+        return parse_claim_lines(text)
+
+
+@REWRITERS.register
+@dataclass
+class GrammarRewriter(Rewriter):
+    """Shapes World reference: the caption restricted to the true claims (adds nothing)."""
+
+    name: ClassVar[str] = "grammar"
+    label: ClassVar[str] = "Shapes World grammar (reference: removes, never adds)"
+
+    def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
+        return shapes_world().rewrite(shapes_text(caption), true_claims)
+
+
+@REWRITERS.register
+@dataclass
+class ShapesLMRewriter(Rewriter):
     """The demo LM (`shapes-lm`) trained on 'rewrite : CAPTION drop : CLAIM ; CLAIM =' (CapMAS's rewriter)."""
 
-    lm: ModelHandle
-    name: str = "shapes-lm"
+    name: ClassVar[str] = "shapes-lm"
+    label: ClassVar[str] = "demo LM (shapes-lm), checked"
+    needs_lm: ClassVar[bool] = True
+    lm: ModelHandle | None = None
     max_new_tokens: int = 120
-
     checked: bool = True  # parse the LM's rewrite; if it states a claim that was not kept, use the grammar's
     note: str = ""  # why the last rewrite was replaced ("" when it was kept)
+
+    def validate(self) -> None:
+        _check_new_tokens(self.max_new_tokens)
 
     def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
         drop = " ; ".join(false_claims) if false_claims else "none"
@@ -339,39 +459,19 @@ class ShapesLMRewriter:
         return text
 
 
-DECOMPOSE_INSTRUCTION = (
-    "Split the image caption below into short atomic claims, each stating one fact "
-    "(an object, one attribute of an object, or one relation). Write one claim per line and "
-    "nothing else.\n\nCaption: {caption}"
-)
-REWRITE_INSTRUCTION = (
-    "Rewrite the image caption below so that it no longer states any of the false claims. "
-    "Keep everything else as it is and add no new information. Reply with the caption only.\n\n"
-    "Caption: {caption}\nFalse claims:\n{false}\nTrue claims:\n{true}"
-)
-
-
+@REWRITERS.register
 @dataclass
-class ChatDecomposer:
-    """Prompt-based decomposition by an instruct LM through its chat template."""
-
-    lm: ModelHandle
-    name: str = "lm-chat"
-    max_new_tokens: int = 200
-
-    def decompose(self, caption: str) -> list[str]:
-        prompt = chat_prompt(self.lm, DECOMPOSE_INSTRUCTION.format(caption=caption))
-        text = generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False)
-        return parse_claim_lines(text)
-
-
-@dataclass
-class ChatRewriter:
+class ChatRewriter(Rewriter):
     """Prompt-based rewriting by an instruct LM through its chat template."""
 
-    lm: ModelHandle
-    name: str = "lm-chat"
+    name: ClassVar[str] = "lm-chat"
+    label: ClassVar[str] = "instruct LM, chat prompt"
+    needs_lm: ClassVar[bool] = True
+    lm: ModelHandle | None = None
     max_new_tokens: int = 200
+
+    def validate(self) -> None:
+        _check_new_tokens(self.max_new_tokens)
 
     def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
         if not false_claims:
@@ -382,6 +482,18 @@ class ChatRewriter:
         )
         # The chat template already starts with the model's BOS token.
         return generate_text(self.lm, chat_prompt(self.lm, prompt), self.max_new_tokens, add_special_tokens=False)
+
+
+DECOMPOSE_INSTRUCTION = (
+    "Split the image caption below into short atomic claims, each stating one fact "
+    "(an object, one attribute of an object, or one relation). Write one claim per line and "
+    "nothing else.\n\nCaption: {caption}"
+)
+REWRITE_INSTRUCTION = (
+    "Rewrite the image caption below so that it no longer states any of the false claims. "
+    "Keep everything else as it is and add no new information. Reply with the caption only.\n\n"
+    "Caption: {caption}\nFalse claims:\n{false}\nTrue claims:\n{true}"
+)
 
 
 def chat_prompt(handle: ModelHandle, text: str) -> str:
@@ -404,20 +516,19 @@ def parse_claim_lines(text: str) -> list[str]:
 
 
 @dataclass
-class YesNoVerifier:
+class YesNoVerifier(Method):
     """p_True, p_False from the VLM's next token after a yes/no question about one claim alone.
 
-    `question` turns a claim into the full prompt (image token included). Claims are batched, but
-    each row holds one claim only, so no claim sees another.
+    Subclasses say how a claim becomes the full prompt (`question`, image token included). Claims
+    are batched, but each row holds one claim only, so no claim sees another.
     """
 
     vlm: ModelHandle
-    question: Callable[[str], str]
-    name: str = "vlm-yesno"
-    answers: tuple[str, str] = ("yes", "no")
     batch_size: int = 16
+    answers: ClassVar[tuple[str, str]] = ("yes", "no")
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
+        check_range("Verifier batch size", self.batch_size, low=1, high=1024, integer=True)
         tok = self.vlm.tokenizer
         self.yes_ids = answer_token_ids(tok, self.answers[0])
         self.no_ids = answer_token_ids(tok, self.answers[1])
@@ -425,6 +536,9 @@ class YesNoVerifier:
             raise CaptionError(f"{self.vlm.spec.label}'s vocabulary has no single token for "
                                f"'{self.answers[0]}' and '{self.answers[1]}', so it cannot answer "
                                "the verification questions.")
+
+    def question(self, claim: str) -> str:
+        raise NotImplementedError
 
     @property
     def grid(self) -> int:
@@ -461,35 +575,37 @@ class YesNoVerifier:
 GENERIC_QUESTION = "Is the following statement about this image true? Answer yes or no.\nStatement: {claim}"
 
 
+@VERIFIERS.register
+@dataclass
+class ShapesVLMVerifier(YesNoVerifier):
+    """The demo VLM's trained question format: '<s> <image> question : is there a red circle ? answer :'."""
+
+    name: ClassVar[str] = "shapes-vlm"
+    label: ClassVar[str] = "demo VLM question format (Shapes World)"
+
+    def question(self, claim: str) -> str:
+        return shapes_world().vlm_question_prompt(claim)
+
+
+@VERIFIERS.register
+@dataclass
+class ChatYesNoVerifier(YesNoVerifier):
+    """Any VLM: a yes/no question about the claim, through the processor's chat template if any."""
+
+    name: ClassVar[str] = "vlm-yesno"
+    label: ClassVar[str] = "any VLM, yes/no question"
+
+    def question(self, claim: str) -> str:
+        return vlm_prompt(self.vlm, GENERIC_QUESTION.format(claim=claim))
+
+
 def make_verifier(name: str, vlm: ModelHandle) -> YesNoVerifier:
+    if name != "auto" and name not in VERIFIERS:
+        raise CaptionError(f"Unknown verifier '{name}' (choose one of auto, {', '.join(VERIFIERS)}).")
     require_kind(vlm, "vlm", panel="Caption correction")
     if name == "auto":
         name = tasks_for(vlm).verifier
-    if name == "shapes-vlm":
-        world = shapes_world()
-        return YesNoVerifier(vlm, world.vlm_question_prompt, name="shapes-vlm")
-    if name == "vlm-yesno":
-        return YesNoVerifier(vlm, lambda c: vlm_prompt(vlm, GENERIC_QUESTION.format(claim=c)))
-    raise CaptionError(f"Unknown verifier '{name}' (choose one of {', '.join(VERIFIERS)}).")
-
-
-DECOMPOSERS: dict[str, Callable[[ModelHandle | None], Decomposer]] = {
-    "grammar": lambda lm: GrammarDecomposer(),
-    "shapes-lm": lambda lm: ShapesLMDecomposer(_need_lm(lm, "shapes-lm")),
-    "lm-chat": lambda lm: ChatDecomposer(_need_lm(lm, "lm-chat")),
-}
-REWRITERS: dict[str, Callable[[ModelHandle | None], Rewriter]] = {
-    "grammar": lambda lm: GrammarRewriter(),
-    "shapes-lm": lambda lm: ShapesLMRewriter(_need_lm(lm, "shapes-lm")),
-    "lm-chat": lambda lm: ChatRewriter(_need_lm(lm, "lm-chat")),
-}
-VERIFIERS = ("auto", "shapes-vlm", "vlm-yesno")
-
-
-def _need_lm(lm: ModelHandle | None, name: str) -> ModelHandle:
-    if lm is None:
-        raise CaptionError(f"The '{name}' agent needs a language model; none was given.")
-    return lm
+    return VERIFIERS.create(name, vlm=vlm)
 
 
 def default_agent(lm: ModelHandle | None) -> str:
@@ -507,7 +623,10 @@ def make_agent(kind: str, name: str, lm: ModelHandle | None):
         name = default_agent(lm)
     if name not in registry:
         raise CaptionError(f"Unknown {kind} '{name}' (choose one of auto, {', '.join(registry)}).")
-    return registry[name](lm)
+    cls = registry.get(name)
+    if cls.needs_lm and lm is None:
+        raise CaptionError(f"The '{name}' agent needs a language model; none was given.")
+    return registry.create(name, lm=lm)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,7 +654,10 @@ def ground_claims(verifier: YesNoVerifier, image, claims: list[str], steps: int 
         with vlm.patch(), torch.enable_grad():
             attr = IntegratedGradients(margin).attribute(pixels, baselines=torch.zeros_like(pixels),
                                                          n_steps=steps, internal_batch_size=steps)
-        per_pixel = attr[0].sum(0).detach()  # (H, W)
+        tile = attr[0]
+        while tile.dim() > 3:  # tiled processors (LLaVA-NeXT, Idefics3): the first tile is the whole image
+            tile = tile[0]
+        per_pixel = tile.sum(0).detach()  # (H, W)
         patch = per_pixel.shape[-1] // grid
         maps.append(per_pixel.reshape(grid, patch, grid, patch).sum((1, 3)).tolist())
         if progress:
@@ -548,12 +670,13 @@ def ground_claims(verifier: YesNoVerifier, image, claims: list[str], steps: int 
 
 
 def verify_caption(vlm: ModelHandle, image, params: CorrectionParams, lm: ModelHandle | None = None,
-                   progress: Progress | None = None, verifier: Verifier | None = None) -> Verification:
+                   progress: Progress | None = None, verifier: YesNoVerifier | None = None) -> Verification:
     """Decompose the caption and verify (and ground) every claim alone. Independent of pi.
 
     `verifier` overrides `params.verifier` (e.g. a ground-truth oracle in an evaluation).
     """
     report = progress or (lambda f, m: None)
+    params.validate()
     caption = " ".join(params.caption.split())
     if not caption:
         raise CaptionError("The caption is empty: generate one with the VLM or paste one.")
@@ -569,7 +692,9 @@ def verify_caption(vlm: ModelHandle, image, params: CorrectionParams, lm: ModelH
                            "scene, e.g. 'there is a large red circle at the top left .').")
     report(0.15, f"verifying {len(claims)} claims")
     probs = verifier.verify(image, claims)
-    verdicts = [ClaimVerdict(c, pt, pf, hallucination_score(pt, pf, params.eps), False)
+    can_ask = getattr(verifier, "can_ask", lambda claim: True)
+    verdicts = [ClaimVerdict(c, pt, pf, hallucination_score(pt, pf, params.eps, params.probabilities), False,
+                             asked=can_ask(c))
                 for c, (pt, pf) in zip(claims, probs)]
     grid = 0
     if params.ground:
@@ -591,8 +716,13 @@ def verify_caption(vlm: ModelHandle, image, params: CorrectionParams, lm: ModelH
 
 def apply_threshold(verification: Verification, params: CorrectionParams,
                     lm: ModelHandle | None = None) -> CorrectionResult:
-    """Flag claims with H(u) > pi and rewrite the caption without them; score on Shapes World."""
-    verdicts = [ClaimVerdict(**{**vars(v), "flagged": v.score > params.pi}) for v in verification.claims]
+    """Score each claim with the params' probability form, flag H(u) > pi and rewrite the caption
+    without the flagged claims; metrics on Shapes World. Verification (p_T, p_F) is reused as is."""
+    params.validate()
+    verdicts = []
+    for v in verification.claims:
+        score = hallucination_score(v.p_true, v.p_false, params.eps, params.probabilities)
+        verdicts.append(ClaimVerdict(**{**vars(v), "score": score, "flagged": score > params.pi}))
     true_claims = [v.claim for v in verdicts if not v.flagged]
     false_claims = [v.claim for v in verdicts if v.flagged]
     caption = verification.caption
@@ -754,27 +884,33 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=None, help="Shapes World scene seed")
     parser.add_argument("--image", default=None, help="an image file instead of a scene")
     parser.add_argument("--caption", default=None, help="caption to check (default: the VLM's own)")
-    parser.add_argument("--pi", type=float, default=DEFAULT_PI)
-    parser.add_argument("--decomposer", default="auto")
-    parser.add_argument("--verifier", default="auto")
-    parser.add_argument("--rewriter", default="auto")
+    parser.add_argument("--pi", type=float, default=DEFAULT_PI, help="drop a claim when H > pi (>= 0)")
+    parser.add_argument("--eps", type=float, default=DEFAULT_EPS, help="floor of p_T - p_F in H (0 < eps <= 0.5)")
+    parser.add_argument("--probabilities", default=DEFAULT_PROBABILITIES, choices=list(PROBABILITY_FORMS),
+                        help="how H reads p_T and p_F: raw (the paper) or renormalised p_T/(p_T+p_F)")
+    parser.add_argument("--decomposer", default="auto", choices=["auto", *DECOMPOSERS])
+    parser.add_argument("--verifier", default="auto", choices=["auto", *VERIFIERS])
+    parser.add_argument("--rewriter", default="auto", choices=["auto", *REWRITERS])
+    parser.add_argument("--ig-steps", type=int, default=8, help="Integrated Gradients steps per claim")
     parser.add_argument("--no-ground", action="store_true", help="skip the Captum heatmaps")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
+    seed = None if args.image else (0 if args.seed is None else args.seed)
+    params = CorrectionParams(caption=args.caption or "", pi=args.pi, eps=args.eps, decomposer=args.decomposer,
+                              verifier=args.verifier, rewriter=args.rewriter, ground=not args.no_ground,
+                              ig_steps=args.ig_steps, scene_seed=seed, probabilities=args.probabilities)
+    if args.seed is not None:
+        check_range("The scene seed", args.seed, low=0, integer=True)
+    params.validate()  # before any model loads: SettingsError -> one "error: ..." line (analysis/__main__.py)
     try:
         vlm = load_model(ModelSpec.parse(args.model))
         lm = load_agent_lm(args.lm, vlm)
         if args.image:
             with open(args.image, "rb") as fh:
                 image = open_image(fh.read())
-            seed = None
         else:
-            seed = 0 if args.seed is None else args.seed
             image = scene_image(seed)
-        caption = args.caption if args.caption is not None else caption_image(vlm, image)
-        params = CorrectionParams(caption=caption, pi=args.pi, decomposer=args.decomposer,
-                                  verifier=args.verifier, rewriter=args.rewriter,
-                                  ground=not args.no_ground, scene_seed=seed)
+        params.caption = args.caption if args.caption is not None else caption_image(vlm, image)
         result = correct_caption(vlm, image, params, lm)
     except (CaptionError, ModelLoadError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -785,7 +921,14 @@ def cli(argv: list[str]) -> int:
     print(f"caption:   {result.caption}")
     for c in result.claims:
         truth = "" if c.truth is None else f"  truth={'T' if c.truth else 'F'}"
-        print(f"  {'DROP' if c.flagged else 'keep'}  H={c.score:6.3f}  pT={c.p_true:.3f} pF={c.p_false:.3f}  {c.claim}{truth}")
+        low = "  LOW yes+no MASS" if c.low_mass else ""
+        print(f"  {'DROP' if c.flagged else 'keep'}  H={c.score:6.3f}  pT={c.p_true:.3f} pF={c.p_false:.3f}  "
+              f"{c.claim}{truth}{low}")
+    low = [c for c in result.claims if c.low_mass]
+    if low:
+        print(f"note: for {len(low)} of {len(result.claims)} claims p_T + p_F < {LOW_MASS:g} "
+              f"(lowest {min(c.mass for c in low):.3f}): the verifier is mostly not answering yes or no, "
+              "so its p_True and p_False say little about the claim.")
     print(f"corrected: {result.corrected}")
     if result.before and result.after:
         print(f"factuality {result.before.factuality:.3f} -> {result.after.factuality:.3f}, "

@@ -17,8 +17,10 @@ row not yet used), shuffled hidden dimensions (sorted vectors are compared, whic
 cannot change), both, Gaussian noise relative to the state's std, and uniform quantisation.
 
 Cascade (sequence sharding across parties) is simulated by `simulate_cascade`: which positions
-each party sees, the longest run of unseen tokens before a seen one, the brute-force cost, and an
-actual brute-force run when the cost is small.
+each party sees, the longest run of unseen tokens before a seen one, the brute-force cost
+sum V^(g+1), and an actual brute-force run when the cost is small. Only what each computing party
+sees is modelled, not the protocol (attention nodes, aggregation, other layers, collusion, smarter
+searches): see docs/readme_inversion.md.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import torch
 
 from analysis import anatomy
 from analysis.models import ModelHandle
+from analysis.registry import Method, Registry, SettingsError, check_range
 from analysis.results import Result
 
 Progress = Callable[[float, str], None] | None
@@ -39,8 +42,8 @@ Progress = Callable[[float, str], None] | None
 MAX_TOKENS = 64
 
 
-class InversionError(ValueError):
-    """Bad input for an inversion run; the message is meant for the user."""
+class InversionError(SettingsError):
+    """Bad input for an inversion run; the message is meant for the user (one line)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,6 +65,18 @@ class AttackParams(Result):
     first_batch: int = 16  # candidates in the first batch; later batches grow 4x up to max_batch
     max_batch: int = 1024
     gradient_steps: int = 8  # Adam steps of gradient inversion (orders "gradient" and "hybrid")
+
+    def validate(self) -> None:
+        """Check every setting (and build the defences and the order, which check their own):
+        the one validation path of the CLI, the page and shared URLs. Raises SettingsError."""
+        check_range("Layer", self.layer, low=0, integer=True)
+        check_range("Positions", self.positions, low=0, integer=True)
+        check_range("Defence seed", self.seed, low=0, integer=True)
+        check_range("Token limit", self.max_tokens, low=1, integer=True)
+        check_range("First batch", self.first_batch, low=1, integer=True)
+        check_range("Largest batch", self.max_batch, low=self.first_batch, integer=True)
+        build_defences(self)
+        build_order(self)
 
 
 @dataclass
@@ -274,9 +289,17 @@ def token_text(handle: ModelHandle, token_id: int) -> str:
 # Defences: what the attacker sees instead of the plain states
 
 
-class Defence:
-    name: ClassVar[str] = ""
-    label: ClassVar[str] = ""
+DEFENCES: Registry["Defence"] = Registry("defence")
+NO_DEFENCE = "none"  # the selectboxes' "no defence" choice (not a class: it changes nothing)
+NO_DEFENCE_LABEL = "no defence"
+
+
+@dataclass
+class Defence(Method):
+    """What the attacker sees instead of the plain states. `kind` places it on the page: a
+    "permutation" hides where values are, a "perturbation" changes them."""
+
+    kind: ClassVar[str] = "perturbation"
     moves_rows: ClassVar[bool] = False  # rows are permuted: match against all unmatched rows
     moves_dims: ClassVar[bool] = False  # hidden dimensions are permuted: compare sorted vectors
 
@@ -288,32 +311,52 @@ class Defence:
         return 0.0
 
 
+@DEFENCES.register
+@dataclass
 class ShufflePositions(Defence):
-    name, label, moves_rows = "shuffle_positions", "shuffled positions", True
+    name: ClassVar[str] = "shuffle_positions"
+    label: ClassVar[str] = "shuffled positions"
+    kind: ClassVar[str] = "permutation"
+    moves_rows: ClassVar[bool] = True
 
     def apply(self, states, gen):
         return states[torch.randperm(len(states), generator=gen)]
 
 
+@DEFENCES.register
+@dataclass
 class ShuffleDims(Defence):
-    name, label, moves_dims = "shuffle_dims", "shuffled hidden dimensions", True
+    name: ClassVar[str] = "shuffle_dims"
+    label: ClassVar[str] = "shuffled hidden dimensions"
+    kind: ClassVar[str] = "permutation"
+    moves_dims: ClassVar[bool] = True
 
     def apply(self, states, gen):
         return states[:, torch.randperm(states.shape[1], generator=gen)]
 
 
+@DEFENCES.register
+@dataclass
 class ShuffleBoth(Defence):
-    name, label, moves_rows, moves_dims = "shuffle_both", "shuffled positions and dimensions", True, True
+    name: ClassVar[str] = "shuffle_both"
+    label: ClassVar[str] = "shuffled positions and dimensions"
+    kind: ClassVar[str] = "permutation"
+    moves_rows: ClassVar[bool] = True
+    moves_dims: ClassVar[bool] = True
 
     def apply(self, states, gen):
         return ShuffleDims().apply(ShufflePositions().apply(states, gen), gen)
 
 
+@DEFENCES.register
 @dataclass
 class GaussianNoise(Defence):
-    sigma: float = 0.5  # relative to the std of the clean states
     name: ClassVar[str] = "gaussian_noise"
     label: ClassVar[str] = "Gaussian noise"
+    sigma: float = 0.5  # relative to the std of the clean states
+
+    def validate(self) -> None:
+        check_range("Noise σ (multiples of the states' std)", self.sigma, low=0)
 
     def apply(self, states, gen):
         noise = torch.randn(states.shape, generator=gen) * (self.sigma * float(states.std()))
@@ -325,11 +368,15 @@ class GaussianNoise(Defence):
         return d * s * math.sqrt(2 / math.pi) + 4 * s * math.sqrt(d * (1 - 2 / math.pi))
 
 
+@DEFENCES.register
 @dataclass
 class Quantise(Defence):
-    bits: int = 4
     name: ClassVar[str] = "quantise"
     label: ClassVar[str] = "quantisation"
+    bits: int = 4
+
+    def validate(self) -> None:
+        check_range("Quantisation bits", self.bits, low=1, high=32, integer=True)
 
     def _step(self, states) -> tuple[float, float]:
         lo, hi = float(states.min()), float(states.max())
@@ -343,25 +390,33 @@ class Quantise(Defence):
         return states.shape[1] * self._step(states)[1] / 2  # rounding moves each value by <= step/2
 
 
-DEFENCES: dict[str, Callable[[AttackParams], Defence]] = {
-    "shuffle_positions": lambda p: ShufflePositions(),
-    "shuffle_dims": lambda p: ShuffleDims(),
-    "shuffle_both": lambda p: ShuffleBoth(),
-    "gaussian_noise": lambda p: GaussianNoise(p.noise),
-    "quantise": lambda p: Quantise(p.bits),
-}
-DEFENCE_LABELS = {"none": "no defence", **{k: f(AttackParams()).label for k, f in DEFENCES.items()}}
-PERMUTATIONS = ["none", "shuffle_positions", "shuffle_dims", "shuffle_both"]
+def defence_names(kind: str) -> list[str]:
+    """"none" and the registered defences of one kind ("permutation" or "perturbation")."""
+    return [NO_DEFENCE] + [name for name, cls in DEFENCES.items() if cls.kind == kind]
+
+
+def defence_label(name: str) -> str:
+    return NO_DEFENCE_LABEL if name in ("", NO_DEFENCE) else DEFENCES.label(name)
+
+
+def defence_settings(params: AttackParams) -> dict:
+    """The params' defence settings under the defences' field names (each class takes its own)."""
+    return {"sigma": params.noise, "bits": params.bits}
 
 
 def build_defences(params: AttackParams) -> list[Defence]:
+    """The params' defences, in order, each validated. Every registered defence's settings are
+    checked too, so an out-of-range value is reported even when its defence is not selected."""
+    settings = defence_settings(params)
+    for name in DEFENCES:
+        DEFENCES.create(name, **settings)
     out = []
     for name in params.defences:
-        if name in ("", "none"):
+        if name in ("", NO_DEFENCE):
             continue
         if name not in DEFENCES:
             raise InversionError(f"Unknown defence '{name}' (choose from {', '.join(DEFENCES)}).")
-        out.append(DEFENCES[name](params))
+        out.append(DEFENCES.create(name, **settings))
     return out
 
 
@@ -377,35 +432,95 @@ class _Context:
     rows: torch.Tensor  # observed rows still unmatched (R, d), as the attacker sees them
     sorted_dims: bool
     embeddings: torch.Tensor  # (V, d) input embeddings
-    invert: Callable[[], torch.Tensor]  # gradient inversion: an embedding whose state matches a row
+    invert: Callable[[int], torch.Tensor]  # gradient inversion with n Adam steps: an embedding whose state matches a row
     head: int  # how many top proposals a mixed order takes from its first source
 
 
-class Order:
+ORDERS: Registry["Order"] = Registry("proposal order")
+
+
+@dataclass
+class Order(Method):
     """Yields ranked chunks of candidate ids, lazily: later chunks are only computed if the attack
     has not yet found a certified match. Ids already tried are skipped; whatever no chunk named is
     tried last, in vocabulary order, so every order ends in an exhaustive search."""
 
-    name: ClassVar[str] = ""
-    label: ClassVar[str] = ""
     needs_logits: ClassVar[bool] = False
 
     def proposals(self, ctx: _Context) -> Iterator[torch.Tensor]:
         raise NotImplementedError
 
 
-class VocabOrder(Order):
-    name, label = "vocab", "vocabulary order (no proposal)"
+@ORDERS.register
+@dataclass
+class HybridOrder(Order):
+    """The model's and the embedding's top proposals interleaved (cheap, and right most of the time
+    on a trained model); then, for a large vocabulary, gradient inversion; then both orders in full.
+    With a small vocabulary a full pass costs less than the gradient steps, so they are skipped."""
+
+    name: ClassVar[str] = "hybrid"
+    label: ClassVar[str] = "model + embedding proposals, then gradient inversion"
+    needs_logits: ClassVar[bool] = True
+    steps: int = 8  # Adam steps of the gradient phase (0: no gradient phase)
+    gradient_min_vocab: int = 2048  # below this vocabulary size the gradient phase is skipped
+
+    def validate(self) -> None:
+        check_range("Gradient steps", self.steps, low=0, high=10_000, integer=True)
+        check_range("Smallest vocabulary for gradient inversion", self.gradient_min_vocab, low=0, integer=True)
 
     def proposals(self, ctx):
-        yield torch.arange(len(ctx.embeddings))
+        model = ctx.logits.argsort(descending=True) if ctx.logits is not None else None
+        embedding = next(EmbeddingOrder().proposals(ctx))
+        both = embedding if model is None else _interleave(model, embedding)
+        yield both[: 2 * ctx.head]
+        if self.steps > 0 and len(ctx.embeddings) >= self.gradient_min_vocab:
+            yield from GradientOrder(self.steps).proposals(ctx)
+        yield both
 
 
+@ORDERS.register
+@dataclass
+class GradientOrder(Order):
+    """Optimise a free input embedding until its layer-L state matches the observed row, then try
+    tokens by distance to it. Works even where the next-token distribution is uninformative
+    (random weights); the L1 check stays the certificate, so a poor optimum only costs time."""
+
+    name: ClassVar[str] = "gradient"
+    label: ClassVar[str] = "gradient inversion of the embedding"
+    steps: int = 8  # Adam steps per position
+
+    def validate(self) -> None:
+        check_range("Gradient steps", self.steps, low=1, high=10_000, integer=True)
+
+    def proposals(self, ctx):
+        target = ctx.invert(self.steps)
+        yield (ctx.embeddings - target).square().sum(dim=1).argsort()  # cdist is ~10x slower for one target
+
+
+@ORDERS.register
+@dataclass
+class ModelOrder(Order):
+    """The model's own next-token distribution given the recovered prefix (embedding order at 0)."""
+
+    name: ClassVar[str] = "model"
+    label: ClassVar[str] = "model's next-token distribution"
+    needs_logits: ClassVar[bool] = True
+
+    def proposals(self, ctx):
+        if ctx.logits is None:
+            yield from EmbeddingOrder().proposals(ctx)
+        else:
+            yield ctx.logits.argsort(descending=True)
+
+
+@ORDERS.register
+@dataclass
 class EmbeddingOrder(Order):
     """Tokens whose input embedding points the way the observed state does: the residual stream
     keeps a trace of the current token's embedding. Needs no forward, but is weak deep in a model."""
 
-    name, label = "embedding", "closest token embedding"
+    name: ClassVar[str] = "embedding"
+    label: ClassVar[str] = "closest token embedding"
 
     def proposals(self, ctx):
         emb, rows = ctx.embeddings, ctx.rows
@@ -416,28 +531,14 @@ class EmbeddingOrder(Order):
         yield (emb @ rows.T).amax(dim=1).argsort(descending=True)
 
 
-class ModelOrder(Order):
-    """The model's own next-token distribution given the recovered prefix (embedding order at 0)."""
-
-    name, label, needs_logits = "model", "model's next-token distribution", True
-
-    def proposals(self, ctx):
-        if ctx.logits is None:
-            yield from EmbeddingOrder().proposals(ctx)
-        else:
-            yield ctx.logits.argsort(descending=True)
-
-
-class GradientOrder(Order):
-    """Optimise a free input embedding until its layer-L state matches the observed row, then try
-    tokens by distance to it. Works even where the next-token distribution is uninformative
-    (random weights); the L1 check stays the certificate, so a poor optimum only costs time."""
-
-    name, label = "gradient", "gradient inversion of the embedding"
+@ORDERS.register
+@dataclass
+class VocabOrder(Order):
+    name: ClassVar[str] = "vocab"
+    label: ClassVar[str] = "vocabulary order (no proposal)"
 
     def proposals(self, ctx):
-        target = ctx.invert()
-        yield (ctx.embeddings - target).square().sum(dim=1).argsort()  # cdist is ~10x slower for one target
+        yield torch.arange(len(ctx.embeddings))
 
 
 def _interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -446,27 +547,11 @@ def _interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.stack([a[:n], b[:n]], dim=1).reshape(-1), a[n:], b[n:]])
 
 
-class HybridOrder(Order):
-    """The model's and the embedding's top proposals interleaved (cheap, and right most of the time
-    on a trained model); then, for a large vocabulary, gradient inversion; then both orders in full.
-    With a small vocabulary a full pass costs less than the gradient steps, so they are skipped."""
-
-    name, label, needs_logits = "hybrid", "model + embedding proposals, then gradient inversion", True
-    gradient_min_vocab: ClassVar[int] = 2048
-
-    def proposals(self, ctx):
-        model = ctx.logits.argsort(descending=True) if ctx.logits is not None else None
-        embedding = next(EmbeddingOrder().proposals(ctx))
-        both = embedding if model is None else _interleave(model, embedding)
-        yield both[: 2 * ctx.head]
-        if len(ctx.embeddings) >= self.gradient_min_vocab:
-            yield from GradientOrder().proposals(ctx)
-        yield both
-
-
-ORDERS: dict[str, Order] = {
-    o.name: o for o in (HybridOrder(), GradientOrder(), ModelOrder(), EmbeddingOrder(), VocabOrder())
-}
+def build_order(params: AttackParams) -> Order:
+    """The params' proposal order with its settings, validated."""
+    if params.order not in ORDERS:
+        raise InversionError(f"Unknown proposal order '{params.order}' (choose from {', '.join(ORDERS)}).")
+    return ORDERS.create(params.order, steps=params.gradient_steps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,12 +612,11 @@ def _calibrate(probe: _Probe, vocab: int, length: int, device, batch: int = 32) 
 def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress = None,
                 ids: list[int] | None = None) -> AttackResult:
     """Recover the prompt of `params` from its (defended) layer-L states, position by position."""
+    params.validate()
     check_layer(handle, params.layer)
     if ids is None:
         ids = tokenize(handle, params.prompt, params.max_tokens)
-    if params.order not in ORDERS:
-        raise InversionError(f"Unknown proposal order '{params.order}' (choose from {', '.join(ORDERS)}).")
-    order = ORDERS[params.order]
+    order = build_order(params)
     defences = build_defences(params)
     moves_rows = any(d.moves_rows for d in defences)
     sorted_dims = any(d.moves_dims for d in defences)
@@ -568,9 +652,9 @@ def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress = 
             rows = rows_seen[row_index]
             steps_used = [0]
 
-            def invert(i=i, rows=rows) -> torch.Tensor:
-                steps_used[0] += params.gradient_steps
-                return probe.invert(cache, i, rows, sorted_dims, params.gradient_steps)
+            def invert(steps: int, i=i, rows=rows) -> torch.Tensor:
+                steps_used[0] += steps
+                return probe.invert(cache, i, rows, sorted_dims, steps)
 
             if params.exhaustive or not exact_possible:
                 chunks: Iterator[torch.Tensor] = iter([torch.arange(vocab)])
@@ -642,8 +726,10 @@ def sweep_layers(handle: ModelHandle, params: AttackParams, layers: list[int] | 
 
 
 def sweep_noise(handle: ModelHandle, params: AttackParams, noises: list[float],
-                permutations: list[str] = PERMUTATIONS, progress: Progress = None) -> NoiseSweep:
-    """Accuracy vs Gaussian noise (sigma relative to the state's std), for each permutation defence."""
+                permutations: list[str] | None = None, progress: Progress = None) -> NoiseSweep:
+    """Accuracy vs Gaussian noise (sigma relative to the state's std), for each permutation defence
+    ("none" and every registered permutation unless `permutations` names some)."""
+    permutations = defence_names("permutation") if permutations is None else permutations
     ids = tokenize(handle, params.prompt, params.max_tokens)
     points, total = [], len(noises) * len(permutations)
     for n, (perm, sigma) in enumerate(itertools.product(permutations, noises)):
@@ -651,7 +737,7 @@ def sweep_noise(handle: ModelHandle, params: AttackParams, noises: list[float],
         r = reconstruct(handle, _with(params, defences=names, noise=sigma), ids=ids)
         points.append(NoisePoint(perm, sigma, r.accuracy, r.evaluations))
         if progress:
-            progress((n + 1) / total, f"{DEFENCE_LABELS[perm]}, sigma {sigma:g}")
+            progress((n + 1) / total, f"{defence_label(perm)}, sigma {sigma:g}")
     return NoiseSweep(params, points)
 
 
@@ -684,31 +770,35 @@ def compare_exhaustive(handle: ModelHandle, params: AttackParams, measured_posit
 # Cascade: sequence sharding across parties
 
 
-class Sharding:
-    name: ClassVar[str] = ""
-    label: ClassVar[str] = ""
+SHARDINGS: Registry["Sharding"] = Registry("sharding")
 
+
+@dataclass
+class Sharding(Method):
     def assign(self, n: int, parties: int) -> list[int]:
         """The party that sees each position."""
         raise NotImplementedError
 
 
+@SHARDINGS.register
+@dataclass
 class RoundRobin(Sharding):
-    name, label = "round_robin", "round-robin (position i to party i mod k)"
+    name: ClassVar[str] = "round_robin"
+    label: ClassVar[str] = "round-robin (position i to party i mod k)"
 
     def assign(self, n, parties):
         return [i % parties for i in range(n)]
 
 
+@SHARDINGS.register
+@dataclass
 class Blocks(Sharding):
-    name, label = "blocks", "contiguous blocks"
+    name: ClassVar[str] = "blocks"
+    label: ClassVar[str] = "contiguous blocks"
 
     def assign(self, n, parties):
         size = math.ceil(n / parties)
         return [i // size for i in range(n)]
-
-
-SHARDINGS: dict[str, Sharding] = {s.name: s for s in (RoundRobin(), Blocks())}
 
 
 @dataclass
@@ -720,6 +810,15 @@ class CascadeParams(Result):
     attacker: int = 0  # the party that tries to invert what it sees
     budget: int = 1_000_000  # largest brute-force run (candidate sequences) actually executed
     max_tokens: int = MAX_TOKENS
+
+    def validate(self) -> None:
+        check_range("Layer", self.layer, low=0, integer=True)
+        check_range("Parties", self.parties, low=1, integer=True)
+        check_range("Attacking party", self.attacker, low=0, high=self.parties - 1, integer=True)
+        check_range("Brute-force budget", self.budget, low=1, integer=True)
+        check_range("Token limit", self.max_tokens, low=1, integer=True)
+        if self.sharding not in SHARDINGS:
+            raise InversionError(f"Unknown sharding '{self.sharding}' (choose from {', '.join(SHARDINGS)}).")
 
 
 @dataclass
@@ -762,16 +861,15 @@ def _party_view(party: int, assignment: list[int], vocab: int) -> PartyView:
 
 def simulate_cascade(handle: ModelHandle, params: CascadeParams, progress: Progress = None) -> CascadeResult:
     """Shard a prompt's positions across parties and let one party brute-force what it sees."""
+    params.validate()
     check_layer(handle, params.layer)
-    if params.sharding not in SHARDINGS:
-        raise InversionError(f"Unknown sharding '{params.sharding}' (choose from {', '.join(SHARDINGS)}).")
     ids = tokenize(handle, params.prompt, params.max_tokens)
     if not 1 <= params.parties <= len(ids):
         raise InversionError(f"Choose between 1 and {len(ids)} parties for a {len(ids)}-token prompt.")
     if not 0 <= params.attacker < params.parties:
         raise InversionError(f"The attacker must be one of parties 0..{params.parties - 1}.")
     vocab = vocab_size(handle)
-    assignment = SHARDINGS[params.sharding].assign(len(ids), params.parties)
+    assignment = SHARDINGS.create(params.sharding).assign(len(ids), params.parties)
     views = [_party_view(p, assignment, vocab) for p in range(params.parties)]
     view = views[params.attacker]
     recovered: list[int | None] = [None] * len(ids)
@@ -866,23 +964,23 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--model", default="zoo:shapes-lm", help="zoo:NAME, hub:ID[@REV] or local:PATH")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--layer", type=int, default=1)
-    parser.add_argument("--defence", action="append", default=[], choices=["none", *DEFENCES],
+    parser.add_argument("--defence", action="append", default=[], choices=[NO_DEFENCE, *DEFENCES],
                         help="repeat to combine, e.g. --defence shuffle_both --defence gaussian_noise")
-    parser.add_argument("--noise", type=float, default=0.5, help="gaussian_noise sigma / state std")
-    parser.add_argument("--bits", type=int, default=4, help="quantise: bits per value")
+    parser.add_argument("--noise", type=float, default=0.5, help="gaussian_noise sigma / state std (>= 0)")
+    parser.add_argument("--bits", type=int, default=4, help="quantise: bits per value (1-32)")
     parser.add_argument("--order", default="hybrid", choices=list(ORDERS))
+    parser.add_argument("--gradient-steps", type=int, default=8, help="Adam steps of gradient inversion")
+    parser.add_argument("--positions", type=int, default=0, help="attack only the first N positions (0 = all)")
     parser.add_argument("--exhaustive", action="store_true", help="score the whole vocabulary (baseline)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
-    handle = load_model(ModelSpec.parse(args.model))
     params = AttackParams(prompt=args.prompt, layer=args.layer, defences=args.defence, noise=args.noise,
-                          bits=args.bits, order=args.order, exhaustive=args.exhaustive, seed=args.seed)
-    try:
-        result = reconstruct(handle, params)
-    except InversionError as exc:
-        print(f"error: {exc}")
-        return 1
+                          bits=args.bits, order=args.order, exhaustive=args.exhaustive, seed=args.seed,
+                          gradient_steps=args.gradient_steps, positions=args.positions)
+    params.validate()  # before loading the model: a bad setting fails at once (SettingsError -> "error: ...")
+    handle = load_model(ModelSpec.parse(args.model))
+    result = reconstruct(handle, params)
     if args.json:
         print(result.to_json())
         return 0

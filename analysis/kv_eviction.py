@@ -1,30 +1,36 @@
 """KV-cache eviction: which cached tokens each policy keeps, and what that costs.
 
-Policies are small classes behind one interface, `select(layer, attn, state) -> keep | None`, looked
-up by a stable name in `POLICIES`. The runner that touches the model (`run_policy`) exists once: a
-forward hook on every attention module sees the eager attention probabilities of the current forward,
-asks the policy which cache entries to keep, and index-gathers `cache.layers[l].keys/values` plus a
-parallel tensor of original positions. Manual decoding passes absolute `position_ids`, so RoPE and
-learned position embeddings stay right after entries vanish (keys are cached post-RoPE).
+Policies are small dataclasses in `analysis/kv/policies.py` (re-exported here), registered in
+`POLICIES`; each owns and validates its settings. The runner that touches the model (`run_policy`)
+exists once: a forward hook on every attention module sees the eager attention probabilities of the
+current forward, asks the policy which cache entries to keep, and index-gathers
+`cache.layers[l].keys/values` plus a parallel tensor of original positions. Manual decoding passes
+absolute `position_ids`, so RoPE and learned position embeddings stay right after entries vanish (keys
+are cached post-RoPE).
 
 Conventions: batch 1; a budget C is the number of entries kept per layer and KV head; eviction
 happens after the attention of a forward, so the query of a step still sees what the previous step
-kept plus itself. Decode-time policies (StreamingLLM, H2O, TOVA, MorphKV) cut the prompt in one go at
-the first decode step and then stay at exactly C; SnapKV cuts at the end of prefill and then grows.
-Sliding-window layers are never evicted.
+kept plus itself. Every policy of the main comparison holds exactly C from the moment the context
+exceeds C (StreamingLLM, H2O, TOVA and SnapKV cut after the prefill forward as their official code
+does, MorphKV at the first decode step as its code does, and all of them after every later step);
+the prefill-only SnapKV/PyramidKV variants grow after the prefill. Sliding-window layers are never evicted.
 """
 from __future__ import annotations
 
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from analysis.anatomy import attention_modules
+from analysis.kv.policies import (  # noqa: F401  (re-exported: the page, tests and benchmark use kv.X)
+    H2O, POLICIES, TOVA, FullCache, LayerState, MorphKV, MorphKVMaxGroup, Policy, PyramidKV, PyramidKVPrefill,
+    SnapKV, SnapKVPrefill, StreamingLLM, gather_kv, gather_q, group_reduce, setting_fields, top_plus_recent,
+)
 from analysis.models import ModelHandle, ModelLoadError
+from analysis.registry import SettingsError, check_range
 from analysis.results import Result
 from analysis.tasks import tasks_for
 
@@ -41,12 +47,18 @@ class KvEvictionError(ModelLoadError):
 
 @dataclass
 class KvParams(Result):
+    """Everything one analysis needs. The settings of each policy (sinks, heavy_share, snap_window, kernel,
+    morph_window, fusion) belong to its class in analysis/kv/policies.py, which validates them; they are
+    stored here flat, by the field names of those classes, so a URL or a saved analysis carries them."""
+
     policy: str = "morphkv"
     budget: int = 64  # C: cache entries kept per layer and KV head
-    sinks: int = 4  # StreamingLLM: first S tokens always kept
-    window: int = 8  # H2O recent tokens, SnapKV observation window, MorphKV R
-    kernel: int = 5  # SnapKV pooling kernel (odd)
-    fusion: str = "max"  # MorphKV: fuse the R renormalised rows by "sum" or "max"
+    sinks: int = StreamingLLM.sinks  # StreamingLLM: first S tokens always kept
+    heavy_share: float = H2O.heavy_share  # H2O: share of the budget for heavy hitters (rest: recent tokens)
+    snap_window: int = SnapKV.snap_window  # SnapKV / PyramidKV observation window w
+    kernel: int = SnapKV.kernel  # SnapKV pooling kernel (odd)
+    morph_window: int = MorphKV.morph_window  # MorphKV's R
+    fusion: str = MorphKV.fusion  # MorphKV: fuse the R rows by "sum" or "max"
     prompt: str = ""  # empty: the built-in key-value recall task
     new_tokens: int = 24  # tokens generated after a custom prompt (and for the text comparison)
     seed: int = 0  # key-value task sample
@@ -57,228 +69,51 @@ class KvParams(Result):
     context: int = 192  # key-value task: context length in tokens
     sweep: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])  # budgets, share of context
 
-
-# ---------------------------------------------------------------------------------------------
-# Policies: one interface, one registry
-
-
-@dataclass
-class LayerState:
-    """What a policy sees of one layer: original positions of the cached entries and its own scratch."""
-
-    positions: torch.Tensor  # (B, H_kv, T) long, original position of each cache entry
-    phase: str  # "prefill" | "decode"
-    groups: int  # query heads per KV head
-    n_layers: int = 1  # decoder layers (PyramidKV sizes budgets by depth)
-    scratch: dict = field(default_factory=dict)  # per-policy buffers, gathered by the policy itself
-
-    @property
-    def length(self) -> int:
-        return self.positions.shape[-1]
+    def settings(self) -> dict:
+        return {k: v for k, v in self.to_dict().items() if k not in ("policy",)}
 
 
-def gather_kv(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """x (B, H_kv, T, ...) gathered along T by keep (B, H_kv, K)."""
-    idx = keep.reshape(*keep.shape, *([1] * (x.dim() - 3))).expand(*keep.shape, *x.shape[3:])
-    return x.gather(2, idx)
+PARAM_LIMITS = {  # the task's own numeric settings: (label, low, high, integer)
+    "context": ("Context length", 8, 100_000, True),
+    "pairs": ("Needles (key-value pairs)", 1, 64, True),
+    "queries": ("Questions", 1, 64, True),
+    "examples": ("Prompts averaged", 1, 10_000, True),
+    "new_tokens": ("Generated tokens", 0, 4096, True),
+    "seed": ("Seed", 0, 2**31 - 1, True),
+}
 
 
-def gather_q(x: torch.Tensor, keep: torch.Tensor, groups: int) -> torch.Tensor:
-    """x (B, H_q, R, T) per query head, gathered along T by the keep indices of each head's KV group."""
-    idx = keep.repeat_interleave(groups, dim=1)[:, :, None, :].expand(-1, -1, x.shape[2], -1)
-    return x.gather(3, idx)
+def make_policy(params: KvParams, name: str | None = None, budget: int | None = None) -> Policy:
+    """The policy `name` (default: params.policy) with the settings in params, validated."""
+    settings = params.settings()
+    if budget is not None:
+        settings["budget"] = budget
+    return POLICIES.create(name or params.policy, **settings)
 
 
-def group_reduce(x: torch.Tensor, groups: int, how: str) -> torch.Tensor:
-    """(B, H_q, T) -> (B, H_kv, T) by summing or taking the max over the query heads of a group."""
-    b, h, t = x.shape
-    x = x.reshape(b, h // groups, groups, t)
-    return x.sum(2) if how == "sum" else x.amax(2)
+def main_policies() -> list[str]:
+    """The policies of the equal-entries comparison (labelled variants left out)."""
+    return [name for name, cls in POLICIES.items() if not getattr(cls, "variant", False)]
 
 
-def top_plus_recent(scores: torch.Tensor, keep_top: int, length: int) -> torch.Tensor:
-    """Sorted indices: the top `keep_top` of `scores` (B, H_kv, T_old) and every index from T_old on."""
-    b, h, old = scores.shape
-    top = scores.topk(keep_top, dim=-1).indices if keep_top > 0 else scores.new_zeros(b, h, 0, dtype=torch.long)
-    recent = torch.arange(old, length, device=scores.device).expand(b, h, -1)
-    return torch.cat([top, recent], dim=-1).sort(dim=-1).values
-
-
-class Policy:
-    """Chooses which cache entries to keep after the attention of one forward pass."""
-
-    name: ClassVar[str]
-    label: ClassVar[str]
-
-    def __init__(self, params: KvParams) -> None:
-        self.p = params
-
-    def min_budget(self) -> int:
-        return 1
-
-    def select(self, layer: int, attn: torch.Tensor, state: LayerState) -> torch.Tensor | None:
-        """attn (B, H_q, q, T): probabilities of this forward's queries over the current cache.
-        Returns keep indices (B, H_kv, K) into the cache, or None to keep everything."""
-        raise NotImplementedError
-
-
-POLICIES: dict[str, type[Policy]] = {}
-
-
-def register(cls: type[Policy]) -> type[Policy]:
-    POLICIES[cls.name] = cls
-    return cls
-
-
-@register
-class FullCache(Policy):
-    name, label = "full", "Full cache"
-
-    def select(self, layer, attn, state):
-        return None
-
-
-@register
-class StreamingLLM(Policy):
-    """Attention sinks: the first S tokens plus the most recent C - S (Xiao et al., 2024)."""
-
-    name, label = "streaming_llm", "StreamingLLM"
-
-    def min_budget(self) -> int:
-        return self.p.sinks + 1
-
-    def select(self, layer, attn, state):
-        c, t = self.p.budget, state.length
-        if state.phase == "prefill" or t <= c:
-            return None
-        b, h = state.positions.shape[:2]
-        idx = torch.cat([torch.arange(self.p.sinks), torch.arange(t - (c - self.p.sinks), t)])
-        return idx.to(attn.device).expand(b, h, -1)
-
-
-@register
-class H2O(Policy):
-    """Heavy hitters: attention accumulated over every query seen, plus a recent window (Zhang et al., 2023)."""
-
-    name, label = "h2o", "H2O"
-
-    def min_budget(self) -> int:
-        return self.p.window + 1
-
-    def select(self, layer, attn, state):
-        new = group_reduce(attn.float().sum(2), state.groups, "sum")  # (B, H_kv, T)
-        acc = state.scratch.get("acc")
-        if acc is not None:
-            new[..., : acc.shape[-1]] += acc
-        state.scratch["acc"] = new
-        c, t = self.p.budget, state.length
-        if state.phase == "prefill" or t <= c:
-            return None
-        keep = top_plus_recent(new[..., : t - self.p.window], c - self.p.window, t)
-        state.scratch["acc"] = new.gather(-1, keep)
-        return keep
-
-
-@register
-class TOVA(Policy):
-    """Token omission via attention: top C by the last query's attention averaged over all heads (Oren et al., 2024)."""
-
-    name, label = "tova", "TOVA"
-
-    def select(self, layer, attn, state):
-        c, t = self.p.budget, state.length
-        if state.phase == "prefill" or t <= c:
-            return None
-        score = attn[:, :, -1, :].float().mean(1)  # (B, T)
-        keep = score.topk(c, dim=-1).indices.sort(dim=-1).values
-        return keep[:, None, :].expand(-1, state.positions.shape[1], -1)
-
-
-@register
-class SnapKV(Policy):
-    """Prompt compression once at prefill: the last w queries vote, scores are pooled (Li et al., 2024)."""
-
-    name, label = "snapkv", "SnapKV"
-
-    def min_budget(self) -> int:
-        return self.p.window + 1
-
-    def select(self, layer, attn, state):
-        return self.snap(attn, state, self.p.budget)
-
-    def snap(self, attn, state, c: int):
-        t, w = state.length, self.p.window
-        if state.phase != "prefill" or t <= c:
-            return None  # decoding then grows the cache
-        votes = attn[:, :, -w:, : t - w].float().sum(2)  # (B, H_q, T - w)
-        votes = group_reduce(votes, state.groups, "sum")
-        k = self.p.kernel
-        pooled = F.avg_pool1d(votes.flatten(0, 1)[:, None], k, stride=1, padding=k // 2)[:, 0]
-        return top_plus_recent(pooled.reshape(votes.shape), c - w, t)
-
-
-@register
-class PyramidKV(SnapKV):
-    """SnapKV's prefill vote with per-layer budgets shrinking linearly with depth, mean C (Cai et al., 2024):
-    the first layer keeps 2C - C/beta, the last C/beta (never below window + 1)."""
-
-    name, label = "pyramidkv", "PyramidKV"
-    beta: ClassVar[int] = 20
-
-    def layer_budget(self, layer: int, n_layers: int) -> int:
-        c = self.p.budget
-        low = max(self.p.window + 1, round(c / self.beta))
-        high = 2 * c - low
-        return c if n_layers < 2 else round(high - (high - low) * layer / (n_layers - 1))
-
-    def select(self, layer, attn, state):
-        return self.snap(attn, state, self.layer_budget(layer, state.n_layers))
-
-
-@register
-class MorphKV(Policy):
-    """MorphKV (ICML 2025): keep the last R; score older tokens by the last R queries' attention,
-    renormalised over the older tokens only, fused by sum or max over the R rows, max over the query
-    heads of a KV group; keep the top C - R per KV head. Evicts every decode step, so the cache stays at C."""
-
-    name, label = "morphkv", "MorphKV"
-
-    def min_budget(self) -> int:
-        return self.p.window + 1
-
-    def select(self, layer, attn, state):
-        r = self.p.window
-        rows = attn[:, :, -r:, :].float()  # (B, H_q, q', T)
-        old = state.scratch.get("rows")
-        if old is not None:  # earlier rows never saw the newer entries: zero there
-            old = F.pad(old, (0, rows.shape[-1] - old.shape[-1]))
-            rows = torch.cat([old, rows], dim=2)[:, :, -r:]
-        state.scratch["rows"] = rows
-        c, t = self.p.budget, state.length
-        if state.phase == "prefill" or t <= c:
-            return None
-        distant = rows[..., : t - r]
-        distant = distant / distant.sum(-1, keepdim=True).clamp_min(1e-30)
-        fused = distant.sum(2) if self.p.fusion == "sum" else distant.amax(2)  # (B, H_q, T - R)
-        keep = top_plus_recent(group_reduce(fused, state.groups, "max"), c - r, t)
-        state.scratch["rows"] = gather_q(rows, keep, state.groups)
-        return keep
-
-
-def make_policy(params: KvParams) -> Policy:
-    if params.policy not in POLICIES:
-        raise KvEvictionError(f"Unknown policy '{params.policy}' (choose one of {', '.join(POLICIES)}).")
-    if params.fusion not in ("sum", "max"):
-        raise KvEvictionError(f"MorphKV fusion must be 'sum' or 'max', not '{params.fusion}'.")
-    if params.kernel < 1 or params.kernel % 2 == 0:
-        raise KvEvictionError("The SnapKV pooling kernel must be a positive odd number.")
-    policy = POLICIES[params.policy](params)
-    if params.policy != "full" and params.budget < policy.min_budget():
-        raise KvEvictionError(
-            f"A budget of {params.budget} is too small for {policy.label}: it needs at least "
-            f"{policy.min_budget()} entries (window / sinks plus one)."
-        )
-    return policy
+def validate_params(params: KvParams, *, check_budget: bool = True) -> None:
+    """One validation path for the CLI, the URL and the page: raises SettingsError with a one-line message.
+    Every policy's settings are checked by its class (at the chosen budget when `check_budget`)."""
+    POLICIES.get(params.policy)
+    check_range("Budget C", params.budget, low=1, integer=True)
+    for name, (what, low, high, integer) in PARAM_LIMITS.items():
+        check_range(what, getattr(params, name), low=low, high=high, integer=integer)
+    check_range("Prefilled share", params.prefill, low=0.0, high=1.0)
+    if params.prefill <= 0:
+        raise SettingsError(f"Prefilled share must be in (0, 1], got {params.prefill}.")
+    if not params.sweep:
+        raise SettingsError("The budget sweep needs at least one budget share.")
+    for share in params.sweep:
+        check_range("Sweep budget share", share, low=0.0, high=1.0)
+        if not 0 < share < 1:
+            raise SettingsError(f"Sweep budget shares must be strictly between 0 and 1, got {share}.")
+    for name in POLICIES:
+        make_policy(params, name, None if check_budget else 10**9)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,14 +341,12 @@ def build_task(handle: ModelHandle, params: KvParams, seed: int | None = None) -
     """The user's prompt followed by the full cache's greedy continuation, or the key-value task."""
     tok = handle.tokenizer
     seed = params.seed if seed is None else seed
-    if not 0.0 < params.prefill <= 1.0:
-        raise KvEvictionError("The prefilled share of the context must be in (0, 1].")
     if params.prompt.strip():
         ids = tok(params.prompt, add_special_tokens=True)["input_ids"]
         if len(ids) < 2:
             raise KvEvictionError("The prompt is too short: it needs at least two tokens.")
         _check_length(handle, len(ids) + 2 * max(2, params.new_tokens))
-        full = run_policy(handle, ids, len(ids), FullCache(params), generate=max(2, params.new_tokens))
+        full = run_policy(handle, ids, len(ids), FullCache(), generate=max(2, params.new_tokens))
         task = _with_questions(ids, [], params.prefill, "custom prompt")
         task.tokens = full.tokens
         return task
@@ -594,7 +427,7 @@ def compare(full: Trace, run: Trace, task: KvTask, policy: Policy, layers: list[
     accuracy = (sum(int(p == task.tokens[a]) for p, a in zip(preds, task.answer_positions)) / len(preds)
                 if preds else None)
     return PolicyRun(
-        policy=policy.name, label=policy.label, budget=policy.p.budget, kl=kl.tolist(), top1=top1.tolist(),
+        policy=policy.name, label=policy.label, budget=policy.budget, kl=kl.tolist(), top1=top1.tolist(),
         dnll=dnll.tolist(), recall=recall, needle_survival=survival, accuracy=accuracy, answers=preds,
         cache_len=[sum(lens[l] for l in layers) / len(layers) for lens in run.cache_len], cache_bytes=run.cache_bytes,
         analytic_bytes=run.analytic_bytes, step_ms=[1000 * t for t in run.step_time],
@@ -660,6 +493,7 @@ class KvResult(Result):
 
 
 def check_params(handle: ModelHandle, params: KvParams, task: KvTask) -> Policy:
+    validate_params(params)
     policy = make_policy(params)
     context = task.context_len
     if params.policy != "full" and params.budget >= context:
@@ -673,7 +507,7 @@ def _policy_runs(handle, task, params, names, full, layers, progress, share=(0.0
     groups = handle.info.heads // handle.info.kv_heads
     runs = []
     for i, name in enumerate(names):
-        pol = make_policy(KvParams.from_dict({**params.to_dict(), "policy": name}))
+        pol = make_policy(params, name)
         if progress:
             progress(share[0] + (share[1] - share[0]) * i / len(names), f"{pol.label} ...")
         trace = full if name == "full" else run_policy(handle, task.tokens, task.prefill_len, pol)
@@ -686,13 +520,14 @@ def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = N
     layers = evictable_layers(handle)
     task = build_task(handle, params)
     policy = check_params(handle, params, task)
-    full = run_policy(handle, task.tokens, task.prefill_len, FullCache(params), record_attention=True)
+    full = run_policy(handle, task.tokens, task.prefill_len, FullCache(), record_attention=True)
     names = ["full"] + [n for n in POLICIES if n != "full"]
     runs = _policy_runs(handle, task, params, names, full, layers, progress, (0.0, 0.7))
     chosen = full if policy.name == "full" else run_policy(handle, task.tokens, task.prefill_len, policy)
     kept = [[[step[layer][h].tolist() for step in chosen.kept] for h in range(handle.info.kv_heads)]
             for layer in layers]
-    texts = generate_texts(handle, params, task, names, progress)
+    text_names = [n for n in names if n in main_policies() or n == policy.name]  # variants: only when chosen
+    texts = generate_texts(handle, params, task, text_names, progress)
     if progress:
         progress(1.0, "done")
     return KvResult(
@@ -710,7 +545,7 @@ def generate_texts(handle, params, task, names, progress=None) -> list[Generated
     for i, name in enumerate(names):
         if progress:
             progress(0.7 + 0.3 * i / len(names), f"generating ({name}) ...")
-        pol = make_policy(KvParams.from_dict({**params.to_dict(), "policy": name}))
+        pol = make_policy(params, name)
         trace = run_policy(handle, task.tokens[:start], task.prefill_len, pol, generate=max(2, params.new_tokens))
         new = trace.tokens[start:]
         eos = handle.tokenizer.eos_token_id
@@ -732,12 +567,14 @@ class SweepResult(Result):
     full_accuracy: float | None
 
 
-def budget_sweep(handle: ModelHandle, params: KvParams, progress: Progress | None = None) -> SweepResult:
-    """Accuracy, KL, agreement and recall of every policy at budgets given as shares of the context,
-    averaged over `params.examples` prompts (accuracy over all their answers)."""
+def budget_sweep(handle: ModelHandle, params: KvParams, progress: Progress | None = None,
+                 names: list[str] | None = None) -> SweepResult:
+    """Accuracy, KL, agreement, recall and cache held of every policy (or of `names`) at budgets given as
+    shares of the context, averaged over `params.examples` prompts (accuracy over all their answers)."""
+    validate_params(params, check_budget=False)
     layers = evictable_layers(handle)
     groups = handle.info.heads // handle.info.kv_heads
-    names = [n for n in POLICIES if n != "full"]
+    names = [n for n in (names or POLICIES) if n != "full"]
     n_ex = 1 if params.prompt.strip() else max(1, params.examples)
     sums: dict[tuple[str, float], list[float]] = {}
     full_hits, full_n, context = 0.0, 0, 0
@@ -745,19 +582,18 @@ def budget_sweep(handle: ModelHandle, params: KvParams, progress: Progress | Non
     for ex in range(n_ex):
         task = build_task(handle, params, seed=params.seed + ex)
         context = task.context_len
-        full = run_policy(handle, task.tokens, task.prefill_len, FullCache(params), record_attention=True)
+        full = run_policy(handle, task.tokens, task.prefill_len, FullCache(), record_attention=True)
         n_ans = len(task.answer_positions)
-        full_run = compare(full, full, task, FullCache(params), layers, groups)
+        full_run = compare(full, full, task, FullCache(), layers, groups)
         full_hits += (full_run.accuracy or 0.0) * n_ans
         full_n += n_ans
         for share in params.sweep:
             for name in names:
-                p = _sweep_params(params, name, share, task.context_len)
-                pol = make_policy(p)
+                pol = make_policy(params, name, _sweep_budget(params, name, share, task.context_len))
                 if progress:
                     progress(done / total, f"{pol.label} at {share:.0%} ...")
                 run = compare(full, run_policy(handle, task.tokens, task.prefill_len, pol), task, pol, layers, groups)
-                acc = sums.setdefault((name, share), [0.0, 0.0, 0.0, 0.0, 0.0, p.budget, 0.0])
+                acc = sums.setdefault((name, share), [0.0, 0.0, 0.0, 0.0, 0.0, pol.budget, 0.0])
                 acc[0] += (run.accuracy or 0.0) * n_ans
                 acc[1] += n_ans
                 acc[2] += run.mean_kl / n_ex
@@ -772,56 +608,84 @@ def budget_sweep(handle: ModelHandle, params: KvParams, progress: Progress | Non
                        full_accuracy=full_hits / full_n if full_n else None)
 
 
-def _sweep_params(params: KvParams, name: str, share: float, context: int) -> KvParams:
-    p = KvParams.from_dict({**params.to_dict(), "policy": name})
-    p.budget = max(POLICIES[name](p).min_budget(), min(context - 1, round(share * context)))
-    return p
+def _sweep_budget(params: KvParams, name: str, share: float, context: int) -> int:
+    floor = make_policy(params, name, 10**9).min_budget()
+    return max(floor, min(context - 1, round(share * context)))
 
 
 # ---------------------------------------------------------------------------------------------
 # Command line
 
 
-def cli(argv: list[str]) -> int:
-    import argparse
+class _Parser:
+    """argparse whose errors become one SettingsError line (analysis/__main__.py prints `error: ...`)."""
 
+    @staticmethod
+    def make(**kwargs):
+        import argparse
+
+        class Parser(argparse.ArgumentParser):
+            def error(self, message):  # noqa: D401 - argparse hook
+                raise SettingsError(f"{message} (see python -m analysis kv --help).")
+
+        return Parser(**kwargs)
+
+
+def cli(argv: list[str]) -> int:
     from analysis.models import ModelSpec, load_model
 
-    ap = argparse.ArgumentParser(prog="python -m analysis kv", description="KV-cache eviction policies.")
+    d = KvParams()
+    ap = _Parser.make(prog="python -m analysis kv", description="KV-cache eviction policies.")
     ap.add_argument("--model", default="zoo:shapes-lm", help="zoo:NAME, hub:ID[@REV] or local:PATH")
-    ap.add_argument("--policy", default="morphkv", choices=list(POLICIES))
-    ap.add_argument("--budget", type=int, default=KvParams.budget)
-    ap.add_argument("--window", type=int, default=KvParams.window)
-    ap.add_argument("--sinks", type=int, default=KvParams.sinks)
-    ap.add_argument("--kernel", type=int, default=KvParams.kernel)
-    ap.add_argument("--fusion", default="max", choices=["sum", "max"])
+    ap.add_argument("--policy", default=d.policy, help=f"one of {', '.join(POLICIES)}")
+    ap.add_argument("--budget", type=int, default=d.budget, help="C: entries kept per layer and KV head")
+    ap.add_argument("--sinks", type=int, default=d.sinks, help="StreamingLLM: sink tokens S")
+    ap.add_argument("--heavy-share", type=float, default=d.heavy_share,
+                    help="H2O: share of the budget for heavy hitters (the rest keeps recent tokens)")
+    ap.add_argument("--snap-window", type=int, default=d.snap_window, help="SnapKV/PyramidKV observation window w")
+    ap.add_argument("--kernel", type=int, default=d.kernel, help="SnapKV/PyramidKV pooling kernel (odd)")
+    ap.add_argument("--morph-window", type=int, default=d.morph_window, help="MorphKV recent window R")
+    ap.add_argument("--fusion", default=d.fusion, help="MorphKV fusion: max or sum")
+    ap.add_argument("--window", type=float, default=None, help=argparse_suppress())
     ap.add_argument("--prompt", default="")
-    ap.add_argument("--new-tokens", type=int, default=KvParams.new_tokens)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--context", type=int, default=KvParams.context, help="key-value task context length")
-    ap.add_argument("--examples", type=int, default=1, help="key-value prompts averaged in --sweep")
-    ap.add_argument("--pairs", type=int, default=KvParams.pairs, help="needles in the key-value context")
-    ap.add_argument("--queries", type=int, default=KvParams.queries, help="needles asked after the context")
-    ap.add_argument("--prefill", type=float, default=KvParams.prefill, help="share of the context prefilled")
-    ap.add_argument("--sweep", action="store_true", help="budget sweep (25/50/75%% of the context) instead")
+    ap.add_argument("--new-tokens", type=int, default=d.new_tokens)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--context", type=int, default=d.context, help="key-value task context length")
+    ap.add_argument("--examples", type=int, default=d.examples, help="key-value prompts averaged in --sweep")
+    ap.add_argument("--pairs", type=int, default=d.pairs, help="needles in the key-value context")
+    ap.add_argument("--queries", type=int, default=d.queries, help="needles asked after the context")
+    ap.add_argument("--prefill", type=float, default=d.prefill, help="share of the context prefilled, in (0, 1]")
+    ap.add_argument("--sweep", nargs="?", const=",".join(map(str, d.sweep)), default=None,
+                    help="budget sweep instead, at these shares of the context (default 0.25,0.5,0.75)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
-    params = KvParams(policy=args.policy, budget=args.budget, window=args.window, sinks=args.sinks,
-                      kernel=args.kernel, fusion=args.fusion, prompt=args.prompt, new_tokens=args.new_tokens,
-                      seed=args.seed, context=args.context, examples=args.examples, pairs=args.pairs,
-                      queries=args.queries, prefill=args.prefill)
+    if args.window is not None:
+        raise SettingsError("--window is gone: each policy has its own (--snap-window for SnapKV/PyramidKV, "
+                            "--morph-window for MorphKV's R; H2O splits the budget with --heavy-share).")
+    sweep = d.sweep
+    if args.sweep is not None:
+        try:
+            sweep = [float(x) for x in args.sweep.split(",") if x.strip()]
+        except ValueError:
+            raise SettingsError(f"--sweep takes comma-separated shares of the context, got '{args.sweep}'.") from None
+    params = KvParams(policy=args.policy, budget=args.budget, sinks=args.sinks, heavy_share=args.heavy_share,
+                      snap_window=args.snap_window, kernel=args.kernel, morph_window=args.morph_window,
+                      fusion=args.fusion, prompt=args.prompt, new_tokens=args.new_tokens, seed=args.seed,
+                      context=args.context, examples=args.examples, pairs=args.pairs, queries=args.queries,
+                      prefill=args.prefill, sweep=sweep)
+    validate_params(params, check_budget=args.sweep is None)  # before loading the model: bad input fails fast
     handle = load_model(ModelSpec.parse(args.model))
-    result = budget_sweep(handle, params) if args.sweep else analyze(handle, params)
+    result = budget_sweep(handle, params) if args.sweep is not None else analyze(handle, params)
     if args.json:
         print(result.to_json())
-    elif args.sweep:
+    elif args.sweep is not None:
         print(f"context {result.context} tokens; full-cache accuracy {result.full_accuracy}")
-        print("| policy | share | budget | accuracy | mean KL | top-1 agreement | recall |")
-        print("|---|---|---|---|---|---|---|")
+        print("| policy | share | budget | accuracy | mean KL | top-1 agreement | recall | cache held |")
+        print("|---|---|---|---|---|---|---|---|")
         for pt in result.points:
             acc = "n/a" if pt.accuracy is None else f"{pt.accuracy:.2f}"
-            print(f"| {pt.policy} | {pt.share:.0%} | {pt.budget} | {acc} | {pt.mean_kl:.4f} | "
-                  f"{pt.agreement:.2f} | {pt.recall:.3f} |")
+            print(f"| {POLICIES.label(pt.policy)} | {pt.share:.0%} | {pt.budget} | {acc} | {pt.mean_kl:.4f} | "
+                  f"{pt.agreement:.2f} | {pt.recall:.3f} | {pt.cache:g} |")
     else:
         print(f"{result.task.source}: context {result.task.context_len} tokens, budget {params.budget}")
         print("| policy | accuracy | mean KL | top-1 agreement | recall | cache entries (last step) |")
@@ -831,3 +695,9 @@ def cli(argv: list[str]) -> int:
             print(f"| {r.label} | {acc} | {r.mean_kl:.4f} | {r.agreement:.2f} | {r.mean_recall:.3f} | "
                   f"{r.cache_len[-1] if r.cache_len else 0:g} |")
     return 0
+
+
+def argparse_suppress():
+    import argparse
+
+    return argparse.SUPPRESS

@@ -93,7 +93,9 @@ class ModelInfo(Result):
             ("Dtype", self.dtype),
         ]
         if self.kind == "vlm":
-            rows.append(("Image", f"{self.image_size} px, {self.image_tokens} image tokens"))
+            size = f"{self.image_size} px" if self.image_size else "any size"
+            tokens = f"{self.image_tokens} image tokens" if self.image_tokens else "image tokens set by the size"
+            rows.append(("Image", f"{size}, {tokens}"))
         return rows
 
 
@@ -415,10 +417,10 @@ def _load_processor(folder: Path) -> tuple[Any, str]:
     try:
         return AutoProcessor.from_pretrained(folder, trust_remote_code=False), ""
     except Exception as exc:
-        if is_torchvision_available():
-            raise
-        return None, (f"its processor could not be built without torchvision "
-                      f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})")
+        if is_torchvision_available() or not any(w in str(exc).lower() for w in ("video", "torchvision")):
+            raise ModelLoadError(f"The model's processor could not be loaded: {type(exc).__name__}: {exc}") from exc
+        return None, ("its processor needs torchvision (for its video processor), which is not installed "
+                      "(the PyPI build of torchvision 0.28.0 needs CUDA torch)")
 
 
 def causal_lm_view(vlm: torch.nn.Module) -> torch.nn.Module:
@@ -431,16 +433,41 @@ def causal_lm_view(vlm: torch.nn.Module) -> torch.nn.Module:
     try:
         with torch.device("meta"):
             lm = AutoModelForCausalLM.from_config(text_config, attn_implementation="eager")
-    except ValueError as exc:
-        raise anatomy.AnatomyError(
-            f"{type(vlm).__name__}'s language model ({type(text_config).__name__}) has no causal-LM class "
-            "in transformers, so the language-model panels cannot run it alone."
-        ) from exc
+    except ValueError:  # no *ForCausalLM for this text config (Qwen2-VL): the VLM's own decoder and head
+        return DecoderWithHead(anatomy.decoder(vlm), anatomy.unembedding(vlm), text_config,
+                               vlm.generation_config).eval()
     lm.model = anatomy.decoder(vlm)
     lm.lm_head = anatomy.unembedding(vlm)
     lm.config = text_config
     lm.generation_config = vlm.generation_config
     return lm.eval()
+
+
+class DecoderWithHead(torch.nn.Module):
+    """A causal LM made of a VLM's text decoder and lm_head, for text configs with no *ForCausalLM."""
+
+    def __init__(self, decoder: torch.nn.Module, head: torch.nn.Module, config, generation_config) -> None:
+        super().__init__()
+        self.model, self.lm_head = decoder, head
+        self.config, self.generation_config = config, generation_config
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.model.get_input_embeddings()
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.lm_head
+
+    def get_decoder(self) -> torch.nn.Module:
+        return self.model
+
+    def forward(self, input_ids=None, logits_to_keep: int = 0, **kwargs):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        out = self.model(input_ids=input_ids, **kwargs)
+        hidden = out.last_hidden_state
+        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        return CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values,
+                                      hidden_states=out.hidden_states, attentions=out.attentions)
 
 
 def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, processor: Any = None) -> ModelInfo:
@@ -454,8 +481,11 @@ def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, pro
     image_size = image_tokens = None
     if kind == "vlm":
         image_size = int(getattr(cfg.vision_config, "image_size", 0) or 0) or None
-        grid = anatomy.patch_grid(model)
-        image_tokens = grid.rows * grid.cols
+        try:
+            grid = anatomy.patch_grid(model)
+            image_tokens = grid.rows * grid.cols
+        except anatomy.AnatomyError:  # set by the image size (Qwen2-VL's dynamic resolution)
+            image_tokens = None
     return ModelInfo(
         architecture=(cfg.architectures or [type(model).__name__])[0],
         model_type=cfg.model_type,

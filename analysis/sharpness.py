@@ -200,6 +200,9 @@ def temperature_attention(module, query, key, value, attention_mask, scaling=Non
     key = _repeat_kv(key, groups)
     value = _repeat_kv(value, groups)
     scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
+    softcap = kwargs.get("softcap")
+    if softcap:  # Gemma 2: the logits as used are soft-capped, cap * tanh(s / cap), before the mask
+        scores = torch.tanh(scores / softcap).mul_(softcap)
     if attention_mask is not None:
         scores.add_(attention_mask[:, :, :, : key.shape[-2]])
     recorder = active.recorder if active is not None else None
@@ -369,12 +372,19 @@ def item_format(tokenizer) -> ItemFormat:
         return ItemFormat("numbers", numbers, prefix if words_ok else "", suffix if words_ok else "", bos)
     special = set(tokenizer.all_special_ids)
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    words = [w for w, i in vocab if i not in special and not w.startswith("<")]
-    words = [w for w in words if _encode(tokenizer, " " + w) == [tokenizer.convert_tokens_to_ids(w)]]
-    if len(words) < 8:
+    # A vocabulary entry is an item when " " + its text encodes back to it alone; the text comes from
+    # decode(), so byte-level BPE entries ("Ġcat" -> " cat") qualify as well as word-level ones.
+    pieces = []
+    for w, i in vocab:
+        if i in special or w.startswith("<"):
+            continue
+        text = tokenizer.decode([i]).strip()
+        if text.isalnum() and _encode(tokenizer, " " + text) == [i]:
+            pieces.append(" " + text)
+    if len(pieces) < 8:
         raise SharpnessError("Could not find enough single-token items in this tokenizer to build "
                              "a max-retrieval prompt.")
-    return ItemFormat("vocabulary", [" " + w for w in words[:100]], "", "", bos)
+    return ItemFormat("vocabulary", pieces[:100], "", "", bos)
 
 
 def _sample_values(n: int, vmax: int, rng: random.Random) -> list[int]:
@@ -732,6 +742,42 @@ def size_sweep(handle: ModelHandle, params: SweepParams | None = None,
 # Command line
 
 
+def _cli_numbers(text: str, what: str, cast) -> list:
+    """A comma-separated list of numbers, or SettingsError naming the bad item."""
+    from analysis.registry import SettingsError
+
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        try:
+            out.append(cast(item))
+        except ValueError:
+            kind = "whole numbers" if cast is int else "numbers"
+            raise SettingsError(f"{what} must be comma-separated {kind}; '{item}' is not one.") from None
+    return out
+
+
+def _cli_params(args) -> SweepParams:
+    """The CLI's settings as SweepParams, every number range-checked (SettingsError: one line)."""
+    from analysis.registry import SettingsError, check_range
+
+    ns = _cli_numbers(args.n, "--n (item counts)", int)
+    if not ns:
+        raise SettingsError("--n needs at least one item count n >= 2.")
+    for n in ns:
+        check_range("Each item count n", n, low=2, high=100_000, integer=True)
+    thetas = _cli_numbers(args.thetas, "--thetas (temperatures)", float)
+    for theta in thetas:
+        check_range("Each temperature θ", theta, low=1e-6, high=1e6)
+    check_range("--samples (prompts per n)", args.samples, low=1, high=100_000, integer=True)
+    check_range("--seed", args.seed, low=0, integer=True)
+    layers = _cli_numbers(args.layers, "--layers", int)
+    for layer in layers:
+        check_range("Each layer in --layers", layer, low=0, integer=True)
+    return SweepParams(ns=ns, thetas=thetas, samples=args.samples, seed=args.seed, layers=layers or None)
+
+
 def cli(argv: list[str]) -> int:
     import argparse
 
@@ -746,12 +792,9 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     try:
-        params = SweepParams(ns=[int(x) for x in args.n.split(",") if x.strip()],
-                             thetas=[float(x) for x in args.thetas.split(",") if x.strip()],
-                             samples=args.samples, seed=args.seed,
-                             layers=[int(x) for x in args.layers.split(",") if x.strip()] or None)
+        params = _cli_params(args)  # checked before the model loads
         result = size_sweep(load_model(ModelSpec.parse(args.model)), params)
-    except (SharpnessError, ValueError) as exc:
+    except (SharpnessError, ValueError) as exc:  # ValueError includes registry.SettingsError
         import sys
 
         print(f"error: {exc}", file=sys.stderr)

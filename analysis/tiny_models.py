@@ -142,6 +142,11 @@ def gpt2_small_random(with_tokenizer: bool = False):
 # `apply_chat_template` as they would on the real checkpoint.
 
 HIDDEN = 32
+
+
+def family_words() -> list[str]:
+    """The default words plus yes/no, so a VLM can answer the caption panel's verification questions."""
+    return [*default_words(), "yes", "no"]
 TINY_IMAGE = 28  # px: 4 x 4 patches of 7 px (small enough for every vision tower)
 
 
@@ -154,11 +159,27 @@ def _text_kwargs(tok, **extra) -> dict:
     return kw
 
 
-def _causal(config_cls: str, model_cls: str, **extra):
+def qwen2_char_tokenizer():
+    """A `Qwen2Tokenizer` (byte-level BPE over single characters, space-led or not). AutoTokenizer loads a
+    qwen2 folder with this class whatever tokenizer_config.json says, so a word-level one would not survive."""
+    import string
+
+    from transformers import Qwen2Tokenizer
+
+    chars = list(string.ascii_letters + string.digits + ".,:;=?!")
+    vocab: dict[str, int] = {}
+    for w in [*SPECIALS, "\u0120", *chars, *("\u0120" + c for c in chars)]:
+        vocab.setdefault(w, len(vocab))
+    merges = [("\u0120", c) for c in chars]  # " a" -> "Ġa": one token per space-led character
+    return Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token="<unk>", pad_token="<pad>", bos_token="<s>",
+                          eos_token="</s>")
+
+
+def _causal(config_cls: str, model_cls: str, tokenizer: str = "words", **extra):
     def build(seed: int = 0):
         import transformers
 
-        tok = make_word_tokenizer(default_words())
+        tok = qwen2_char_tokenizer() if tokenizer == "qwen2" else make_word_tokenizer(family_words())
         torch.manual_seed(seed)
         cfg = getattr(transformers, config_cls)(**_text_kwargs(tok, **extra))
         return getattr(transformers, model_cls)(cfg), tok, None
@@ -168,7 +189,7 @@ def _causal(config_cls: str, model_cls: str, **extra):
 def _gpt2(seed: int = 0):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    tok = make_word_tokenizer(default_words())
+    tok = make_word_tokenizer(family_words())
     torch.manual_seed(seed)
     cfg = GPT2Config(vocab_size=len(tok), n_embd=HIDDEN, n_layer=2, n_head=4, n_positions=512,
                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
@@ -178,7 +199,7 @@ def _gpt2(seed: int = 0):
 def _neox(seed: int = 0):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    tok = make_word_tokenizer(default_words())
+    tok = make_word_tokenizer(family_words())
     torch.manual_seed(seed)
     cfg = GPTNeoXConfig(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=2,
                         num_attention_heads=4, max_position_embeddings=512, bos_token_id=tok.bos_token_id,
@@ -189,7 +210,7 @@ def _neox(seed: int = 0):
 def _opt(seed: int = 0):
     from transformers import OPTConfig, OPTForCausalLM
 
-    tok = make_word_tokenizer(default_words())
+    tok = make_word_tokenizer(family_words())
     torch.manual_seed(seed)
     cfg = OPTConfig(vocab_size=len(tok), hidden_size=HIDDEN, ffn_dim=2 * HIDDEN, num_hidden_layers=2,
                     num_attention_heads=4, word_embed_proj_dim=HIDDEN, max_position_embeddings=512,
@@ -228,7 +249,7 @@ GEMMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'mode
 def _llava(seed: int = 0):
     from transformers import CLIPImageProcessorPil, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
 
-    tok = make_word_tokenizer(default_words(), extra_special=["<image>"])
+    tok = make_word_tokenizer(family_words(), extra_special=["<image>"])
     torch.manual_seed(seed)
     cfg = LlavaConfig(vision_config=_vision(), text_config=LlamaConfig(**_text_kwargs(tok)),
                       image_token_id=tok.convert_tokens_to_ids("<image>"), vision_feature_select_strategy="default",
@@ -243,7 +264,7 @@ def _llava_next(seed: int = 0):
     from transformers import (LlamaConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
                               LlavaNextImageProcessorPil, LlavaNextProcessor)
 
-    tok = make_word_tokenizer(default_words(), extra_special=["<image>"])
+    tok = make_word_tokenizer(family_words(), extra_special=["<image>"])
     torch.manual_seed(seed)
     pinpoints = [[TINY_IMAGE, TINY_IMAGE], [TINY_IMAGE, 2 * TINY_IMAGE], [2 * TINY_IMAGE, TINY_IMAGE]]
     cfg = LlavaNextConfig(vision_config=_vision(), text_config=LlamaConfig(**_text_kwargs(tok)),
@@ -260,7 +281,7 @@ def _qwen2_vl(seed: int = 0):
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil, Qwen2VLProcessor
 
     special = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-    tok = make_word_tokenizer(default_words(), extra_special=special)
+    tok = make_word_tokenizer(family_words(), extra_special=special)
     torch.manual_seed(seed)
     ids = {t: tok.convert_tokens_to_ids(t) for t in special}
     text = dict(_text_kwargs(tok), rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
@@ -285,7 +306,7 @@ def _idefics3(seed: int = 0):
                               Idefics3Processor, LlamaConfig)
 
     special = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", "<|im_start|>"]
-    tok = make_word_tokenizer(default_words(), extra_special=special)
+    tok = make_word_tokenizer(family_words(), extra_special=special)
     torch.manual_seed(seed)
     vision = dict(image_size=TINY_IMAGE, patch_size=7, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
                   num_hidden_layers=1, num_attention_heads=4)
@@ -301,7 +322,7 @@ def _paligemma(seed: int = 0):
     from transformers import (GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration, PaliGemmaProcessor,
                               SiglipImageProcessorPil)
 
-    tok = make_word_tokenizer(default_words(), extra_special=["<image>"])
+    tok = make_word_tokenizer(family_words(), extra_special=["<image>"])
     torch.manual_seed(seed)
     text = GemmaConfig(**_text_kwargs(tok, head_dim=8))
     cfg = PaliGemmaConfig(vision_config=_vision("siglip", projection_dim=HIDDEN), text_config=text,
@@ -319,17 +340,22 @@ def _gemma3(seed: int = 0):
                               Gemma3TextConfig)
 
     special = ["<start_of_image>", "<end_of_image>", "<image_soft_token>", "<start_of_turn>", "<end_of_turn>"]
-    tok = make_word_tokenizer(default_words(), extra_special=special)
-    tok.boi_token, tok.eoi_token, tok.image_token = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
-    tok.boi_token_id = tok.convert_tokens_to_ids("<start_of_image>")
-    tok.eoi_token_id = tok.convert_tokens_to_ids("<end_of_image>")
-    tok.image_token_id = tok.convert_tokens_to_ids("<image_soft_token>")
+    from transformers import PreTrainedTokenizerFast
+
+    words = make_word_tokenizer(family_words(), extra_special=special)
+    # Gemma 3's tokenizer names its image tokens (saved in tokenizer_config.json); its processor reads them.
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=words._tokenizer, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+        extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                              "image_token": "<image_soft_token>"},
+    )
     torch.manual_seed(seed)
     text = Gemma3TextConfig(**_text_kwargs(tok, head_dim=8, sliding_window=16,
                                            layer_types=["sliding_attention", "full_attention"]))
     cfg = Gemma3Config(text_config=text, vision_config=_vision("siglip"), mm_tokens_per_image=4,
-                       boi_token_index=tok.boi_token_id, eoi_token_index=tok.eoi_token_id,
-                       image_token_index=tok.image_token_id)
+                       boi_token_index=tok.convert_tokens_to_ids("<start_of_image>"),
+                       eoi_token_index=tok.convert_tokens_to_ids("<end_of_image>"),
+                       image_token_index=tok.convert_tokens_to_ids("<image_soft_token>"))
     ip = Gemma3ImageProcessorPil(size={"height": TINY_IMAGE, "width": TINY_IMAGE})
     proc = Gemma3Processor(image_processor=ip, tokenizer=tok, image_seq_length=4, chat_template=GEMMA_TEMPLATE)
     return Gemma3ForConditionalGeneration(cfg), tok, proc
@@ -340,7 +366,7 @@ FAMILIES: dict[str, tuple[str, object]] = {
     "llama": ("causal_lm", _causal("LlamaConfig", "LlamaForCausalLM")),
     "mistral": ("causal_lm", _causal("MistralConfig", "MistralForCausalLM", sliding_window=None)),
     "mistral-sliding": ("causal_lm", _causal("MistralConfig", "MistralForCausalLM", sliding_window=16)),
-    "qwen2": ("causal_lm", _causal("Qwen2Config", "Qwen2ForCausalLM")),
+    "qwen2": ("causal_lm", _causal("Qwen2Config", "Qwen2ForCausalLM", tokenizer="qwen2")),
     "qwen3": ("causal_lm", _causal("Qwen3Config", "Qwen3ForCausalLM", head_dim=8)),
     "gemma2": ("causal_lm", _causal("Gemma2Config", "Gemma2ForCausalLM", head_dim=8, sliding_window=16)),
     "gemma3-text": ("causal_lm", _causal("Gemma3TextConfig", "Gemma3ForCausalLM", head_dim=8, sliding_window=16,

@@ -8,7 +8,9 @@ shapes-vlm -> rewrite) with the demo LM's agents, with the grammar reference age
 agents plus a ground-truth oracle as verifier (the ceiling a perfect verifier would reach). Metrics are
 exact against the scene and micro-averaged over the split (CHAIR_s: share of captions with a
 hallucinated object). POPE asks the verifier balanced yes/no questions (half true, half false)
-per scene. The pi sweep re-thresholds the same verifications (grammar rewrite), so it is cheap.
+per scene. The pi sweep re-thresholds the same verifications (grammar rewrite), so it is cheap, and
+so does the comparison of the two p_True/p_False forms (raw, the paper's and the default, vs
+renormalised p_T/(p_T+p_F)), with the verifier's yes+no mass per claim.
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ def evaluate_captions(vlm, lm, captioner, seeds: list[int], pi: float, progress)
     out: dict = {"captioner": Path(captioner.spec.name).name, "agents": {}}
     for label, agents, oracle in SETUPS:
         before, after, decomp_exact, verifications, replaced = [], [], 0, [], 0
+        renormalised = []  # grammar agents: the same verifications scored with p_T/(p_T+p_F)
         sweep = {pi_: [] for pi_ in PI_SWEEP}
         for i, (seed, caption) in enumerate(zip(seeds, captions)):
             scene = W.generate_scene(seed)
@@ -81,6 +84,7 @@ def evaluate_captions(vlm, lm, captioner, seeds: list[int], pi: float, progress)
                                                 verifier=OracleVerifier(scene) if oracle else None)
             except C.CaptionError:  # no claims: nothing to correct
                 after.append(before[-1])
+                renormalised.append(before[-1])
                 for pi_ in PI_SWEEP:
                     sweep[pi_].append(before[-1])
                 continue
@@ -90,11 +94,14 @@ def evaluate_captions(vlm, lm, captioner, seeds: list[int], pi: float, progress)
             replaced += bool(corrected.rewrite_note)  # the LM's rewrite stated a claim not kept
             after.append(C.score_caption(scene, corrected.corrected))
             if label == "grammar":
+                other = C.CorrectionParams(**{**vars(params), "probabilities": "renormalised"})
+                renormalised.append(C.score_caption(scene, C.apply_threshold(verification, other).corrected))
                 for pi_ in PI_SWEEP:
                     swept = C.CorrectionParams(**{**vars(params), "pi": pi_})
                     sweep[pi_].append(C.score_caption(scene, C.apply_threshold(verification, swept).corrected))
             progress(f"{captioner.spec.name} / {label}: corrected {i + 1}/{len(seeds)}")
         flagged = [c for v in verifications for c in v.claims]
+        masses = [c.mass for c in flagged if c.asked]
         out["agents"][label] = {
             "before": totals(before), "after": totals(after),
             "decomposer_exact_match": decomp_exact / max(1, len(verifications)),
@@ -102,6 +109,13 @@ def evaluate_captions(vlm, lm, captioner, seeds: list[int], pi: float, progress)
             "rewrites_replaced_by_grammar": replaced,
             "sweep": {str(k): totals(v) for k, v in sweep.items()} if label == "grammar" else {},
         }
+        if label == "grammar":
+            out["agents"][label]["renormalised_after"] = totals(renormalised)
+        if not oracle:
+            out["agents"][label]["yes_no_mass"] = {
+                "claims": len(masses), "min": min(masses, default=0.0),
+                "mean": sum(masses) / max(1, len(masses)),
+                "below_low_mass": sum(m < C.LOW_MASS for m in masses) / max(1, len(masses))}
     out["examples"] = [{"seed": s, "caption": c} for s, c in list(zip(seeds, captions))[:3]]
     return out
 
@@ -139,6 +153,18 @@ def markdown(result: dict) -> str:
                 f"| {b['factuality']:.3f} → **{a['factuality']:.3f}** | {b['coverage']:.3f} → {a['coverage']:.3f} "
                 f"| {b['chair_i']:.3f} → {a['chair_i']:.3f} | {b['chair_s']:.3f} → {a['chair_s']:.3f} "
                 f"| {r['decomposer_exact_match']:.1%} | {r.get('rewrites_replaced_by_grammar', 0)} |")
+    lines += ["", f"p_True/p_False form (grammar agents, π = {result['pi']}; raw is the paper's H and the default) "
+              "and the verifier's yes+no mass p_T + p_F per claim:", "",
+              "| captioner | factuality after: raw → renormalised | coverage after: raw → renormalised "
+              "| CHAIR_i after: raw → renormalised | yes+no mass: min / mean | claims with mass < "
+              f"{C.LOW_MASS:g} |", "|---|---|---|---|---|---|"]
+    for cap in result["captioners"]:
+        r = cap["agents"]["grammar"]
+        a, n, m = r["after"], r.get("renormalised_after"), r.get("yes_no_mass")
+        if n and m:
+            lines.append(f"| {cap['captioner']} | {a['factuality']:.3f} → {n['factuality']:.3f} "
+                         f"| {a['coverage']:.3f} → {n['coverage']:.3f} | {a['chair_i']:.3f} → {n['chair_i']:.3f} "
+                         f"| {m['min']:.3f} / {m['mean']:.3f} | {m['below_low_mass']:.1%} of {m['claims']} |")
     lines += ["", "POPE-style yes/no probing of the verifier (balanced: half the questions are true):", "",
               "| question kind | n | accuracy | precision | recall | F1 | yes ratio |", "|---|---|---|---|---|---|---|"]
     for kind, p in result["pope"].items():

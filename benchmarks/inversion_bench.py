@@ -117,8 +117,8 @@ def noise_table(named: tuple[str, ModelHandle], quick: bool) -> str:
     acc = {(p.defence, p.noise): p.accuracy for p in sweep.points}
     lines = [f"Accuracy vs Gaussian noise on {name}, layer {layer} (σ in units of the states' std):", "",
              "| defence | " + " | ".join(f"σ={s:g}" for s in noises) + " |", "|---|" + "---|" * len(noises)]
-    for perm in inv.PERMUTATIONS:
-        lines.append(f"| {inv.DEFENCE_LABELS[perm]} | " + " | ".join(f"{acc[(perm, s)]:.0%}" for s in noises) + " |")
+    for perm in inv.defence_names("permutation"):
+        lines.append(f"| {inv.defence_label(perm)} | " + " | ".join(f"{acc[(perm, s)]:.0%}" for s in noises) + " |")
     return "\n".join(lines)
 
 

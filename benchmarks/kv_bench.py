@@ -1,13 +1,17 @@
 """KV-cache eviction benchmark: decode-step time per policy relative to plain full-cache eager decoding
 (same run), and key-value recall quality per policy and budget on shapes-lm.
 
-    python benchmarks/kv_bench.py [--quick] [--examples 24] [--skip-quality]
+    python benchmarks/kv_bench.py [--quick] [--examples 24] [--skip-quality] [--skip-speed] [--variants]
 
 Speed: a manual decode loop without any hook is the baseline; every policy runs through the
 eviction runner (hooks, gathers, position bookkeeping) on the same tokens, repeats interleaved, median
 per-step time. Models: shapes-lm (when the zoo has it) and a GPT-2-small-shaped random-weight model
 built in memory from `GPT2Config()` (no download).
-Quality: `budget_sweep` on shapes-lm's key-value recall prompts at 25 / 50 / 75 % of the context.
+Quality: `budget_sweep` on shapes-lm's key-value recall prompts at 25 / 50 / 75 % of the context, every
+policy with its own default settings (H2O half heavy hitters / half recent, SnapKV w = 8 and kernel 5,
+MorphKV R = 8 and max fusion, StreamingLLM 4 sinks). The main table holds every policy at the same
+number of entries when the answer is predicted; the labelled variants (prefill-only SnapKV/PyramidKV,
+our earlier MorphKV reading) are printed in a separate table.
 Prints markdown tables and writes benchmarks/results/kv_bench.json.
 """
 from __future__ import annotations
@@ -55,31 +59,41 @@ def plain_decode_times(handle: ModelHandle, tokens: list[int], prompt: int) -> l
 def speed(handle: ModelHandle, prompt: int, steps: int, budget: int, repeats: int) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(10, handle.info.vocab_size - 10, (prompt + steps + 1,), generator=g).tolist()
-    params = kv.KvParams(budget=budget, window=8, sinks=4, kernel=5)
+    params = kv.KvParams(budget=budget)
     names = list(kv.POLICIES)
     samples: dict[str, list[float]] = {"baseline": []}
     plain_decode_times(handle, tokens, prompt)  # warm-up
     for _ in range(repeats):
         samples["baseline"] += plain_decode_times(handle, tokens, prompt)[1:]
         for name in names:
-            pol = kv.make_policy(kv.KvParams.from_dict({**params.to_dict(), "policy": name}))
+            pol = kv.make_policy(params, name)
             trace = kv.run_policy(handle, tokens, prompt, pol)
             samples.setdefault(name, []).extend(trace.step_time[1:])  # step 0 also cuts the prompt
     base = statistics.median(samples["baseline"])
     rows = [{"policy": "plain full-cache eager (no hooks)", "ms_per_step": 1000 * base, "ratio": 1.0}]
     for name in names:
         med = statistics.median(samples[name])
-        rows.append({"policy": kv.POLICIES[name].label, "ms_per_step": 1000 * med, "ratio": med / base})
+        rows.append({"policy": kv.POLICIES.label(name), "ms_per_step": 1000 * med, "ratio": med / base})
     return rows
 
 
-def quality(handle: ModelHandle, context: int, pairs: int, examples: int) -> dict:
-    params = kv.KvParams(context=context, pairs=pairs, queries=1, prefill=0.5, window=8, sinks=4, kernel=5,
-                         examples=examples, sweep=[0.25, 0.5, 0.75])
+def quality(handle: ModelHandle, context: int, pairs: int, examples: int, variants: bool = False) -> dict:
+    params = kv.KvParams(context=context, pairs=pairs, queries=1, prefill=0.5, examples=examples,
+                         sweep=[0.25, 0.5, 0.75])
     t0 = time.time()
-    sweep = kv.budget_sweep(handle, params)
-    return {"context": sweep.context, "pairs": pairs, "prefill": params.prefill, "window": params.window,
-            "sinks": params.sinks, "kernel": params.kernel, "examples": examples, "full_accuracy": sweep.full_accuracy,
+    last = [0.0]
+
+    def report(frac: float, text: str) -> None:  # progress on stderr, at most every 30 s
+        if time.time() - last[0] > 30:
+            last[0] = time.time()
+            print(f"  {frac:.0%} {text} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+    names = list(kv.POLICIES) if variants else kv.main_policies()
+    sweep = kv.budget_sweep(handle, params, report, names=names)
+    settings = {k: getattr(params, k) for k in ("sinks", "heavy_share", "snap_window", "kernel", "morph_window",
+                                                "fusion")}
+    return {"context": sweep.context, "pairs": pairs, "prefill": params.prefill, "settings": settings,
+            "examples": examples, "equal_entries": True, "full_accuracy": sweep.full_accuracy,
             "seconds": round(time.time() - t0, 1), "points": [p.to_dict() for p in sweep.points]}
 
 
@@ -97,14 +111,21 @@ def print_quality(q: dict) -> None:
           f"{q['full_accuracy']:.2f})\n")
     shares = sorted({p["share"] for p in q["points"]})
     head = " | ".join(f"acc @{s:.0%} | KL @{s:.0%} | cache @{s:.0%}" for s in shares)
-    print(f"| policy | {head} |")
-    print("|---|" + "---|" * (3 * len(shares)))
-    for name in dict.fromkeys(p["policy"] for p in q["points"]):
-        cells = []
-        for s in shares:
-            p = next(p for p in q["points"] if p["policy"] == name and p["share"] == s)
-            cells += [f"{p['accuracy']:.2f}", f"{p['mean_kl']:.3f}", f"{p['cache']:.0f}"]
-        print(f"| {kv.POLICIES[name].label} | " + " | ".join(cells) + " |")
+    names = list(dict.fromkeys(p["policy"] for p in q["points"]))
+    main = [n for n in names if n in kv.main_policies()]
+    for title, group in (("Equal entries (every policy holds C when the answer is predicted)", main),
+                         ("Labelled variants", [n for n in names if n not in main])):
+        if not group:
+            continue
+        print(f"\n{title}\n")
+        print(f"| policy | {head} |")
+        print("|---|" + "---|" * (3 * len(shares)))
+        for name in group:
+            cells = []
+            for s in shares:
+                p = next(p for p in q["points"] if p["policy"] == name and p["share"] == s)
+                cells += [f"{p['accuracy']:.2f}", f"{p['mean_kl']:.3f}", f"{p['cache']:.0f}"]
+            print(f"| {kv.POLICIES.label(name)} | " + " | ".join(cells) + " |")
 
 
 def main() -> int:
@@ -115,6 +136,9 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=2, help="needles in each key-value prompt")
     ap.add_argument("--lm", default="zoo:shapes-lm", help="the demo LM (zoo:NAME or local:PATH)")
     ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--variants", action="store_true",
+                    help="also sweep the labelled variants (prefill-only SnapKV/PyramidKV, MorphKV max-over-group)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     out: dict = {"torch": torch.__version__, "threads": torch.get_num_threads()}
@@ -126,20 +150,23 @@ def main() -> int:
 
         weights = Path(lm.path) / "model.safetensors"
         out["shapes_lm"] = {"spec": spec.label, "weights_md5": hashlib.md5(weights.read_bytes()).hexdigest()}
-        out["shapes_lm_speed"] = speed(lm, 256, steps, 128, repeats)
-        print_speed("shapes-lm (context 256, budget 128)", out["shapes_lm_speed"])
+        if not args.skip_speed:
+            out["shapes_lm_speed"] = speed(lm, 256, steps, 128, repeats)
+            print_speed("shapes-lm (context 256, budget 128)", out["shapes_lm_speed"])
         if not args.skip_quality:
-            out["shapes_lm_quality"] = quality(lm, args.context, args.pairs, 4 if args.quick else args.examples)
+            out["shapes_lm_quality"] = quality(lm, args.context, args.pairs, 4 if args.quick else args.examples,
+                                             args.variants)
             print_quality(out["shapes_lm_quality"])
     else:
         print("shapes-lm is not in the zoo yet: skipping its rows")
-    gpt2 = gpt2_small_random()
-    out["gpt2_small_speed"] = speed(gpt2, 256, steps // 2, 128, repeats)
-    print_speed("GPT-2-small-shaped random weights (context 256, budget 128)", out["gpt2_small_speed"])
+    if not args.skip_speed:
+        gpt2 = gpt2_small_random()
+        out["gpt2_small_speed"] = speed(gpt2, 256, steps // 2, 128, repeats)
+        print_speed("GPT-2-small-shaped random weights (context 256, budget 128)", out["gpt2_small_speed"])
     target = ROOT / "benchmarks" / "results" / "kv_bench.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(target.read_text()) if target.is_file() else {}
-    target.write_text(json.dumps({**previous, **out}, indent=2))  # --skip-quality keeps the last quality rows
+    target.write_text(json.dumps({**previous, **out}, indent=2))  # --skip-* keeps the last rows of the other part
     print(f"\nwrote {target.relative_to(ROOT)}")
     return 0
 

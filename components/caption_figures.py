@@ -6,7 +6,7 @@ import html
 import numpy as np
 import plotly.graph_objects as go
 
-from analysis.captions import CaptionMetrics, ClaimVerdict, CorrectionResult, DiffSpan
+from analysis.captions import LOW_MASS, CaptionMetrics, ClaimVerdict, CorrectionResult, DiffSpan
 from components.images import tower_view
 
 KEEP, DROP = "#2e7d32", "#c62828"
@@ -18,14 +18,16 @@ def score_figure(result: CorrectionResult) -> go.Figure:
     fig = go.Figure(go.Bar(
         x=[c.score for c in claims], y=[f"{i}. {c.claim}" for i, c in zip(range(len(claims), 0, -1), claims)],
         orientation="h", marker_color=[DROP if c.flagged else KEEP for c in claims],
-        customdata=[[c.p_true, c.p_false] for c in claims],
-        hovertemplate="%{y}<br>H = %{x:.3f} nats<br>p_T = %{customdata[0]:.3f}, p_F = %{customdata[1]:.3f}<extra></extra>",
+        customdata=[[c.p_true, c.p_false, c.mass] for c in claims],
+        hovertemplate="%{y}<br>H = %{x:.3f} nats<br>p_T = %{customdata[0]:.3f}, p_F = %{customdata[1]:.3f}"
+                      "<br>yes+no mass %{customdata[2]:.3f}<extra></extra>",
     ))
     fig.add_vline(x=result.params.pi, line_dash="dash", line_color="black",
                   annotation_text=f"π = {result.params.pi:.2f}", annotation_position="top")
     fig.update_layout(
         title="Hallucination score per claim (red: flagged, H > π)",
-        xaxis_title="H(u) = −log max(p_T − p_F, ε)  (nats)", yaxis_title="claim",
+        xaxis_title=("H(u) = −log max(p_T − p_F, ε)  (nats" + (", p renormalised over yes+no)"
+                     if result.params.probabilities == "renormalised" else ", raw p)")), yaxis_title="claim",
         height=max(260, 28 * len(claims) + 120), margin=dict(l=10, r=10, t=60, b=50),
     )
     return fig
@@ -115,9 +117,30 @@ def claim_rows(result: CorrectionResult) -> list[dict]:
     rows = []
     for i, c in enumerate(result.claims, 1):
         row = {"#": i, "claim": c.claim, "p_True": round(c.p_true, 4), "p_False": round(c.p_false, 4),
-               "H (nats)": round(c.score, 3), "verdict": "hallucinated (dropped)" if c.flagged else "kept"}
+               "yes+no mass": round(c.mass, 4) if c.asked else None}
+        if result.params.probabilities == "renormalised":
+            row["p_True/(p_True+p_False)"] = round(c.p_true / c.mass, 4) if c.mass > 0 else None
+        row.update({"H (nats)": round(c.score, 3),
+                    "verdict": "hallucinated (dropped)" if c.flagged else "kept"})
+        if not c.asked:
+            row["verdict"] += " (not asked: the question format cannot express it)"
         if c.truth is not None:
             row["ground truth"] = "true" if c.truth else "false"
             row["verdict right?"] = "yes" if c.truth != c.flagged else "no"
         rows.append(row)
     return rows
+
+
+def low_mass_message(result: CorrectionResult) -> str:
+    """A warning for claims whose yes+no mass is below LOW_MASS (empty when there are none)."""
+    low = [c for c in result.claims if c.low_mass]
+    if not low:
+        return ""
+    raw = result.params.probabilities != "renormalised"
+    return (f"For {len(low)} of {len(result.claims)} claims the verifier put less than {LOW_MASS:.0%} of its "
+            f"next-token probability on yes or no (lowest: {min(c.mass for c in low):.1%}), so it is not really "
+            "answering the question and p_True / p_False say little about those claims. "
+            + ("With raw probabilities the missing mass also raises H, so such claims tend to be dropped; "
+               "the renormalised form reads only the yes/no split, but a split of very little mass is noise too."
+               if raw else
+               "The renormalised form hides the missing mass: a split of very little mass is noise."))

@@ -7,7 +7,7 @@ import math
 import plotly.graph_objects as go
 
 from analysis.inversion import (
-    DEFENCE_LABELS, AttackResult, CascadeResult, LayerSweep, NoiseSweep, SpeedComparison,
+    AttackResult, CascadeResult, LayerSweep, NoiseSweep, SpeedComparison, defence_label,
 )
 
 GOOD, BAD, UNSEEN = "#2e9b4f", "#d1495b", "#d9d9d9"
@@ -95,7 +95,7 @@ def noise_figure(sweep: NoiseSweep) -> go.Figure:
     for n, defence in enumerate(dict.fromkeys(p.defence for p in sweep.points)):
         pts = [p for p in sweep.points if p.defence == defence]
         fig.add_scatter(x=[f"{p.noise:g}" for p in pts], y=[100 * p.accuracy for p in pts], mode="lines+markers",
-                        name=DEFENCE_LABELS.get(defence, defence), line=dict(dash=dashes[n % len(dashes)], width=3))
+                        name=defence_label(defence), line=dict(dash=dashes[n % len(dashes)], width=3))
     fig.update_layout(title="Recovery vs Gaussian noise, per permutation defence",
                       xaxis_title="noise σ (multiples of the hidden states' std)", xaxis_type="category",
                       yaxis=dict(title="tokens recovered (%)", range=[-5, 105]), height=340,
@@ -162,3 +162,35 @@ def cascade_rows(result: CascadeResult) -> list[dict]:
          "brute-force cost": f"10^{v.log10_cost:.1f} sequences"}
         for v in result.parties
     ]
+
+
+CASCADE_SCOPE_SHORT = (
+    "Scope: this simulates only what each computing party sees — the layer-L hidden-state rows of its own "
+    "positions — and what one party alone can brute-force from them (exhaustive cost Σ V^(g+1) over its "
+    "positions). It is not the Cascade protocol; see below for what is left out."
+)
+
+CASCADE_SCOPE = """
+**Modelled.** Each of the *k* parties holds the layer-L residual-stream rows of a fixed subset of
+positions (round-robin: position *i* to party *i* mod *k*; or contiguous blocks) and nothing else.
+One party, alone, attacks its own rows with the vocab-matching attack of the panel above: for each
+position it sees, it must enumerate the *g* unseen tokens since the last position it recovered
+together with the seen one, so its exhaustive cost is Σ over its positions of V^(g+1) candidate
+sequences. That sum is computed for every party, and the chosen party's brute force is actually run
+when it fits the budget.
+
+**Left out (the rest of the protocol).**
+- Cascade's attention nodes: in the protocol, attention is computed by separate parties that receive
+  query, key and value rows of pairs of shards and return partial attention results; what those
+  parties see (and could attack) is not modelled — only the per-position rows of the computing parties.
+- The exchange and aggregation of partial attention results between the two kinds of node, and the
+  user's own steps (embedding the prompt, reading the output).
+- Every layer but L: in the protocol a party sees its rows at every layer; the simulation uses one.
+- The paper's own sharding schemes and their parameters (only round-robin and contiguous blocks here).
+- Collusion: parties that pool their rows close each other's gaps; each party attacks alone here.
+- Smarter attacks than exhaustive enumeration of a gap: pruning with the model's next-token
+  distribution, or learning-based inversion (which the paper evaluates). The cost shown is an upper
+  bound for the attacker, not a security guarantee.
+- Generation (decoding), communication, latency and the protocol's cost: only the prompt's prefill
+  states are considered.
+"""

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from analysis.kv_eviction import KvResult, PolicyRun, SweepResult
+from analysis.kv_eviction import POLICIES, KvResult, PolicyRun, SweepResult
 
-POLICY_COLOURS = {
-    "full": "#444444", "streaming_llm": "#1f77b4", "h2o": "#ff7f0e", "tova": "#2ca02c",
-    "snapkv": "#9467bd", "pyramidkv": "#8c564b", "morphkv": "#d62728",
-}
-POLICY_LABELS = {"full": "Full cache", "streaming_llm": "StreamingLLM", "h2o": "H2O", "tova": "TOVA",
-                 "snapkv": "SnapKV", "pyramidkv": "PyramidKV", "morphkv": "MorphKV"}
+# Labels and colours come from the policy classes (analysis/kv/policies.py): POLICIES.label / .colour.
+
+
+def is_variant(policy: str) -> bool:
+    """A labelled variant (prefill-only, or our earlier MorphKV reading): shown apart from the main comparison."""
+    return policy in POLICIES and getattr(POLICIES.get(policy), "variant", False)
 
 
 def kept_matrix(result: KvResult, layer_index: int, head: int) -> list[list[float | None]]:
@@ -53,7 +53,7 @@ def retained_heatmap(result: KvResult, layer_index: int, head: int) -> go.Figure
                   annotation_text="end of prefill", annotation_position="top")
     fig.add_vline(x=result.task.context_len - 0.5, line_dash="dash", line_color="#888888",
                   annotation_text="questions", annotation_position="top right")
-    label = POLICY_LABELS.get(result.params.policy, result.params.policy)
+    label = POLICIES.label(result.params.policy)
     fig.update_layout(
         title=f"{label}: cached tokens per decode step (layer {result.layers[layer_index]}, KV head {head})"
               "<br><sup>dark = kept, light = evicted, blank = not read yet, ▲ = needle (key, value)</sup>",
@@ -64,10 +64,12 @@ def retained_heatmap(result: KvResult, layer_index: int, head: int) -> go.Figure
     return fig
 
 
-def summary_rows(result: KvResult) -> list[dict]:
-    """One row per policy at the chosen budget."""
+def summary_rows(result: KvResult, variants: bool = False) -> list[dict]:
+    """One row per policy at the chosen budget: the main comparison (equal entries), or the variants."""
     rows = []
     for r in result.runs:
+        if is_variant(r.policy) != variants:
+            continue
         mean_dnll = sum(r.dnll) / max(1, len(r.dnll))
         rows.append({
             "policy": r.label,
@@ -99,7 +101,8 @@ def step_metric_figure(result: KvResult, metric: str = "kl") -> go.Figure:
         if r.policy == "full":
             continue
         fig.add_trace(go.Scatter(y=getattr(r, metric), mode="lines+markers", name=r.label,
-                                 line=dict(color=POLICY_COLOURS.get(r.policy))))
+                                 line=dict(color=POLICIES.colour(r.policy),
+                                           dash="dot" if is_variant(r.policy) else "solid")))
     for pos in result.task.answer_positions:
         fig.add_vline(x=pos - result.task.prefill_len, line_dash="dot", line_color="#bbbbbb")
     fig.update_layout(title=f"{title}<br><sup>budget {result.params.budget}; dotted lines = answer tokens</sup>",
@@ -112,7 +115,7 @@ def memory_figure(result: KvResult) -> go.Figure:
     """Measured cache size over decode steps, one line per policy; analytic size as markers."""
     fig = go.Figure()
     for r in result.runs:
-        colour = POLICY_COLOURS.get(r.policy)
+        colour = POLICIES.colour(r.policy)
         fig.add_trace(go.Scatter(y=[b / 1024 for b in r.cache_bytes], mode="lines", name=f"{r.label} (measured)",
                                  line=dict(color=colour, width=2)))
         fig.add_trace(go.Scatter(y=[b / 1024 for b in r.analytic_bytes], mode="markers",
@@ -135,11 +138,11 @@ def sweep_figure(sweep: SweepResult, metric: str = "accuracy") -> go.Figure:
     for name in dict.fromkeys(p.policy for p in sweep.points):
         pts = sorted((p for p in sweep.points if p.policy == name), key=lambda p: p.share)
         fig.add_trace(go.Scatter(x=[100 * p.share for p in pts], y=[getattr(p, metric) for p in pts],
-                                 mode="lines+markers", name=POLICY_LABELS.get(name, name),
-                                 line=dict(color=POLICY_COLOURS.get(name)),
+                                 mode="lines+markers", name=POLICIES.label(name),
+                                 line=dict(color=POLICIES.colour(name), dash="dot" if is_variant(name) else "solid"),
                                  hovertext=[f"budget {p.budget} entries" for p in pts]))
     if metric == "accuracy" and sweep.full_accuracy is not None:
-        fig.add_hline(y=sweep.full_accuracy, line_dash="dash", line_color=POLICY_COLOURS["full"],
+        fig.add_hline(y=sweep.full_accuracy, line_dash="dash", line_color=POLICIES.colour("full"),
                       annotation_text="full cache", annotation_position="bottom right")
     fig.update_layout(title=f"{title} vs cache budget (context {sweep.context} tokens)",
                       xaxis_title="budget (% of the context)", yaxis_title=ytitle, height=360)

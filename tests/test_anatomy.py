@@ -163,3 +163,25 @@ def test_model_step_names_model_and_step():
     with pytest.raises(SettingsError):  # already a user-facing message: unchanged
         with anatomy.model_step(handle, "x"):
             raise SettingsError("bad")
+
+
+def test_cli_reports_an_error_inside_the_model_as_one_line(tmp_path, monkeypatch, capsys):
+    """A processor that disagrees with its model (wrong patch size: 4 image tokens for 16 features)
+    makes the forward raise; `python -m analysis sae` prints one `error:` line, no traceback."""
+    import json
+
+    from analysis.__main__ import main
+    from analysis.tiny_models import save_tiny
+
+    folder = save_tiny("llava", tmp_path / "llava")
+    config = json.loads((folder / "processor_config.json").read_text())
+    config["patch_size"] = 14
+    (folder / "processor_config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("MODEL_INSPECTOR_ROOTS", str(tmp_path))
+    code = main(["sae", "--model", f"local:{folder}", "--layer", "0", "--dataset", "noise", "--steps", "2",
+                 "--train-pairs", "2", "--eval-pairs", "2", "--d-sae", "16", "--k", "2", "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
+    assert "llava failed while collecting layer-0 activations" in errors[0]
+    assert "Image features and image tokens do not match" in err

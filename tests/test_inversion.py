@@ -172,7 +172,7 @@ def test_shardings_assign_positions_and_gaps():
 
 def test_cascade_verdict_depends_on_vocabulary_gap_and_sharding():
     def verdict(vocab, parties, sharding="round_robin", n=12):
-        assignment = inv.SHARDINGS[sharding].assign(n, parties)
+        assignment = inv.SHARDINGS.create(sharding).assign(n, parties)
         return inv.cascade_verdict([inv._party_view(p, assignment, vocab) for p in range(parties)], vocab)
 
     assert verdict(120, 2).startswith("Breakable") and "vocabulary" in verdict(120, 2)

@@ -36,6 +36,10 @@ def test_page_renders_a_reconstruction_with_every_view(app):
         assert title in subheaders
     assert any("What am I looking at?" in c.value for c in at.caption)
     assert at.query_params["layer"] == "1"
+    # The Cascade panel says what it simulates and what it leaves out.
+    assert any("not the Cascade protocol" in c.value and "V^(g+1)" in c.value for c in at.caption)
+    scope = " ".join(m.value for m in at.markdown)
+    assert "Left out (the rest of the protocol)" in scope and "attention nodes" in scope
 
 
 def test_changing_layer_and_defence_updates_the_reconstruction(app):

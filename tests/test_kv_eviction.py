@@ -1,15 +1,20 @@
-"""KV-cache eviction: each policy against a brute-force reference, and the runner's bookkeeping."""
+"""KV-cache eviction: each policy against an independent reference written from its official code,
+the runner's bookkeeping, settings validation and the CLI."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 
 import pytest
 import torch
 
 from analysis import kv_eviction as kv
 from analysis.models import ModelSpec, load_model, zoo_models
+from analysis.registry import SettingsError
 
 PROMPT, STEPS, BUDGET, WINDOW, SINKS, KERNEL = 24, 6, 12, 4, 2, 3
+SETTINGS = dict(sinks=SINKS, heavy_share=0.5, snap_window=WINDOW, kernel=KERNEL, morph_window=WINDOW)
 # PyramidKV on 2 layers, C=12: first layer 2C - max(w + 1, C/20) = 19, last max(w + 1, C/20) = 5
 PYRAMID = {0: 19, 1: 5}
 
@@ -20,8 +25,11 @@ def _tokens(n: int, seed: int = 0) -> list[int]:
 
 
 def _params(policy: str, **kw) -> kv.KvParams:
-    base = dict(policy=policy, budget=BUDGET, window=WINDOW, sinks=SINKS, kernel=KERNEL)
-    return kv.KvParams(**{**base, **kw})
+    return kv.KvParams(**{**dict(policy=policy, budget=BUDGET, **SETTINGS), **kw})
+
+
+def _policy(policy: str, **kw) -> kv.Policy:
+    return kv.make_policy(_params(policy, **kw))
 
 
 def _record_attention(handle):
@@ -35,132 +43,281 @@ def _record_attention(handle):
 
 
 # ------------------------------------------------------------------------------------------------
-# Brute-force reference: the paper rules written as plain loops over heads and positions, applied to
-# dense attention matrices A[query position][query head][key position] (zero where not cached).
+# Independent references: each rule written from its official code as plain float64 loops over
+# heads and positions. They never call analysis.kv. A reference sees attention *logits* L[q][h][k]
+# (query position, query head, key position), as the official code does; anything that is a softmax
+# over some set of cached keys is computed here from those logits.
+#
+#   StreamingLLM  mit-han-lab/streaming-llm  streaming_llm/kv_cache.py  StartRecentKVCache.__call__
+#   H2O           FMInference/H2O  h2o_hf/utils_real_drop/modify_llama.py  H2OKVCache_LayerWise
+#   TOVA          schwartz-lab-NLP/TOVA  src/tova_cache.py  TOVACache.reduce
+#   SnapKV        FasterDecoding/SnapKV  snapkv/monkeypatch/snapkv_utils.py  SnapKVCluster.update_kv
+#   MorphKV       ghadiaravi13/MorphKV  morphkv/models/patch_llama.py  LlamaAttentionMorph.morphkv_mask
+
+
+def softmax(values: dict[int, float]) -> dict[int, float]:
+    top = max(values.values())
+    ex = {k: math.exp(v - top) for k, v in values.items()}
+    total = sum(ex.values())
+    return {k: e / total for k, e in ex.items()}
+
+
+def top(scores: dict[int, float], n: int) -> list[int]:
+    return sorted(scores, key=lambda j: -scores[j])[:n] if n > 0 else []
 
 
 class Reference:
-    def __init__(self, params: kv.KvParams, heads: int, kv_heads: int, n: int, prompt: int, budget: int):
-        self.p, self.hq, self.hkv, self.n, self.prompt, self.budget = params, heads, kv_heads, n, prompt, budget
-        self.g = heads // kv_heads
-        self.A: dict[int, list[list[float]]] = {}  # query position -> [head][key position]
-        self.kept: list[list[int]] = [[] for _ in range(kv_heads)]  # per kv head, sorted positions
+    """One layer's kept positions per KV head under one policy, recomputed from logits."""
 
-    def observe(self, attn: torch.Tensor, first_pos: int, phase: str) -> list[list[int]]:
-        """attn (H_q, q, T) over this reference's candidate set; returns the kept positions per kv head."""
-        q = attn.shape[1]
-        new = list(range(first_pos, first_pos + q))
-        cands = [sorted(self.kept[h] + new) for h in range(self.hkv)]
-        for i, pos in enumerate(new):
-            dense = [[0.0] * self.n for _ in range(self.hq)]
-            for h in range(self.hq):
-                for j, key_pos in enumerate(cands[h // self.g]):
-                    dense[h][key_pos] = float(attn[h, i, j])
-            self.A[pos] = dense
-        last = first_pos + q - 1
-        self.kept = [self.choose(cands[h], h, phase, last) for h in range(self.hkv)]
+    def __init__(self, policy: str, settings: dict, heads: int, kv_heads: int, budget: int, logit):
+        self.policy, self.s, self.hq, self.hkv, self.C = policy, settings, heads, kv_heads, budget
+        self.g = heads // kv_heads
+        self.logit = logit  # logit(q, h, k) -> float (any per-(q, h) offset is allowed)
+        self.kept: list[list[int]] = [[] for _ in range(kv_heads)]
+        self.hh: list[dict[int, float]] = [{} for _ in range(heads)]  # H2O accumulated score per query head
+        self.queries: list[int] = []  # every query position seen, in order
+
+    def heads(self, g: int) -> range:
+        return range(g * self.g, (g + 1) * self.g)
+
+    def probs(self, q: int, h: int, cands: list[int]) -> dict[int, float]:
+        """Softmax of query q (head h) over the cached keys it may see (causal)."""
+        return softmax({k: self.logit(q, h, k) for k in cands if k <= q})
+
+    def forward(self, new: list[int], phase: str) -> list[list[int]]:
+        self.queries += new
+        cands = [sorted(self.kept[g] + new) for g in range(self.hkv)]
+        self.kept = [self.choose(cands, g, new, phase) for g in range(self.hkv)]
         return self.kept
 
-    def choose(self, cands: list[int], h: int, phase: str, last: int) -> list[int]:
-        p, C = self.p, self.budget
-        heads = range(h * self.g, (h + 1) * self.g)
-        if p.policy == "full" or len(cands) <= C:
+    def choose(self, all_cands: list[list[int]], g: int, new: list[int], phase: str) -> list[int]:
+        p, s, C, cands = self.policy, self.s, self.C, all_cands[g]
+        if p == "h2o":  # accumulate before deciding, every forward (H2OKVCache_LayerWise._update_hh_score)
+            for h in self.heads(g):
+                self.hh[h] = {k: self.hh[h].get(k, 0.0) for k in cands}
+                for q in new:
+                    for k, v in self.probs(q, h, cands).items():
+                        self.hh[h][k] += v
+        if p == "full" or len(cands) <= C:
             return cands
-        if p.policy in ("snapkv", "pyramidkv"):
-            if phase != "prefill":
+        if p == "streaming_llm":  # keep [0, start_size) and [seq_len - recent_size, seq_len)
+            return cands[: s["sinks"]] + cands[len(cands) - (C - s["sinks"]):]
+        if p == "tova":  # mean over all heads of the last query's attention, top cache_size
+            last = new[-1]
+            score = {k: 0.0 for k in cands}
+            for h in range(self.hq):
+                for k, v in self.probs(last, h, all_cands[h // self.g]).items():
+                    score[k] += v / self.hq
+            return sorted(top(score, C))
+        if p == "h2o":  # top hh_size of hh_score[:seq_len - recent_size] + the last recent_size
+            heavy = round(C * s["heavy_share"])
+            recent = C - heavy
+            old = cands[: len(cands) - recent]
+            score = {k: sum(self.hh[h][k] for h in self.heads(g)) for k in old}
+            kept = sorted(top(score, heavy) + cands[len(cands) - recent:])
+            for h in self.heads(g):
+                self.hh[h] = {k: self.hh[h][k] for k in kept}
+            return kept
+        if p in ("snapkv", "snapkv_prefill"):
+            if phase != "prefill" and p == "snapkv_prefill":
                 return cands
-            w = p.window
-            old = cands[:-w]
-            votes = {j: sum(self.A[q][hq][j] for q in range(last - w + 1, last + 1) for hq in heads) for j in old}
-            half = p.kernel // 2
-            pooled = {j: sum(votes.get(j + d, 0.0) for d in range(-half, half + 1)) / p.kernel for j in old}
-            return sorted(sorted(old, key=lambda j: -pooled[j])[: C - w] + cands[-w:])
-        if phase == "prefill":
-            return cands
-        if p.policy == "streaming_llm":
-            return cands[: p.sinks] + cands[len(cands) - (C - p.sinks):]
-        if p.policy == "tova":
-            score = {j: sum(self.A[last][hq][j] for hq in range(self.hq)) / self.hq for j in cands}
-            return sorted(sorted(cands, key=lambda j: -score[j])[:C])
-        if p.policy == "h2o":
-            old = cands[:-p.window]
-            score = {j: sum(self.A[q][hq][j] for q in self.A for hq in heads) for j in old}
-            return sorted(sorted(old, key=lambda j: -score[j])[: C - p.window] + cands[-p.window:])
-        if p.policy == "morphkv":
-            R = p.window
-            old, rows = cands[:-R], range(last - R + 1, last + 1)
-            fused = {}
-            for j in old:
-                per_head = []
-                for hq in heads:
-                    vals = []
-                    for q in rows:
-                        total = sum(self.A[q][hq][i] for i in old)
-                        vals.append(self.A[q][hq][j] / total)
-                    per_head.append(sum(vals) if p.fusion == "sum" else max(vals))
-                fused[j] = max(per_head)
-            return sorted(sorted(old, key=lambda j: -fused[j])[: C - R] + cands[-R:])
-        raise AssertionError(p.policy)
+            w, ksz = s["snap_window"], s["kernel"]
+            window = self.queries[-w:]  # the last w queries: the prompt's at prefill, the latest at decode
+            old = cands[: len(cands) - w]
+            votes = [0.0] * len(old)  # attn_weights[..., -w:, :-w].sum(-2), summed over the group
+            for h in self.heads(g):
+                for q in window:
+                    pr = self.probs(q, h, cands)
+                    for i, k in enumerate(old):
+                        votes[i] += pr.get(k, 0.0)
+            half = ksz // 2  # F.avg_pool1d(kernel, padding=kernel // 2, stride=1): zero padding counted
+            pooled = {old[i]: sum(votes[i + d] for d in range(-half, half + 1) if 0 <= i + d < len(old)) / ksz
+                      for i in range(len(old))}
+            return sorted(top(pooled, C - w) + cands[len(cands) - w:])
+        if p == "morphkv":
+            if phase == "prefill":  # only while generating (hidden_states.shape[1] == 1)
+                return cands
+            R = s["morph_window"]
+            window = self.queries[-(R + 1):-1]  # scores[:, :, -(WIN_SIZE+1):-1]: the R queries before the current
+            old = cands[: len(cands) - (R + 1)]  # [..., :-(WIN_SIZE+1)]
+            fused = {k: (-math.inf if s["fusion"] == "max" else 0.0) for k in old}
+            for q in window:
+                summed = {k: sum(self.logit(q, h, k) for h in self.heads(g)) for k in old}  # .view(...).sum(dim=2)
+                for k, v in softmax(summed).items():  # softmax over the older tokens
+                    fused[k] = max(fused[k], v) if s["fusion"] == "max" else fused[k] + v
+            # topk(k = MAX_CAPACITY - WIN_SIZE) + the last WIN_SIZE + 1, with MAX_CAPACITY = C - 1
+            return sorted(top(fused, C - 1 - R) + cands[len(cands) - (R + 1):])
+        raise AssertionError(p)
 
 
-@pytest.mark.parametrize("policy,fusion", [
-    ("full", "max"), ("streaming_llm", "max"), ("h2o", "max"), ("tova", "max"), ("snapkv", "max"),
-    ("morphkv", "max"), ("morphkv", "sum"), ("pyramidkv", "max"),
-])
-def test_policy_kept_set_matches_brute_force_reference(tiny_llama, policy, fusion):
-    handle = tiny_llama
-    assert handle.info.kv_heads < handle.info.heads  # GQA
-    params = _params(policy, fusion=fusion)
-    tokens = _tokens(PROMPT + STEPS + 1)
+def drive(policy: kv.Policy, logit, prompt: int, steps: int, heads: int, kv_heads: int, layer: int = 0,
+          n_layers: int = 1) -> list[list[list[int]]]:
+    """Feed one layer of `policy` the attention that logits L would give, as the runner does; return the
+    kept positions [forward][kv head] after each forward (prefill, then one per decode step)."""
+    g = heads // kv_heads
+    state = kv.LayerState(positions=torch.arange(prompt).expand(1, kv_heads, -1).clone(), phase="prefill",
+                          groups=g, n_layers=n_layers)
+    out, first = [], 0
+    for step in range(steps + 1):
+        if step:
+            new = torch.full((1, kv_heads, 1), prompt + step - 1)
+            state.positions = torch.cat([state.positions, new], dim=-1)
+            state.phase, first = "decode", prompt + step - 1
+        pos = state.positions[0]
+        queries = range(first, prompt + step if step else prompt)
+        attn = torch.zeros(1, heads, len(queries), pos.shape[-1], dtype=torch.float64)
+        for h in range(heads):
+            keys = pos[h // g].tolist()
+            for i, q in enumerate(queries):
+                row = softmax({j: logit(q, h, k) for j, k in enumerate(keys) if k <= q})
+                for j, v in row.items():
+                    attn[0, h, i, j] = v
+        keep = policy.select(layer, attn.float(), state)
+        if keep is not None:
+            state.positions = state.positions.gather(-1, keep)
+        out.append([row.tolist() for row in state.positions[0]])
+    return out
+
+
+def random_logits(seed: int, scale: float = 3.0):
+    g = torch.Generator().manual_seed(seed)
+    table = (scale * torch.randn(64, 8, 64, generator=g, dtype=torch.float64)).tolist()
+    return lambda q, h, k: table[q][h][k]
+
+
+EXACT = ["streaming_llm", "h2o", "tova", "snapkv", "snapkv_prefill", "morphkv"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("policy,fusion", [(p, "max") for p in EXACT] + [("morphkv", "sum")])
+def test_kept_sets_match_the_official_rule_on_random_logits(policy, fusion, seed):
+    heads, kv_heads, prompt, steps = 8, 2, 30, 16  # GQA: 4 query heads per KV head
+    settings = {**SETTINGS, "fusion": fusion, "heavy_share": [0.5, 0.25, 0.75][seed % 3]}
+    logit = random_logits(seed)
+    pol = kv.make_policy(kv.KvParams(policy=policy, budget=BUDGET, **settings))
+    got = drive(pol, logit, prompt, steps, heads, kv_heads)
+    ref = Reference(policy, settings, heads, kv_heads, BUDGET, logit)
+    for step, kept in enumerate(got):
+        first = 0 if step == 0 else prompt + step - 1
+        new = list(range(first, prompt)) if step == 0 else [first]
+        expected = ref.forward(new, "prefill" if step == 0 else "decode")
+        assert kept == expected, (policy, seed, step)
+
+
+@pytest.mark.parametrize("layer", [0, 1, 3])
+def test_pyramidkv_is_snapkv_at_its_layer_budget(layer):
+    """PyramidKV: SnapKV's rule at the layer's budget (budget schedule: our reading, see the docs)."""
+    heads, kv_heads, prompt, steps, n_layers = 4, 2, 40, 8, 4
+    pol = _policy("pyramidkv", budget=16)
+    c = pol.layer_budget(layer, n_layers)
+    assert [pol.layer_budget(i, n_layers) for i in range(n_layers)] == [27, 20, 12, 5]
+    logit = random_logits(7 + layer)
+    got = drive(pol, logit, prompt, steps, heads, kv_heads, layer=layer, n_layers=n_layers)
+    ref = Reference("snapkv", SETTINGS, heads, kv_heads, c, logit)
+    for step, kept in enumerate(got):
+        new = list(range(prompt)) if step == 0 else [prompt + step - 1]
+        assert kept == ref.forward(new, "prefill" if step == 0 else "decode"), (layer, step)
+
+
+def test_morphkv_groups_logits_before_the_softmax_unlike_the_variant():
+    """On random logits the exact rule and our earlier reading (max over per-head fused scores, window
+    with the current row) keep different sets; the variant still keeps its last R."""
+    heads, kv_heads, prompt, steps = 8, 2, 30, 12
+    differ = 0
+    for seed in range(4):
+        logit = random_logits(100 + seed)
+        exact = drive(_policy("morphkv"), logit, prompt, steps, heads, kv_heads)
+        old = drive(_policy("morphkv_maxgroup"), logit, prompt, steps, heads, kv_heads)
+        differ += sum(a != b for a, b in zip(exact[1:], old[1:]))
+        for step, kept in enumerate(old[1:]):
+            newest = prompt + step
+            assert all(k[-WINDOW:] == list(range(newest - WINDOW + 1, newest + 1)) for k in kept)
+            assert all(len(k) == BUDGET for k in kept)
+    assert differ > 0
+
+
+@pytest.mark.parametrize("policy,fusion", [(p, "max") for p in EXACT] + [("morphkv", "sum"), ("full", "max")])
+def test_policy_kept_sets_on_a_model_match_the_reference(tiny_llama, policy, fusion):
+    """The runner on a GQA Llama (4 query / 2 KV heads, 2 layers): kept sets at every step against the
+    reference fed with the recorded attention (log-probabilities are logits up to a per-row constant)."""
+    _check_model_run(tiny_llama, policy, fusion, _tokens(PROMPT + STEPS + 1), PROMPT, BUDGET)
+
+
+@pytest.mark.skipif("shapes-lm" not in zoo_models(), reason="needs the demo LM")
+@pytest.mark.parametrize("policy", ["morphkv", "h2o", "snapkv"])
+def test_kept_sets_on_the_demo_model_match_the_reference(policy):
+    handle = load_model(ModelSpec("zoo", "shapes-lm"))
+    task = kv.build_task(handle, kv.KvParams(context=64, pairs=2, seed=3))
+    _check_model_run(handle, policy, "max", task.tokens, task.prefill_len, 24)
+
+
+def _check_model_run(handle, policy, fusion, tokens, prompt, budget):
     calls, removers = _record_attention(handle)
     try:
-        trace = kv.run_policy(handle, tokens, PROMPT, kv.make_policy(params))
+        pol = kv.make_policy(_params(policy, fusion=fusion, budget=budget))
+        trace = kv.run_policy(handle, tokens, prompt, pol)
     finally:
         for r in removers:
             r.remove()
     layers = sorted(kv.attention_modules(handle.language_model))
-    budgets = PYRAMID if policy == "pyramidkv" else {layer: BUDGET for layer in layers}
-    refs = {layer: Reference(params, handle.info.heads, handle.info.kv_heads, len(tokens), PROMPT, budgets[layer])
+    heads, kv_heads = handle.info.heads, handle.info.kv_heads
+    dense: dict[int, dict] = {layer: {} for layer in layers}  # layer -> (q, h, k) -> log prob
+
+    def logit_of(layer):
+        return lambda q, h, k: dense[layer].get((q, h, k), -math.inf)
+
+    refs = {layer: Reference(policy, {**SETTINGS, "fusion": fusion}, heads, kv_heads, budget, logit_of(layer))
             for layer in layers}
     forwards = [calls[i:i + len(layers)] for i in range(0, len(calls), len(layers))]
-    assert len(forwards) == 1 + STEPS
+    assert len(forwards) == len(tokens) - prompt
     for step, forward in enumerate(forwards):
-        phase = "prefill" if step == 0 else "decode"
-        first = 0 if step == 0 else PROMPT + step - 1
+        first = 0 if step == 0 else prompt + step - 1
+        new = list(range(first, prompt)) if step == 0 else [first]
         for layer, attn in forward:
-            expected = refs[layer].observe(attn, first, phase)
+            ref = refs[layer]
+            for h in range(heads):
+                keys = sorted(ref.kept[h // ref.g] + new)
+                for i, q in enumerate(new):
+                    for j, k in enumerate(keys):
+                        if k <= q:
+                            dense[layer][(q, h, k)] = math.log(max(float(attn[h, i, j]), 1e-300))
+            expected = ref.forward(new, "prefill" if step == 0 else "decode")
             got = trace.prefill_kept[layer] if step == 0 else trace.kept[step - 1][layer]
-            for h in range(handle.info.kv_heads):
-                assert got[h].tolist() == expected[h], (policy, step, layer, h)
+            for g in range(kv_heads):
+                assert got[g].tolist() == expected[g], (policy, step, layer, g)
 
 
-@pytest.mark.parametrize("policy", ["streaming_llm", "h2o", "tova", "morphkv", "snapkv", "pyramidkv", "full"])
+@pytest.mark.parametrize("policy", list(kv.POLICIES))
 def test_cache_length_equals_budget_when_it_should(tiny_llama, policy):
+    """Equal memory: every policy of the main comparison holds exactly C at every decode step (PyramidKV
+    its layer budgets, mean C); only the labelled prefill-only variants grow."""
     tokens = _tokens(PROMPT + STEPS + 1, seed=1)
     trace = kv.run_policy(tiny_llama, tokens, PROMPT, kv.make_policy(_params(policy)))
     for step, lens in enumerate(trace.cache_len):
         if policy == "full":
-            expected = PROMPT + step + 1
-        elif policy == "snapkv":  # cut once at prefill, then grows by one per step
-            expected = BUDGET + step + 1
-        else:  # prompt cut at the first decode step, then constant
-            expected = BUDGET
-        if policy == "pyramidkv":
+            assert lens == [PROMPT + step + 1] * 2
+        elif policy == "pyramidkv":
+            assert lens == [PYRAMID[0], PYRAMID[1]]
+        elif policy == "pyramidkv_prefill":
             assert lens == [PYRAMID[0] + step + 1, PYRAMID[1] + step + 1]
-            continue
-        assert lens == [expected] * tiny_llama.info.layers, (policy, step)
-    if policy == "snapkv":
-        assert all(p.shape[-1] == BUDGET for p in trace.prefill_kept)
+        elif policy == "snapkv_prefill":
+            assert lens == [BUDGET + step + 1] * 2
+        else:
+            assert lens == [BUDGET] * 2, (policy, step)
+    assert kv.POLICIES.get(policy).grows == policy.endswith("_prefill")
+    prefill_cut = policy not in ("full", "morphkv", "morphkv_maxgroup")  # MorphKV cuts at the first decode step
+    assert all(p.shape[-1] == (PROMPT if not prefill_cut else BUDGET if "pyramid" not in policy else PYRAMID[i])
+               for i, p in enumerate(trace.prefill_kept))
 
 
-def test_morphkv_keeps_recent_window(tiny_llama):
+def test_morphkv_keeps_the_last_r_plus_one(tiny_llama):
     tokens = _tokens(PROMPT + STEPS + 1, seed=2)
     trace = kv.run_policy(tiny_llama, tokens, PROMPT, kv.make_policy(_params("morphkv")))
     for step, layers in enumerate(trace.kept):
         newest = PROMPT + step
         for positions in layers:
             for head in positions.tolist():
-                assert head[-WINDOW:] == list(range(newest - WINDOW + 1, newest + 1))
+                assert head[-(WINDOW + 1):] == list(range(newest - WINDOW, newest + 1))
 
 
 def test_streaming_llm_keeps_sinks_and_recent(tiny_llama):
@@ -175,7 +332,7 @@ def test_streaming_llm_keeps_sinks_and_recent(tiny_llama):
 def test_full_cache_reproduces_generate(request, fixture):
     handle = request.getfixturevalue(fixture)
     prompt = _tokens(20, seed=4)
-    trace = kv.run_policy(handle, prompt, len(prompt), kv.FullCache(kv.KvParams()), generate=12)
+    trace = kv.run_policy(handle, prompt, len(prompt), kv.FullCache(), generate=12)
     with handle.session():
         out = handle.language_model.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12,
                                              do_sample=False)
@@ -184,7 +341,7 @@ def test_full_cache_reproduces_generate(request, fixture):
 
 def test_full_cache_policy_matches_plain_forward_logits(tiny_llama):
     tokens = _tokens(30, seed=5)
-    trace = kv.run_policy(tiny_llama, tokens, 20, kv.FullCache(kv.KvParams()))
+    trace = kv.run_policy(tiny_llama, tokens, 20, kv.FullCache())
     with tiny_llama.session():
         logits = tiny_llama.language_model(torch.tensor([tokens])).logits[0, 19:-1]
     torch.testing.assert_close(trace.logits, logits, atol=1e-4, rtol=1e-4)
@@ -209,7 +366,7 @@ def test_kept_keys_sit_at_their_original_positions(tiny_llama, policy):
     """Layer-0 keys depend only on token and position, so each kept key must equal the full cache's
     key at the position the runner says it came from (RoPE applied at the original position)."""
     tokens = _tokens(PROMPT + STEPS + 1, seed=6)
-    full = kv.run_policy(tiny_llama, tokens, PROMPT, kv.FullCache(kv.KvParams()))
+    full = kv.run_policy(tiny_llama, tokens, PROMPT, kv.FullCache())
     run = kv.run_policy(tiny_llama, tokens, PROMPT, kv.make_policy(_params(policy)))
     positions = run.kept[-1][0]  # (H_kv, K)
     assert positions.shape[-1] < full.cache.layers[0].keys.shape[2]
@@ -234,7 +391,7 @@ def test_runner_restores_the_model(tiny_llama):
 
 
 def test_eviction_changes_predictions_but_full_cache_does_not(tiny_llama):
-    params = kv.KvParams(policy="morphkv", budget=24, window=4, context=64, pairs=4)
+    params = kv.KvParams(policy="morphkv", budget=24, snap_window=4, morph_window=4, context=64, pairs=4)
     result = kv.analyze(tiny_llama, params)
     full, morph = result.run("full"), result.run("morphkv")
     assert max(full.kl) < 1e-9 and full.agreement == 1.0 and full.mean_recall == pytest.approx(1.0)
@@ -251,7 +408,7 @@ def test_attention_recall_matches_direct_sum(tiny_llama):
     """Recall = full-cache attention of the step's query summed over the entries the policy kept."""
     task = kv.synthetic_kv_task(tiny_llama.tokenizer, tiny_llama.info.vocab_size, context=40, pairs=3, seed=0)
     params = _params("tova")
-    full = kv.run_policy(tiny_llama, task.tokens, task.prefill_len, kv.FullCache(params), record_attention=True)
+    full = kv.run_policy(tiny_llama, task.tokens, task.prefill_len, kv.FullCache(), record_attention=True)
     run = kv.run_policy(tiny_llama, task.tokens, task.prefill_len, kv.make_policy(params))
     res = kv.compare(full, run, task, kv.make_policy(params), [0, 1], 2)
     step, layer = 3, 1
@@ -265,10 +422,54 @@ def test_attention_recall_matches_direct_sum(tiny_llama):
 def test_budget_not_below_context_is_refused(tiny_llama):
     with pytest.raises(kv.KvEvictionError, match="nothing would be evicted"):
         kv.analyze(tiny_llama, kv.KvParams(policy="h2o", budget=500, context=64))
-    with pytest.raises(kv.KvEvictionError, match="too small"):
-        kv.make_policy(kv.KvParams(policy="morphkv", budget=4, window=8))
-    with pytest.raises(kv.KvEvictionError, match="Unknown policy"):
+    with pytest.raises(SettingsError, match="too small for MorphKV"):
+        kv.make_policy(kv.KvParams(policy="morphkv", budget=9, morph_window=8))
+    with pytest.raises(SettingsError, match="Unknown eviction policy"):
         kv.make_policy(kv.KvParams(policy="nope"))
+
+
+def test_each_policy_owns_its_settings():
+    """No shared window: H2O splits its budget, SnapKV and MorphKV have their own windows."""
+    h2o = kv.make_policy(kv.KvParams(policy="h2o", budget=20, heavy_share=0.25, snap_window=3, morph_window=7))
+    assert (h2o.heavy(), h2o.budget - h2o.heavy()) == (5, 15)
+    assert kv.H2O().heavy_share == 0.5  # half/half, as in H2O's experiments (heavy_ratio = recent_ratio)
+    snap = kv.make_policy(kv.KvParams(policy="snapkv", snap_window=3, morph_window=7))
+    morph = kv.make_policy(kv.KvParams(policy="morphkv", snap_window=3, morph_window=7))
+    assert (snap.snap_window, morph.morph_window) == (3, 7)
+    assert not hasattr(snap, "morph_window") and not hasattr(morph, "snap_window") and not hasattr(h2o, "window")
+    assert "window" not in {f.name for f in dataclasses.fields(kv.KvParams)}
+    for name, cls in kv.POLICIES.items():
+        assert cls.label and cls.colour.startswith("#"), name
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--window", "-1"], "--window is gone"),
+    (["--budget", "-1"], "Budget C must be at least 1"),
+    (["--budget", "x"], "invalid int value"),
+    (["--sinks", "-1"], "sinks S must be at least 0"),
+    (["--kernel", "4"], "kernel must be a positive odd number"),
+    (["--kernel", "-1"], "kernel must be at least 1"),
+    (["--prefill", "0"], "Prefilled share must be in (0, 1]"),
+    (["--prefill", "1.5"], "Prefilled share must be at most 1"),
+    (["--sweep", "0.5,1.2"], "Sweep budget share must be at most 1"),
+    (["--sweep", "0,0.5"], "strictly between 0 and 1"),
+    (["--context", "-4"], "Context length must be at least"),
+    (["--pairs", "0"], "Needles (key-value pairs) must be at least 1"),
+    (["--queries", "0"], "Questions must be at least 1"),
+    (["--examples", "0"], "Prompts averaged must be at least 1"),
+    (["--heavy-share", "1"], "heavy-hitter share must be below 1"),
+    (["--snap-window", "0"], "SnapKV window w must be at least 1"),
+    (["--morph-window", "-3"], "MorphKV window R must be at least 1"),
+    (["--fusion", "mean"], "fusion must be 'sum' or 'max'"),
+    (["--policy", "nope"], "Unknown eviction policy"),
+    (["--budget", "9", "--morph-window", "8"], "too small for MorphKV"),
+])
+def test_cli_bad_numbers_give_one_error_line(capsys, args, message):
+    from analysis.__main__ import main
+
+    rc = main(["kv", "--model", "zoo:does-not-matter", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
 
 
 def test_all_sliding_window_model_cannot_be_evicted(tiny_mistral_sliding_dir):

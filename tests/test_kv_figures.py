@@ -9,7 +9,7 @@ from components import kv_figures as F
 
 @pytest.fixture(scope="module")
 def result(tiny_llama):
-    return kv.analyze(tiny_llama, kv.KvParams(policy="h2o", budget=20, window=4, context=48, pairs=3, new_tokens=6))
+    return kv.analyze(tiny_llama, kv.KvParams(policy="h2o", budget=20, snap_window=4, morph_window=4, context=48, pairs=3, new_tokens=6))
 
 
 def test_kept_matrix_marks_exactly_the_kept_positions(result):
@@ -40,10 +40,12 @@ def test_figures_have_titles_and_axis_titles(result):
 
 
 def test_tables_have_a_row_per_policy(result):
-    rows = F.summary_rows(result)
-    assert [r["policy"] for r in rows] == [r.label for r in result.runs]
+    rows, variants = F.summary_rows(result), F.summary_rows(result, variants=True)
+    assert [r["policy"] for r in rows + variants] == [r.label for r in result.runs]
+    assert [r["policy"] for r in variants] == [kv.POLICIES.label(n) for n in kv.POLICIES if F.is_variant(n)]
+    assert {r["policy"] for r in rows} == {kv.POLICIES.label(n) for n in kv.main_policies()}
     assert rows[0]["mean KL (nats)"] == 0 and rows[0]["top-1 agreement"] == 1
-    assert len(F.text_rows(result)) == len(kv.POLICIES)
+    assert len(F.text_rows(result)) == len(kv.main_policies())  # variants' texts only when chosen
     answers = F.answer_rows(result)
     assert len(answers) == len(result.task.answer_positions)
     assert all(set(r) >= {"asked key", "true value", "Full cache"} for r in answers)

@@ -1,13 +1,18 @@
 """AppTest of the KV-cache eviction page."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import pytest
+import torch
 from conftest import app_with_model
 
+from analysis import kv_eviction as kv
 from analysis.models import ModelSpec, zoo_models
 
 PAGE = "views/kv_cache.py"
-SMALL = {"context": "64", "budget": "24", "window": "4", "examples": "1"}
+SMALL = {"context": "64", "budget": "24", "snap_window": "4", "morph_window": "4", "examples": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +32,7 @@ def _errors(at) -> list[str]:
 
 
 def test_page_renders_heatmap_and_tables(demo_spec):
-    at = app_with_model(demo_spec, PAGE, query=SMALL)
+    at = app_with_model(demo_spec, PAGE, query=SMALL, timeout=600)
     assert not at.exception, at.exception
     assert not _errors(at)
     charts = [c for c in at.get("plotly_chart")]
@@ -40,13 +45,13 @@ def test_page_renders_heatmap_and_tables(demo_spec):
 
 
 def test_switching_policy_and_budget_updates_numbers(demo_spec):
-    at = app_with_model(demo_spec, PAGE, query=SMALL)
+    at = app_with_model(demo_spec, PAGE, query=SMALL, timeout=600)
     before = _metrics(at)
-    at.selectbox(key="kv_policy").set_value("streaming_llm").run()
+    at.selectbox(key="kv_policy").set_value("streaming_llm").run(timeout=600)
     assert not at.exception and not _errors(at)
     after_policy = _metrics(at)
     assert after_policy["Mean KL vs full (nats)"] != before["Mean KL vs full (nats)"]
-    at.number_input(key="kv_budget").set_value(48).run()
+    at.number_input(key="kv_budget").set_value(48).run(timeout=600)
     assert not at.exception and not _errors(at)
     after_budget = _metrics(at)
     assert after_budget["Mean KL vs full (nats)"] != after_policy["Mean KL vs full (nats)"]
@@ -55,7 +60,7 @@ def test_switching_policy_and_budget_updates_numbers(demo_spec):
 
 
 def test_budget_larger_than_context_gives_clear_message(demo_spec):
-    at = app_with_model(demo_spec, PAGE, query={**SMALL, "budget": "500"})
+    at = app_with_model(demo_spec, PAGE, query={**SMALL, "budget": "500"}, timeout=600)
     assert not at.exception
     assert any("nothing would be evicted" in e for e in _errors(at))
 
@@ -64,7 +69,51 @@ def test_bad_url_values_give_messages_not_tracebacks(demo_spec):
     at = app_with_model(demo_spec, PAGE, query={**SMALL, "budget": "-5", "layer": "-3", "head": "99",
                                                 "prefill": "7", "kernel": "4"})
     assert not at.exception, at.exception
-    assert any("kernel must be a positive odd number" in e for e in _errors(at))
+    assert any("Budget C must be at least 1" in e for e in _errors(at))
+
+
+@pytest.mark.parametrize("query,message", [
+    ({"kernel": "4"}, "kernel must be a positive odd number"),
+    ({"morph_window": "-1"}, "MorphKV window R must be at least 1"),
+    ({"heavy_share": "1.5"}, "heavy-hitter share must be below 1"),
+    ({"prefill": "0"}, "Prefilled share must be in (0, 1]"),
+])
+def test_bad_link_settings_get_the_cli_message(tiny_llama_dir, query, message):
+    """The URL goes through the same validation as the CLI (the settings classes), one line each."""
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query={**SMALL, **query})
+    assert not at.exception, at.exception
+    assert any(message in e for e in _errors(at)), _errors(at)
+
+
+@dataclass
+class KeepFirst(kv.Policy):
+    """A toy policy: keeps the first C entries."""
+
+    name: ClassVar[str] = "toy_keep_first"
+    label: ClassVar[str] = "Toy: the first C tokens"
+    colour: ClassVar[str] = "#17becf"
+
+    def select(self, layer, attn, state):
+        if state.length <= self.budget:
+            return None
+        return torch.arange(self.budget).expand(1, state.positions.shape[1], -1)
+
+
+def test_a_registered_policy_appears_in_the_page(tiny_llama_dir):
+    """Adding a policy is one class: registered, it is in the selectbox, runs, and is labelled."""
+    kv.POLICIES.register(KeepFirst)
+    try:
+        at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query=SMALL, timeout=600)
+        assert not at.exception, at.exception
+        box = at.selectbox(key="kv_policy")
+        assert "Toy: the first C tokens" in box.options
+        box.set_value("toy_keep_first").run(timeout=600)
+        assert not at.exception and not _errors(at), _errors(at)
+        assert at.query_params["policy"] in ("toy_keep_first", ["toy_keep_first"])
+        assert any("Toy: the first C tokens" in str(df.value) for df in at.dataframe)
+    finally:
+        kv.POLICIES.unregister("toy_keep_first")
+    assert "toy_keep_first" not in kv.POLICIES
 
 
 def test_model_whose_cache_cannot_be_evicted_gives_clear_message(tiny_mistral_sliding_dir):

@@ -49,7 +49,8 @@ def test_sharpness_view_round_trips_through_its_url(tiny_llama_dir):
 
 def test_kv_view_round_trips_through_its_url(tiny_llama_dir):
     _round_trip(ModelSpec("local", str(tiny_llama_dir)), "views/kv_cache.py",
-                {"context": "64", "budget": "32", "window": "4", "examples": "1", "policy": "h2o", "seed": "3"})
+                {"context": "64", "budget": "32", "snap_window": "4", "morph_window": "4", "examples": "1", "policy": "h2o",
+                 "seed": "3"})
 
 
 def test_inversion_view_round_trips_through_its_url(tiny_llama_dir):

@@ -103,6 +103,34 @@ def test_ranking_view_keep_fraction_reports_removed_corrupted_pairs(tiny_llava_d
     assert str(at.query_params["rule"]).strip("[]'") == "all-shared"
 
 
+def test_a_new_score_rule_is_one_class_and_appears_in_the_ranking_view(tiny_llava_dir, tiny_sae):
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    @sae_v.SCORE_RULES.register
+    @dataclass
+    class EveryFeatureHalf(sae_v.ScoreRule):
+        name: ClassVar[str] = "toy-half"
+        label: ClassVar[str] = "Toy: ω = 0.5 for every feature"
+
+        def weights(self, acts, codes, modality, omega_top=None, threshold=0.0):
+            import torch
+
+            return torch.full((codes.shape[1],), 0.5), torch.ones(codes.shape[1], dtype=torch.bool)
+
+    try:
+        at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE,
+                            query={"view": "ranking", "rule": "toy-half", "thr": "0"})
+        assert not at.exception, at.exception
+        box = at.selectbox(key="sae_rank_rule")
+        assert "toy-half" in box.options or "Toy: ω = 0.5 for every feature" in box.options
+        assert box.value == "toy-half"
+        scores = _frame(at, "score s_i")["score s_i"]
+        assert all(float(s) * 2 == int(float(s) * 2) for s in scores)  # 0.5 per shared feature
+    finally:
+        sae_v.SCORE_RULES.unregister("toy-half")
+
+
 def test_ranking_view_shows_the_filtering_experiment_or_says_it_has_not_run(tiny_llava_dir, tiny_sae):
     from components import sae_figures as figs
 

@@ -442,6 +442,31 @@ def test_feature_store_round_trips_through_disk(tiny_store, tmp_path):
     assert isinstance(again.features[0], sae_v.FeatureCard)
 
 
+def test_a_store_from_before_score_rules_loads_as_the_variant(tiny_store, tmp_path):
+    import gzip
+
+    _, _, store = tiny_store
+    data = store.to_dict()
+    del data["params"]["score_rule"]
+    for card in data["features"]:
+        del card["has_omega"]
+    with gzip.open(tmp_path / sae_v.STORE_FILE, "wt", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    old = sae_v.load_store(tmp_path)
+    assert old.params.score_rule == "all-shared"
+    assert [c.has_omega for c in old.features] == [c.omega != 0 for c in old.features]
+
+
+def test_rebuilt_store_under_the_variant_gives_more_features_an_omega(tiny_llava, tiny_store, tmp_path):
+    sae, acts, store = tiny_store
+    assert store.params.score_rule == "official"
+    assert all(c.has_omega == (c.label == "cross-modal") for c in store.features)
+    variant = sae_v.build_feature_store(tiny_llava, sae, store.meta, acts, store.pairs,
+                                        sae_v.StoreParams(top_n=6, top_images=3, score_rule="all-shared"))
+    assert sum(c.has_omega for c in variant.features) >= sum(c.has_omega for c in store.features)
+    assert variant.summary()["score_rule"] == "all-shared"
+
+
 def test_neighbours_are_sorted_decoder_cosines(tiny_store):
     sae, _, store = tiny_store
     w = torch.nn.functional.normalize(sae.W_dec.detach(), dim=1)

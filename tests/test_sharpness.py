@@ -367,3 +367,44 @@ def test_temperature_restricted_to_layers_leaves_other_layers_softmax(tiny_llama
     assert S.SweepResult.from_json(res.to_json()).points[0].run("adaptive θ").rule.layers == (1,)
     with pytest.raises(S.SharpnessError, match="layers"):
         S.size_sweep(tiny_llama, S.SweepParams(ns=[8], samples=1, layers=[7]))
+
+
+# --- command line: every number out of range is one `error:` line, before the model loads --------
+
+
+def _run_cli(capsys, argv):
+    from analysis.__main__ import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own errors (wrong type)
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--n", "1"], "Each item count n must be at least 2"),
+    (["--n", "4,-8"], "Each item count n must be at least 2"),
+    (["--n", "4,eight"], "'eight' is not one"),
+    (["--n", ","], "at least one item count"),
+    (["--thetas", "0"], "Each temperature θ must be at least"),
+    (["--thetas", "-2"], "Each temperature θ must be at least"),
+    (["--thetas", "nan"], "finite"),
+    (["--samples", "0"], "--samples (prompts per n) must be at least 1"),
+    (["--seed", "-1"], "--seed must be at least 0"),
+    (["--layers", "-1"], "Each layer in --layers must be at least 0"),
+    (["--samples", "many"], "invalid int value"),
+])
+def test_cli_out_of_range_is_one_error_line(capsys, extra, needle):
+    code, err = _run_cli(capsys, ["sharpness", "--model", "local:/nonexistent", *extra])
+    assert code != 0 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_cli_layer_beyond_the_model_is_one_error_line(tiny_gpt2_dir, capsys):
+    code, err = _run_cli(capsys, ["sharpness", "--model", f"local:{tiny_gpt2_dir}", "--n", "4", "--samples", "1",
+                                  "--layers", "99"])
+    assert code != 0 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "cannot apply a temperature" in lines[0], err

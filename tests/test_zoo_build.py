@@ -132,3 +132,75 @@ def test_zoo_vlm_patches_are_the_grid_cells():
             else:
                 assert labels[k].tolist() == [1 + sw.COLOURS.index(obj.colour), 1 + sw.SHAPES.index(obj.shape),
                                               1 + sw.SIZES.index(obj.size), 1 + k]
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes-vlm-aligned (experimental): LLaVA on the pretrained shapes-lm
+
+
+@pytest.fixture(scope="module")
+def aligned_smoke(smoke_zoo):
+    from analysis.zoo.__main__ import main
+
+    assert main(["build", "--smoke", "--only", "shapes-vlm-aligned", "--out", str(smoke_zoo)]) == 0
+    return smoke_zoo / "shapes-vlm-aligned"
+
+
+def test_aligned_smoke_build_writes_loadable_vlm(aligned_smoke):
+    handle = load_model(ModelSpec("local", str(aligned_smoke)))
+    assert handle.kind == "vlm" and handle.info.image_tokens == 9
+    scene = sw.generate_scene(3)
+    batch = handle.processor(images=[sw.render(scene)], text=[sw.VLM_CAPTION_PROMPT], return_tensors="pt")
+    with handle.session():
+        assert torch.isfinite(handle.model(**batch).logits).all()
+    log = json.loads((aligned_smoke / "training.json").read_text())
+    assert log["stage1_projector_only"]["steps"] > 0 and log["language_model"] == "shapes-lm"
+
+
+def test_aligned_build_without_language_model_is_one_error_line(model_root, capsys):
+    from analysis.zoo.__main__ import main
+
+    empty = model_root / "no-lm-here"
+    empty.mkdir(exist_ok=True)
+    assert main(["build", "--smoke", "--only", "shapes-vlm-aligned", "--out", str(empty)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "shapes-lm" in err[0]
+
+
+def test_aligned_vlm_reads_text_exactly_as_shapes_lm(smoke_zoo):
+    """The copied LM, fed text only, gives shapes-lm's logits word for word, although the VLM's
+    tokenizer numbers the words differently (`<image>` is an extra special token)."""
+    from transformers import LlamaForCausalLM
+
+    from analysis.zoo import train
+
+    lm = LlamaForCausalLM.from_pretrained(smoke_zoo / "shapes-lm").eval()
+    lm_tok, vlm_tok = train.lm_tokenizer(), train.vlm_tokenizer()
+    vlm = train.build_aligned_vlm(train.SMOKE_ALIGNED, vlm_tok, smoke_zoo / "shapes-lm").eval()
+    text = "<s> decompose : there is a large red circle at the top left . ="
+    a = torch.tensor([train.encode(lm_tok, text)])
+    b = torch.tensor([train.encode(vlm_tok, text)])
+    assert a.tolist() != b.tolist()  # the ids really differ
+    with torch.no_grad():
+        ref = lm(input_ids=a).logits[0].double()
+        got = vlm(input_ids=b).logits[0].double()
+    words = [w for w, _ in sorted(lm_tok.get_vocab().items(), key=lambda kv: kv[1])]
+    columns = [vlm_tok.convert_tokens_to_ids(w) for w in words]
+    assert torch.allclose(got[:, columns], ref, atol=1e-5)
+    image_id = vlm_tok.convert_tokens_to_ids("<image>")
+    assert (got[:, image_id] == 0).all()  # <image>'s output row is zero
+
+
+def test_projector_stage_trains_only_the_projector(smoke_zoo):
+    from analysis.zoo import train
+
+    cfg = train.SMOKE_ALIGNED
+    tok = train.vlm_tokenizer()
+    model = train.build_aligned_vlm(cfg, tok, smoke_zoo / "shapes-lm")
+    processor = train.make_processor(cfg.vision, tok)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    log = train.train_projector(model, processor, cfg)
+    assert log["steps"] == cfg.projector_steps
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(n.startswith("model.multi_modal_projector.") for n in changed), sorted(changed)[:5]
+    assert all(p.requires_grad for p in model.parameters())  # nothing is left frozen afterwards

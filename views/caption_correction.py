@@ -8,6 +8,7 @@ import streamlit as st
 
 from analysis import captions as C
 from analysis.models import ModelLoadError, ModelSpec, load_model, zoo_models
+from analysis.registry import SettingsError
 from components import caption_figures as F
 from components.common import analysis_errors, explain, progress, require_model, set_url_params, url_param
 from components.presets import preset_bar
@@ -116,18 +117,39 @@ with right:
     lm_choices = (["zoo:shapes-lm"] if "shapes-lm" in zoo else []) + [OWN_LM]
     demo_vlm = C.speaks_shapes_world(handle)
     lm_default = lm_choices[0] if demo_vlm else OWN_LM
-    agent_names = ["auto", *C.DECOMPOSERS]
+    decomposers, rewriters, verifiers = (["auto", *C.DECOMPOSERS], ["auto", *C.REWRITERS],
+                                         ["auto", *C.VERIFIERS])
+    forms = list(C.PROBABILITY_FORMS)
+
+    def labelled(registry):
+        return lambda name: "auto" if name == "auto" else registry.label(name)
+
+    url_pi = url_param("pi", C.DEFAULT_PI, float)
+    try:
+        C.CorrectionParams(pi=url_pi).validate()  # the same check as the CLI's
+    except SettingsError as exc:
+        st.error(f"{exc} Showing π = {C.DEFAULT_PI} instead.")
+        url_pi = C.DEFAULT_PI
     with st.expander("Agents and threshold", expanded=True):
-        c1, c2, c3 = st.columns(3)
+        c1, c2, c3, c4 = st.columns(4)
         lm_choice = c1.selectbox("Decomposer/rewriter model", lm_choices, key="cap_lm",
                                  index=lm_choices.index(url_param("lm", lm_default, choices=lm_choices)))
-        decomposer = c2.selectbox("Decomposer", agent_names, key="cap_dec",
-                                  index=agent_names.index(url_param("dec", "auto", choices=agent_names)))
-        rewriter = c3.selectbox("Rewriter", agent_names, key="cap_rew",
-                                index=agent_names.index(url_param("rew", "auto", choices=agent_names)))
+        decomposer = c2.selectbox("Decomposer", decomposers, key="cap_dec", format_func=labelled(C.DECOMPOSERS),
+                                  index=decomposers.index(url_param("dec", "auto", choices=decomposers)))
+        verifier = c3.selectbox("Verifier (the loaded VLM)", verifiers, key="cap_ver",
+                                format_func=labelled(C.VERIFIERS),
+                                index=verifiers.index(url_param("ver", "auto", choices=verifiers)))
+        rewriter = c4.selectbox("Rewriter", rewriters, key="cap_rew", format_func=labelled(C.REWRITERS),
+                                index=rewriters.index(url_param("rew", "auto", choices=rewriters)))
         ground_default = "1" if handle.info.parameters < 50_000_000 else "0"
-        pi = st.slider("Threshold π (nats): drop a claim when H(u) > π", 0.0, 10.0, key="cap_pi",
-                       value=url_param("pi", C.DEFAULT_PI, float, lo=0.0, hi=10.0), step=0.05)
+        p1, p2 = st.columns([2, 1])
+        pi = p1.slider("Threshold π (nats): drop a claim when H(u) > π", 0.0, 10.0, key="cap_pi",
+                       value=min(url_pi, 10.0), step=0.05)
+        form = p2.radio("p_True / p_False in H", forms, format_func=C.PROBABILITY_FORMS.label, key="cap_prob",
+                        index=forms.index(url_param("prob", C.DEFAULT_PROBABILITIES, choices=forms)),
+                        help="Raw: the next-token probabilities of yes and no, as CapMAS defines H. "
+                             "Renormalised: p_T / (p_T + p_F), the answer among yes and no only — it ignores "
+                             "probability that went to other tokens.")
         ground = st.checkbox("Ground each answer in the image (Captum Integrated Gradients)", key="cap_ground",
                              value=url_param("ground", ground_default, choices=["0", "1"]) == "1",
                              help="Integrated Gradients costs about 8 forward/backward passes per claim; "
@@ -136,7 +158,7 @@ with right:
                    "the grammar reference as a last resort. The demo LM's rewrite is parsed and replaced "
                    "by the grammar's if it states a claim that was not kept. Verifier: the loaded VLM.")
 
-set_url_params(src=source, cap=cap_source, lm=lm_choice, dec=decomposer, rew=rewriter, pi=pi,
+set_url_params(src=source, cap=cap_source, lm=lm_choice, dec=decomposer, ver=verifier, rew=rewriter, pi=pi, prob=form,
                ground=int(ground), **({"seed": seed} if seed is not None else {}),
                **({"text": caption} if cap_source == "paste" else {}))
 
@@ -149,9 +171,11 @@ if not caption.strip():
 with analysis_errors(prefix="Could not load the decomposer/rewriter model: "):
     lm = agent_lm(lm_choice) if lm_choice != OWN_LM else handle
 with analysis_errors(C.CaptionError):
-    params = C.CorrectionParams(caption=caption, pi=pi, decomposer=decomposer, rewriter=rewriter,
-                                ground=ground, scene_seed=seed)
-    verify_params = C.CorrectionParams(**{**vars(params), "pi": C.DEFAULT_PI})  # pi does not change verification
+    params = C.CorrectionParams(caption=caption, pi=pi, decomposer=decomposer, verifier=verifier,
+                                rewriter=rewriter, ground=ground, scene_seed=seed, probabilities=form)
+    # pi and the probability form do not change verification (p_T, p_F): moving them only re-scores
+    verify_params = C.CorrectionParams(**{**vars(params), "pi": C.DEFAULT_PI,
+                                          "probabilities": C.DEFAULT_PROBABILITIES})
     verification = verify(handle.spec.label, lm.spec.label, image_key, verify_params.to_json(), handle, lm, image)
     result = correct(lm.spec.label, verification.to_json(), params.to_json(), lm)
 
@@ -182,11 +206,18 @@ if result.before and result.after:
             "the scene is known.")
 
 st.subheader("Claims")
+low = [c for c in result.claims if c.low_mass]
+if low:
+    st.warning(F.low_mass_message(result))
 st.dataframe(F.claim_rows(result), hide_index=True)
 explain("Each claim was put to the VLM as a yes/no question with only the image and that claim. "
-        "p_True / p_False are its next-token probabilities of 'yes' and 'no'; the hallucination "
-        "score H = −log max(p_True − p_False, ε) is 0 when it is sure the claim is true and large "
-        "when it is not. Claims with H > π are dropped.")
+        "p_True / p_False are its next-token probabilities of 'yes' and 'no', and 'yes+no mass' is their "
+        "sum: the share of its answer that is yes or no at all. The hallucination score "
+        "H = −log max(p_True − p_False, ε) is 0 when it is sure the claim is true and large when it is not; "
+        + ("here H reads the renormalised p_True / (p_True + p_False), which ignores mass on other tokens. "
+           if result.params.probabilities == "renormalised" else
+           "here H reads the raw probabilities, as CapMAS defines it, so mass on other tokens raises H. ")
+        + "Claims with H > π are dropped.")
 st.plotly_chart(F.score_figure(result), key="cap_scores")
 explain("The same scores as bars; the dashed line is the threshold π. Move π to trade coverage "
         "(more claims kept) against factuality (fewer false claims kept).")

@@ -28,51 +28,73 @@ with analysis_errors(kv.KvEvictionError):
 
 names = list(kv.POLICIES)
 defaults = kv.KvParams()
+TASK_LIMITS = {"context": (16, 4096), "pairs": (1, 8), "queries": (1, 8), "seed": (0, 10_000)}
 
+
+def setting_default(f):
+    return getattr(defaults, f.name, f.default)
+
+
+# Every policy's own settings, from its class (analysis/kv/policies.py): label, range and help live there.
+settings_fields = list({f.name: f for cls in kv.POLICIES.values() for f in kv.setting_fields(cls)}.values())
+
+# The link's raw values go through the same validation as the CLI (kv.validate_params), so a bad link gets
+# the same one-line message; the widgets below get the values clamped into their ranges.
+raw = {f.name: url_param(f.name, setting_default(f), None if f.metadata.get("choices") else type(setting_default(f)))
+       for f in settings_fields}
+raw_params = kv.KvParams.from_dict({
+    **defaults.to_dict(), **{k: v for k, v in raw.items() if hasattr(defaults, k)},
+    "budget": url_param("budget", defaults.budget), "prefill": url_param("prefill", defaults.prefill, float),
+    **{k: url_param(k, getattr(defaults, k)) for k in TASK_LIMITS}})
 
 with st.container(border=True):
-    c1, c2, c3, c4, c5 = st.columns([2, 1.2, 1.2, 1.2, 1.2])
+    c1, c2 = st.columns([2, 1])
     policy = c1.selectbox("Policy", names, index=names.index(url_param("policy", defaults.policy, choices=names)),
-                          format_func=F.POLICY_LABELS.get, key="kv_policy",
-                          help="Full cache keeps everything (the reference).")
+                          format_func=kv.POLICIES.label, key="kv_policy",
+                          help="Full cache keeps everything (the reference). Variants are labelled as such.")
     budget = c2.number_input("Budget C (entries per head)", 1, 100_000,
                              url_param("budget", defaults.budget, int, lo=1, hi=100_000),
                              key="kv_budget", help="Cache entries kept per layer and KV head.")
-    window = c3.number_input("Window (R / w / recent)", 1, 4096,
-                             url_param("window", defaults.window, int, lo=1, hi=4096),
-                             key="kv_window", help="MorphKV's recent window R, SnapKV's observation window w, "
-                                                   "H2O's recent tokens.")
-    sinks = c4.number_input("Sinks S (StreamingLLM)", 0, 256, url_param("sinks", defaults.sinks, int, lo=0, hi=256),
-                            key="kv_sinks")
-    kernel = c5.number_input("SnapKV pooling kernel", 1, 31, url_param("kernel", defaults.kernel, int, lo=1, hi=31),
-                             step=2, key="kv_kernel")
-    c6, c7, c8, c9, c10, c11 = st.columns([1, 1.2, 1.2, 1, 1, 1])
-    fusions = ["max", "sum"]
-    fusion = c6.selectbox("MorphKV fusion", fusions, index=fusions.index(url_param("fusion", "max", choices=fusions)),
-                          key="kv_fusion")
-    context = c7.number_input("Context (tokens)", 16, 4096,
-                              url_param("context", defaults.context, int, lo=16, hi=4096), step=32,
-                              key="kv_context", help="Length of the key-value context.")
-    prefill = c8.slider("Prefilled share", 0.05, 1.0, url_param("prefill", defaults.prefill, float, lo=0.05, hi=1.0),
-                        step=0.05, key="kv_prefill", help="Share of the context read in one forward pass; the rest is read "
-                                               "token by token, with eviction after every token.")
-    pairs = c9.number_input("Needles", 1, 8, url_param("pairs", defaults.pairs, int, lo=1, hi=8), key="kv_pairs")
-    queries = c10.number_input("Questions", 1, 8, url_param("queries", defaults.queries, int, lo=1, hi=8),
-                               key="kv_queries",
-                               help="Needles asked after the context (shapes-lm was trained on one).")
-    seed = c11.number_input("Example seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="kv_seed")
+    st.caption("Each policy's own settings")
+    settings = {}
+    for col, f in zip(st.columns(max(1, len(settings_fields))), settings_fields):
+        meta, default = f.metadata, setting_default(f)
+        if meta.get("choices"):
+            choices = list(meta["choices"])
+            settings[f.name] = col.selectbox(meta["label"], choices, key=f"kv_{f.name}", help=meta.get("help"),
+                                             index=choices.index(url_param(f.name, default, choices=choices)))
+        else:
+            cast = type(default)
+            lo, hi = cast(meta.get("low", 0)), cast(meta.get("high", 10**6))
+            settings[f.name] = cast(col.number_input(
+                meta["label"], lo, hi, url_param(f.name, default, cast, lo=lo, hi=hi), step=cast(meta.get("step", 1)),
+                key=f"kv_{f.name}", help=meta.get("help"), format="%.2f" if cast is float else "%d"))
+    c6, c7, c8, c9, c10 = st.columns([1.2, 1.2, 1, 1, 1])
+    context = c6.number_input("Context (tokens)", 16, 4096, url_param("context", defaults.context, int, lo=16, hi=4096),
+                              step=32, key="kv_context", help="Length of the key-value context.")
+    prefill = c7.slider("Prefilled share", 0.05, 1.0, url_param("prefill", defaults.prefill, float, lo=0.05, hi=1.0),
+                        step=0.05, key="kv_prefill", help="Share of the context read in one forward pass; the rest "
+                                                          "is read token by token, with eviction after every token.")
+    pairs = c8.number_input("Needles", 1, 8, url_param("pairs", defaults.pairs, int, lo=1, hi=8), key="kv_pairs")
+    queries = c9.number_input("Questions", 1, 8, url_param("queries", defaults.queries, int, lo=1, hi=8),
+                              key="kv_queries", help="Needles asked after the context (shapes-lm was trained on one).")
+    seed = c10.number_input("Example seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="kv_seed")
     prompt = st.text_input("Your own prompt (optional)", url_param("prompt", "", str), key="kv_prompt",
                            help="Leave empty for the key-value recall task. With a prompt, the full cache's "
                                 "greedy continuation is the reference every policy is scored on.")
 
-params = kv.KvParams(policy=policy, budget=int(budget), window=int(window), sinks=int(sinks), kernel=int(kernel),
-                     fusion=fusion, prompt=prompt, context=int(context), prefill=float(prefill), pairs=int(pairs),
-                     queries=int(queries), seed=int(seed))
-set_url_params(policy=policy, budget=int(budget), window=int(window), sinks=int(sinks), kernel=int(kernel),
-               fusion=fusion, context=int(context), prefill=float(prefill), pairs=int(pairs), queries=int(queries),
-               seed=int(seed), prompt=prompt)
+known = {k: v for k, v in settings.items() if hasattr(defaults, k)}
+params = kv.KvParams(policy=policy, budget=int(budget), prompt=prompt, context=int(context), prefill=float(prefill),
+                     pairs=int(pairs), queries=int(queries), seed=int(seed), **known)
+set_url_params(policy=policy, budget=int(budget), **settings, context=int(context), prefill=float(prefill),
+               pairs=int(pairs), queries=int(queries), seed=int(seed), prompt=prompt)
 
+# the URL now holds the nearest allowed values: any change of a control runs with them
+with analysis_errors(prefix="This link's settings are out of range (the controls show the nearest allowed values; "
+                            "change any control to run with them): "):
+    kv.validate_params(raw_params, check_budget=False)
 with analysis_errors(kv.KvEvictionError):
+    kv.validate_params(params)
     result: kv.KvResult = cached_run("analyze", kv.analyze, handle, params,
                                      label="Running every policy on identical tokens ...")
 
@@ -111,17 +133,27 @@ explain("Each row is one decode step, each column a token by its original positi
         "context is prefilled in one forward (dotted line); the rest, then the questions (dashed line), are read "
         "one token per step. Dark cells are the keys/values this layer and KV head still holds after the step's "
         "eviction; light cells were evicted (they never come back); blank cells are tokens not read yet. Red "
-        "triangles mark the needles (key and value). StreamingLLM shows two bands "
-        "(sinks + recent), SnapKV a fixed pattern that then grows, MorphKV and H2O a pattern that keeps "
-        "changing per head.")
+        "triangles mark the needles (key and value). StreamingLLM shows two bands (sinks + recent); H2O, "
+        "SnapKV and MorphKV a pattern that keeps changing per head; TOVA the same set for every head.")
 
-st.subheader(f"All policies at budget {params.budget}")
+st.subheader(f"All policies at budget {params.budget}: equal entries")
 st.dataframe(F.summary_rows(result), hide_index=True)
 explain("Every policy ran on exactly the same tokens as the full cache (teacher forcing), so the numbers "
         "compare like with like. KL and ΔNLL are per predicted token against the full cache; attention recall "
         "is the share of the full cache's attention (same step, same layer) that falls on the entries the "
         "policy still held; needle survival is the share of the asked-for key/value tokens still cached when "
-        "the answer is predicted, averaged over layers and heads; time is per decode step, eviction included.")
+        "the answer is predicted, averaged over layers and heads; time is per decode step, eviction included. "
+        "Every policy in this table holds the same number of entries once the context exceeds the budget "
+        "(PyramidKV: the same on average over layers): SnapKV and PyramidKV evict at every decode step too.")
+variant_rows = F.summary_rows(result, variants=True)
+if variant_rows:
+    st.markdown("**Labelled variants** (not part of the equal-entries comparison)")
+    st.dataframe(variant_rows, hide_index=True)
+    explain("The prefill-only variants compress the prompt once, as SnapKV's and PyramidKV's official code does, "
+            "and then grow by one entry per decode step, so they hold more than the budget when the answer is "
+            "predicted (see the cache column). The MorphKV variant is our earlier reading (max over the query "
+            "heads of a group of per-head fused scores, window including the current token); the default "
+            "MorphKV follows the official code.")
 if task.answer_positions:
     st.dataframe(F.answer_rows(result), hide_index=True)
     explain("One row per asked key: did each policy's top prediction equal the true value?")
@@ -135,34 +167,35 @@ explain("Left: how far each policy's next-token distribution is from the full ca
 st.subheader("Memory over decode steps")
 st.plotly_chart(F.memory_figure(result), key="kv_memory")
 explain("Measured size of the key/value tensors (lines) and the analytic 2 · layers · KV heads · head dim · "
-        "cached tokens · bytes per value (crosses), which agree exactly. Decode-time policies cut the prompt at "
-        "the first decode step and then stay flat at the budget; SnapKV cuts once at prefill and then grows by "
-        "one entry per step; the full cache grows from the whole context.")
+        "cached tokens · bytes per value (crosses), which agree exactly. Every policy of the main comparison "
+        "stays flat at the budget; the prefill-only variants grow by one entry per step; the full cache grows "
+        "from the whole context.")
 
 st.subheader("Budget sweep")
 examples = url_param("examples", 2, int, lo=1, hi=64)
 sweep_params = kv.KvParams.from_dict({**params.to_dict(), "policy": "full", "budget": 1, "examples": examples})
 with analysis_errors(kv.KvEvictionError):
-    sweep = cached_run("sweep", kv.budget_sweep, handle, sweep_params, label="Sweeping budgets ...")
+    sweep = cached_run("sweep", kv.budget_sweep, handle, sweep_params, label="Sweeping budgets ...",
+                       names=kv.main_policies())
 metrics = {"accuracy": "key-value accuracy", "mean_kl": "mean KL", "recall": "attention recall",
            "agreement": "top-1 agreement", "cache": "cache held"}
 metric = st.radio("Metric", list(metrics), horizontal=True, key="kv_metric", format_func=metrics.get,
                   index=list(metrics).index(url_param("metric", "accuracy", choices=list(metrics))))
 set_url_params(metric=metric)
 st.plotly_chart(F.sweep_figure(sweep, metric), key="kv_sweep")
-explain(f"Each policy at budgets of 25 %, 50 % and 75 % of the context (window, sinks and kernel as set above), "
+explain(f"Each policy at budgets of 25 %, 50 % and 75 % of the context (each policy's settings as set above), "
         f"averaged over {examples} key-value prompts (seeds {params.seed} to {params.seed + examples - 1}; "
         "`examples` in the URL). The dashed line is the full cache's accuracy. 'Cache held' shows what each "
-        "policy really kept at the end: SnapKV and PyramidKV only compress the prefill and then grow, so at "
-        "the same budget they hold more. With few prompts the accuracy steps are coarse; the README table "
-        "averages more.")
+        "policy really kept when the last token was predicted: the same for every solid line; the dotted "
+        "lines are the labelled variants (the prefill-only ones hold more). With few prompts the accuracy "
+        "steps are coarse; the README table averages more.")
 
 st.subheader("Generated text per policy")
 st.dataframe(F.text_rows(result), hide_index=True)
 explain(f"Greedy continuation of the context ({params.new_tokens} tokens) under each policy; the last column "
         "is the share of tokens equal to the full cache's continuation at the same position.")
 
-share_bar("kv", title=f"KV eviction: {F.POLICY_LABELS[policy]} at budget {params.budget} on {handle.spec.label}",
+share_bar("kv", title=f"KV eviction: {kv.POLICIES.label(policy)} at budget {params.budget} on {handle.spec.label}",
           params=params.to_dict(), result=result, model=handle.spec.label,
           figures={"Retained tokens": heatmap, "Memory": F.memory_figure(result), "Budget sweep": F.sweep_figure(sweep)},
           tables={"policies": F.summary_rows(result)})

@@ -4,6 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis import inversion as inv
+from analysis.registry import SettingsError
 from analysis.tasks import tasks_for
 from components import inversion_figures as F
 from components.common import analysis_errors, explain, require_model, set_url_params, show_error, url_param
@@ -12,7 +13,6 @@ from components.runs import cached_run
 from components.share import share_bar
 
 NOISES = [0.0, 0.01, 0.1, 0.3, 1.0, 3.0]
-PERTURBATIONS = ["none", "gaussian_noise", "quantise"]
 SMALL_WORK = 400_000  # candidate evaluations below which sweeps run without asking
 
 st.title("Prompt reconstruction")
@@ -36,6 +36,21 @@ def default_prompt() -> str:
 # --- controls (mirrored to the URL) ------------------------------------------------------------
 
 
+url_errors: list[str] = []
+
+
+def checked(name: str, default, cast, check) -> object:
+    """A URL value that passes the method's own validation (`check` raises SettingsError), else the
+    default, with the method's message shown: the page, the URL and the CLI share one check."""
+    value = url_param(name, default, cast)
+    try:
+        check(value)
+    except SettingsError as exc:
+        url_errors.append(f"{exc} Showing {default} instead.")
+        return default
+    return value
+
+
 def forget_if_outside(key: str, lo, hi) -> None:
     """Drop a widget's remembered value when the range changed (e.g. a model with fewer layers)."""
     value = st.session_state.get(key)
@@ -54,39 +69,45 @@ except inv.InversionError as exc:
     raw_layer = max(1, n_layers // 2)
 
 orders = list(inv.ORDERS)
+permutations = inv.defence_names("permutation")
+perturbations = inv.defence_names("perturbation")
+url_noise = checked("noise", 0.5, float, lambda v: inv.GaussianNoise(sigma=v))
+url_bits = checked("bits", 4, int, lambda v: inv.Quantise(bits=v))
 with st.container(border=True):
     prompt = st.text_input("Prompt (the secret the attacker tries to recover)",
                            url_param("prompt", default_prompt(), str), key="inv_prompt", max_chars=2000)
     c1, c2, c3, c4 = st.columns([1, 1.6, 1.4, 1.6])
     layer = c1.number_input(f"Layer L (0–{n_layers})", 0, n_layers, raw_layer, key="inv_layer",
                             help="0 = token embeddings; k = residual stream after decoder block k.")
-    perm = c2.selectbox("Permutation defence", inv.PERMUTATIONS, format_func=inv.DEFENCE_LABELS.get,
-                        index=inv.PERMUTATIONS.index(url_param("perm", "none", choices=inv.PERMUTATIONS)),
+    perm = c2.selectbox("Permutation defence", permutations, format_func=inv.defence_label,
+                        index=permutations.index(url_param("perm", "none", choices=permutations)),
                         key="inv_perm")
-    perturb = c3.selectbox("Perturbation", PERTURBATIONS, format_func=inv.DEFENCE_LABELS.get,
-                           index=PERTURBATIONS.index(url_param("perturb", "none", choices=PERTURBATIONS)),
+    perturb = c3.selectbox("Perturbation", perturbations, format_func=inv.defence_label,
+                           index=perturbations.index(url_param("perturb", "none", choices=perturbations)),
                            key="inv_perturb")
     order = c4.selectbox("Proposal order", orders, format_func=lambda o: inv.ORDERS[o].label,
                          index=orders.index(url_param("order", "hybrid", choices=orders)), key="inv_order",
                          help="Which candidates are tried first. Every order ends with the rest of the "
                               "vocabulary, and the distance check decides, so the order changes only the cost.")
     c5, c6, c7 = st.columns([1, 1, 1])
-    noise = c5.number_input("Noise σ (× state std)", 0.0, 100.0, url_param("noise", 0.5, float, lo=0.0, hi=100.0),
+    noise = c5.number_input("Noise σ (× state std)", 0.0, 100.0, min(url_noise, 100.0),
                             step=0.1, key="inv_noise", disabled=perturb != "gaussian_noise")
-    bits = c6.number_input("Quantisation bits", 1, 16, url_param("bits", 4, int, lo=1, hi=16), key="inv_bits",
+    bits = c6.number_input("Quantisation bits", 1, 32, url_bits, key="inv_bits",
                            disabled=perturb != "quantise")
     seed = c7.number_input("Defence seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="inv_seed",
                            help="Seeds the permutations and the noise.")
 
 set_url_params(prompt=prompt, layer=layer, perm=perm, perturb=perturb, noise=noise, bits=bits, order=order,
                seed=seed)
-if layer_error:
-    st.error(layer_error)
+for message in [layer_error, *url_errors]:
+    if message:
+        st.error(message)
 
 defences = [d for d in (perm, perturb) if d != "none"]
 with analysis_errors(inv.InversionError):
     params = inv.AttackParams(prompt=prompt, layer=int(layer), defences=defences, noise=float(noise),
                               bits=int(bits), order=order, seed=int(seed))
+    params.validate()
     ids = inv.tokenize(handle, prompt, params.max_tokens)
 
 # --- 1. original vs recovered ------------------------------------------------------------------
@@ -126,8 +147,8 @@ with st.expander("Per-token table"):
 # --- 2. and 3. sweeps ---------------------------------------------------------------------------
 
 # Rough candidate count: clean runs stop early (~64 candidates a position); noisy runs score everything.
-noisy = sum(s > 0 for s in NOISES) * len(inv.PERMUTATIONS)
-clean_runs = n_layers + 1 + len(inv.PERMUTATIONS)
+noisy = sum(s > 0 for s in NOISES) * len(permutations)
+clean_runs = n_layers + 1 + len(permutations)
 sweep_cost = len(ids) * (clean_runs * min(result.vocab_size, 64) + noisy * result.vocab_size)
 auto = sweep_cost <= SMALL_WORK
 run_sweeps = st.toggle("Run the layer and noise sweeps", value=url_param("sweeps", int(auto), int) == 1,
@@ -191,6 +212,9 @@ else:
 # --- 5. Cascade ----------------------------------------------------------------------------------
 
 st.subheader("Cascade: sharding the sequence across parties")
+st.caption(F.CASCADE_SCOPE_SHORT)
+with st.expander("What this simulator models — and what it leaves out"):
+    st.markdown(F.CASCADE_SCOPE)
 shardings = list(inv.SHARDINGS)
 forget_if_outside("inv_parties", 1, len(ids))
 with st.container(border=True):
@@ -212,7 +236,7 @@ cascade_params = inv.CascadeParams(prompt=prompt, layer=int(layer), parties=int(
 try:
     cascade = cached_run("cascade", inv.simulate_cascade, handle, cascade_params,
                          label="Brute-forcing the attacker's view")
-except inv.InversionError as exc:
+except SettingsError as exc:
     show_error(exc)
 else:
     st.plotly_chart(F.cascade_figure(cascade), key="inv_cascade")

@@ -1,6 +1,6 @@
 """`python -m analysis.zoo build|eval`: retrain the demo zoo from scratch, measure it, write cards.
 
-    python -m analysis.zoo build [--smoke] [--only shapes-lm|shapes-vlm] [--out DIR] [--jobs N]
+    python -m analysis.zoo build [--smoke] [--only shapes-lm|shapes-vlm|shapes-vlm-aligned] [--out DIR] [--jobs N]
     python -m analysis.zoo eval  [--only NAME] [--out DIR] [--quick]
 
 `build` trains shapes-lm and shapes-vlm (saving shapes-vlm-weak on the way), printing progress.
@@ -9,6 +9,8 @@ count: shapes-vlm trains on one thread, shapes-lm on one thread for its first fo
 after. With two or more cores (`--jobs 2`, the default there) the two models train side by side in
 two processes; shapes-vlm is done about when shapes-lm moves to two threads. `--smoke` is a
 seconds-long run with tiny configs that still writes loadable HF folders.
+`--only shapes-vlm-aligned` (experimental, not part of the default build) trains a LLaVA on the
+shapes-lm already in `--out` (train it first): projector-only stage, then LM + projector.
 `eval` measures held-out metrics and writes `card.json` + `card.md` next to each model's weights.
 """
 from __future__ import annotations
@@ -23,7 +25,8 @@ import time
 from pathlib import Path
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
-BUILDABLE = ("shapes-lm", "shapes-vlm")
+BUILDABLE = ("shapes-lm", "shapes-vlm")  # the default build
+EXPERIMENTAL = ("shapes-vlm-aligned",)  # built only when named with --only
 
 
 def _printer(fraction: float, message: str) -> None:
@@ -47,6 +50,13 @@ def build(out: Path, only: str | None = None, smoke: bool = False, quiet: bool =
         cfg = train.SMOKE_VLM if smoke else train.VLMConfig()
         phases = train.SMOKE_VLM_PHASES if smoke else train.VLM_PHASES
         log["shapes-vlm"] = train.train_vlm(cfg, out / "shapes-vlm", out / "shapes-vlm-weak", progress, phases)
+    if only == "shapes-vlm-aligned":
+        lm_folder = out / "shapes-lm"
+        if not (lm_folder / "model.safetensors").is_file():
+            raise FileNotFoundError(f"shapes-vlm-aligned needs a trained shapes-lm in {lm_folder} (build it first)")
+        cfg = train.SMOKE_ALIGNED if smoke else train.AlignedVLMConfig()
+        phases = train.SMOKE_ALIGNED_PHASES if smoke else train.ALIGNED_VLM_PHASES
+        log[only] = train.train_aligned_vlm(cfg, out / only, lm_folder, progress, phases)
     for name, entry in log.items():
         (out / name / "training.json").write_text(json.dumps(entry, indent=2))
     if "shapes-vlm" in log:
@@ -102,12 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="retrain the zoo from scratch")
     b.add_argument("--smoke", action="store_true", help="tiny configs, seconds")
-    b.add_argument("--only", choices=BUILDABLE)
+    b.add_argument("--only", choices=BUILDABLE + EXPERIMENTAL)
     b.add_argument("--out", type=Path, default=MODELS_DIR)
     b.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="2: train the two models side by side (default with 2+ cores); 1: one after the other")
     e = sub.add_parser("eval", help="measure held-out metrics, write model cards")
-    e.add_argument("--only", choices=("shapes-lm", "shapes-vlm", "shapes-vlm-weak"))
+    e.add_argument("--only", choices=("shapes-lm", "shapes-vlm", "shapes-vlm-weak") + EXPERIMENTAL)
     e.add_argument("--out", type=Path, default=MODELS_DIR)
     e.add_argument("--quick", action="store_true", help="small samples (for smoke models)")
     args = parser.parse_args(argv)
@@ -120,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(err, file=sys.stderr)
                 return 1
         else:
-            build(args.out, args.only, args.smoke)
+            try:
+                build(args.out, args.only, args.smoke)
+            except FileNotFoundError as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 1
         print(f"built into {args.out} in {time.time() - start:.0f}s")
         return 0
     from analysis.models import allowed_roots

@@ -1,0 +1,155 @@
+"""Prompt reconstruction: methods own their settings (registry), and the CLI turns every bad
+number into one `error:` line and a non-zero exit (never a traceback)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+import torch
+from conftest import app_with_model
+
+from analysis import inversion as inv
+from analysis.__main__ import main
+from analysis.models import ModelSpec
+from analysis.registry import SettingsError
+
+PAGE = "views/prompt_reconstruction.py"
+
+
+def run_cli(capsys, argv: list[str]) -> tuple[int, str]:
+    """Exit code and stderr of `python -m analysis ARGV`, run in-process (argparse exits via SystemExit)."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+def assert_one_error_line(code: int, err: str, *needles: str) -> None:
+    assert code != 0, err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+# --- the classes hold and check their own settings ------------------------------------------------
+
+
+def test_defences_check_their_own_settings_with_a_message_for_the_user():
+    with pytest.raises(SettingsError, match="Quantisation bits must be at least 1"):
+        inv.Quantise(bits=0)
+    with pytest.raises(SettingsError, match="whole number"):
+        inv.Quantise(bits=2.5)
+    with pytest.raises(SettingsError, match="at most 32"):
+        inv.Quantise(bits=33)
+    with pytest.raises(SettingsError, match="Noise σ .* must be at least 0"):
+        inv.GaussianNoise(sigma=-0.1)
+    with pytest.raises(SettingsError, match="finite"):
+        inv.GaussianNoise(sigma=math.nan)
+    assert inv.Quantise(bits=1).bits == 1 and inv.GaussianNoise(sigma=0.0).sigma == 0.0
+
+
+def test_quantise_at_one_bit_is_two_levels_and_zero_noise_changes_nothing():
+    states = torch.linspace(-1.0, 3.0, 12).reshape(3, 4)
+    gen = torch.Generator().manual_seed(0)
+    one_bit = inv.Quantise(bits=1).apply(states, gen)
+    assert sorted(set(one_bit.flatten().tolist())) == [-1.0, 3.0]  # lo and hi, step (hi - lo) / (2^1 - 1)
+    assert torch.equal(inv.GaussianNoise(sigma=0.0).apply(states, gen), states)
+
+
+def test_orders_and_attack_params_check_their_settings():
+    with pytest.raises(SettingsError, match="Gradient steps must be at least 1"):
+        inv.GradientOrder(steps=0)
+    assert inv.HybridOrder(steps=0).steps == 0  # hybrid without its gradient phase is allowed
+    bad = [dict(layer=-1), dict(positions=-2), dict(seed=-1), dict(first_batch=0), dict(max_batch=4),
+           dict(noise=-1.0), dict(bits=0), dict(order="gradient", gradient_steps=0), dict(order="nope"),
+           dict(defences=["rot13"])]
+    for settings in bad:
+        with pytest.raises(SettingsError):
+            inv.AttackParams(prompt="w1", **settings).validate()
+    inv.AttackParams(prompt="w1").validate()
+    with pytest.raises(SettingsError, match="Attacking party must be at most 1"):
+        inv.CascadeParams(prompt="w1", parties=2, attacker=2).validate()
+
+
+def test_labels_come_from_the_classes():
+    assert inv.defence_label("quantise") == inv.Quantise.label
+    assert inv.defence_label("none") == inv.NO_DEFENCE_LABEL
+    assert inv.defence_names("permutation") == ["none", "shuffle_positions", "shuffle_dims", "shuffle_both"]
+    assert inv.defence_names("perturbation") == ["none", "gaussian_noise", "quantise"]
+    assert inv.ORDERS.label("hybrid") == inv.HybridOrder.label
+    assert list(inv.SHARDINGS) == ["round_robin", "blocks"]
+
+
+@dataclass
+class ToyFlip(inv.Defence):
+    """Reverses the hidden dimensions: a permutation, so sorted-vector matching still wins."""
+
+    name: ClassVar[str] = "toy_flip"
+    label: ClassVar[str] = "toy: reversed hidden dimensions"
+    kind: ClassVar[str] = "permutation"
+    moves_dims: ClassVar[bool] = True
+
+    def apply(self, states, gen):
+        return states.flip(1)
+
+
+def test_a_registered_toy_defence_appears_in_the_page_and_runs(tiny_llama_dir):
+    inv.DEFENCES.register(ToyFlip)
+    try:
+        at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page=PAGE,
+                            query={"prompt": "w3 w17 w42 w8", "perm": "toy_flip", "sweeps": "0", "exhaustive": "0"})
+        assert not at.exception, at.exception
+        box = at.selectbox(key="inv_perm")
+        assert ToyFlip.label in box.options, box.options
+        assert box.value == "toy_flip"
+        assert next(m.value for m in at.metric if m.label == "Tokens recovered") == "100%"
+    finally:
+        inv.DEFENCES.unregister("toy_flip")
+    assert "toy_flip" not in inv.defence_names("permutation")
+
+
+def test_page_shows_the_class_message_for_a_bad_url_value(tiny_llama_dir):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page=PAGE,
+                        query={"prompt": "w3 w17 w42", "noise": "-2", "bits": "0", "sweeps": "0", "exhaustive": "0"})
+    assert not at.exception, at.exception
+    errors = " ".join(e.value for e in at.error)
+    assert "Noise σ" in errors and "at least 0" in errors
+    assert "Quantisation bits must be at least 1" in errors
+    assert at.number_input(key="inv_noise").value == 0.5 and at.number_input(key="inv_bits").value == 4
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--defence", "quantise", "--bits", "0"], "Quantisation bits must be at least 1"),
+    (["--bits", "0"], "Quantisation bits must be at least 1"),
+    (["--defence", "quantise", "--bits", "40"], "at most 32"),
+    (["--defence", "gaussian_noise", "--noise", "-1"], "must be at least 0"),
+    (["--noise", "nan"], "finite"),
+    (["--layer", "-1"], "Layer must be at least 0"),
+    (["--seed", "-3"], "Defence seed must be at least 0"),
+    (["--positions", "-1"], "Positions must be at least 0"),
+    (["--order", "gradient", "--gradient-steps", "0"], "Gradient steps must be at least 1"),
+    (["--bits", "four"], "invalid int value"),
+    (["--defence", "rot13"], "invalid choice"),
+])
+def test_invert_cli_out_of_range_is_one_error_line(capsys, extra, needle):
+    # Checked before any model loads: the model named here does not exist.
+    code, err = run_cli(capsys, ["invert", "--model", "local:/nonexistent", "--prompt", "w1 w2", *extra])
+    assert_one_error_line(code, err, needle)
+
+
+def test_invert_cli_errors_that_need_the_model_are_one_line_too(capsys, tiny_gpt2_dir):
+    model = f"local:{tiny_gpt2_dir}"
+    code, err = run_cli(capsys, ["invert", "--model", model, "--prompt", "w1 w2", "--layer", "99"])
+    assert_one_error_line(code, err, "out of range")
+    code, err = run_cli(capsys, ["invert", "--model", model, "--prompt", "   "])
+    assert_one_error_line(code, err, "empty")
+    code, err = run_cli(capsys, ["invert", "--model", "local:/nonexistent", "--prompt", "w1"])
+    assert_one_error_line(code, err)
