@@ -45,7 +45,8 @@ def top_cross_modal_feature() -> str:
 
 SHARPNESS_BASE = {"ns": "4,8,16,32,64,128", "samples": "16", "theta": "1", "layer": "0", "head": "3",
                   "sink": "1", "tlayers": "0,1,2,3", "spread": "4.0", "n_view": "128"}
-KV_BASE = {"policy": "morphkv", "budget": "32", "window": "8", "sinks": "4", "kernel": "5", "fusion": "max",
+KV_BASE = {"policy": "morphkv", "budget": "32", "sinks": "4", "heavy_share": "0.5", "snap_window": "8", "kernel": "5",
+           "morph_window": "8", "fusion": "max",
            "context": "192", "prefill": "0.5", "pairs": "2", "queries": "1", "seed": "7", "prompt": "",
            "layer": "0", "head": "0", "examples": "1", "metric": "accuracy"}
 INVERSION_BASE = {"prompt": "there is a large red circle at the top left . there is a small blue square at the "
