@@ -43,6 +43,7 @@ def top_cross_modal_feature() -> str:
     return str(max(cross)[1]) if cross else "0"
 
 
+PROB = "raw"  # captions.DEFAULT_PROBABILITIES: CapMAS's raw p_True / p_False
 SHARPNESS_BASE = {"ns": "4,8,16,32,64,128", "samples": "16", "theta": "1", "layer": "0", "head": "3",
                   "sink": "1", "tlayers": "0,1,2,3", "spread": "4.0", "n_view": "128"}
 KV_BASE = {"policy": "morphkv", "budget": "32", "sinks": "4", "heavy_share": "0.5", "snap_window": "8", "kernel": "5",
@@ -54,7 +55,7 @@ INVERSION_BASE = {"prompt": "there is a large red circle at the top left . there
                   "noise": "0.5", "bits": "4", "seed": "0", "sweeps": "0", "exhaustive": "0", "parties": "2",
                   "sharding": "round_robin", "attacker": "0", "budget": "1000000"}
 CAPTION_BASE = {"src": "scene", "seed": "20000003", "cap": "weak", "lm": "zoo:shapes-lm", "dec": "auto",
-                "rew": "auto", "pi": "1.0", "ground": "0"}
+                "ver": "auto", "rew": "auto", "pi": "1.0", "prob": PROB, "ground": "0"}
 SAE_BASE = {"sae": "layer1", "view": "list", "sort": "omega", "by": "sum", "thr": "0.0"}
 
 PRESETS: list[Preset] = [
@@ -97,8 +98,9 @@ PRESETS: list[Preset] = [
            "tokens: almost every position comes back wrong (and the states are useless for the model too).",
            "zoo:shapes-lm", {**INVERSION_BASE, "perturb": "gaussian_noise", "noise": "2.0"}),
     Preset("prompt-reconstruction", "cascade-contiguous", "Cascade: contiguous shards leak",
-           "Contiguous blocks hand party 0 the start of the prompt with no gap: it inverts its shard outright, "
-           "while round-robin sharding keeps every gap at k − 1.",
+           "Contiguous blocks hand party 0 the start of the prompt with no gap: it inverts its shard with "
+           "about 2,000 candidate sequences. Round-robin leaves gaps of k − 1 and costs ~47,000 — with a "
+           "182-word vocabulary both are within reach (the verdict says so).",
            "zoo:shapes-lm", {**INVERSION_BASE, "sharding": "blocks", "parties": "2", "attacker": "0"}),
     # --- CapMAS -------------------------------------------------------------------------------------------
     Preset("caption-correction", "position-dropped", "A hallucinated position dropped",

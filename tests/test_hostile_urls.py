@@ -29,7 +29,7 @@ PAGES = {
                           "queries", "seed", "prompt", "layer", "head", "examples", "metric"],
     "views/prompt_reconstruction.py": ["prompt", "layer", "perm", "perturb", "order", "noise", "bits", "seed",
                                        "sweeps", "exhaustive", "parties", "sharding", "attacker", "budget"],
-    "views/caption_correction.py": ["src", "seed", "cap", "text", "lm", "dec", "rew", "pi", "ground"],
+    "views/caption_correction.py": ["src", "seed", "cap", "text", "lm", "dec", "ver", "rew", "pi", "prob", "ground"],
     "views/sae_features.py": ["sae", "view", "sort", "feature", "by", "thr", "rule", "keep"],
     "views/overview.py": [],
 }
