@@ -15,6 +15,8 @@ COMMANDS = {
     "invert": ("analysis.inversion", "prompt reconstruction from hidden states"),
     "sae": ("analysis.sae_v", "SAE-V features"),
     "captions": ("analysis.captions", "caption hallucination correction"),
+    # It opens the app's pages (Streamlit), so it lives beside them; analysis/ never imports Streamlit.
+    "warm": ("components.warm", "precompute every panel's default view and presets"),
 }
 
 

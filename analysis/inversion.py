@@ -647,6 +647,7 @@ def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress = 
         used = torch.zeros(len(ids), dtype=torch.bool)
         tokens: list[TokenRecovery] = []
         for i in range(n_attack):
+            patch.checkpoint()  # other users waiting for the model go first, between positions
             t0 = time.perf_counter()
             row_index = torch.nonzero(~used).flatten() if moves_rows else torch.tensor([i])
             rows = rows_seen[row_index]

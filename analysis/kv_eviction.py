@@ -228,6 +228,7 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
         if len(seq) == prompt_len and generate:
             seq.append(int(logits[-1].argmax()))
         for pos in range(prompt_len, target_len - 1):
+            p.checkpoint()  # other users waiting for the model go first, between decode steps
             step_pos["start"] = pos
             t0 = time.perf_counter()
             out = lm(input_ids=torch.tensor([[seq[pos]]], device=device),

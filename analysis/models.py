@@ -7,6 +7,8 @@ before any weight is read. Every failure is a `ModelLoadError` whose message is 
 Analyses that change a shared model (hooks, attention functions, cache surgery) do it inside
 `handle.patch()`, which holds the model's lock and undoes every change in `finally`. Plain forwards
 use `handle.session()` (the same lock, no patches) so they never observe another session's patch.
+The lock (`analysis/model_lock.py`) is served in arrival order and names its holder, so analyses
+take it per chunk (a forward, a decode loop) and a waiting user sees what it is queued behind.
 """
 from __future__ import annotations
 
@@ -15,13 +17,13 @@ import dataclasses
 import json
 import os
 import re
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
 import torch
 
+from analysis.model_lock import ModelLock
 from analysis.results import Result
 
 ZOO_DIR = Path(__file__).resolve().parent / "zoo" / "models"
@@ -112,7 +114,7 @@ class ModelHandle:
     processor: Any = None
     path: str = ""
     processor_error: str = ""  # why a VLM loaded without its processor (its image panels then refuse)
-    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    lock: ModelLock = field(default_factory=ModelLock, repr=False)  # reentrant, first come first served
 
     @property
     def device(self) -> torch.device:
@@ -128,7 +130,7 @@ class ModelHandle:
     def patch(self) -> Iterator["Patch"]:
         """Hold the lock and collect temporary changes; all are undone on exit, even on error."""
         with self.lock:
-            patch = Patch()
+            patch = Patch(self.lock)
             try:
                 yield patch
             finally:
@@ -136,15 +138,23 @@ class ModelHandle:
 
 
 class Patch:
-    """Temporary changes to a model, undone in reverse order by `restore()`."""
+    """Temporary changes to a model, undone in reverse order by `restore()`.
 
-    def __init__(self) -> None:
+    A long analysis calls `checkpoint()` between its chunks (a position, a decode step): when other
+    users wait for the model, every change is undone, the lock is passed on (first come, first
+    served) and, once it is back, the same changes are made again — so the others never see this
+    analysis' hooks, and it never holds the model for more than one chunk while they wait."""
+
+    def __init__(self, lock: ModelLock | None = None) -> None:
         self._undo: list[Callable[[], None]] = []
+        self._redo: list[Callable[[], None] | None] = []  # how to make each change again (None: cannot)
+        self._lock = lock
 
     def hook(self, module: torch.nn.Module, fn: Callable, *, pre: bool = False, with_kwargs: bool = False) -> None:
         register = module.register_forward_pre_hook if pre else module.register_forward_hook
         handle = register(fn, with_kwargs=with_kwargs)
         self._undo.append(handle.remove)
+        self._redo.append(lambda: self.hook(module, fn, pre=pre, with_kwargs=with_kwargs))
 
     def setattr(self, obj: Any, name: str, value: Any) -> None:
         missing = object()
@@ -159,6 +169,7 @@ class Patch:
                 setattr(obj, name, old)
 
         self._undo.append(undo)
+        self._redo.append(lambda: self.setattr(obj, name, value))
 
     def attn_implementation(self, model: torch.nn.Module, name: str) -> None:
         """Switch the attention function of every sub-config of `model` to `name`."""
@@ -169,10 +180,25 @@ class Patch:
 
     def call_on_exit(self, fn: Callable[[], None]) -> None:
         self._undo.append(fn)
+        self._redo.append(None)
+
+    def checkpoint(self) -> bool:
+        """Between chunks: if others wait for the model, let them have it first. True if it did."""
+        lock = self._lock
+        if lock is None or not lock.has_waiters() or None in self._redo:
+            return False
+        redo = list(self._redo)
+        self.restore()
+        depth = lock.release_all()
+        lock.acquire_again(depth)  # behind everyone who was waiting
+        for make in redo:
+            make()
+        return True
 
     def restore(self) -> None:
         errors = []
         while self._undo:
+            self._redo.pop()
             try:
                 self._undo.pop()()
             except Exception as exc:  # keep undoing the rest; report the first failure

@@ -8,21 +8,34 @@ the whole server (`st.cache_data` cannot replay a progress bar drawn outside the
 it is not used here). When another session is already computing the same key, this one waits for
 that result instead of starting the same work again.
 
-Extension points (for precomputed results or cost checks), both keyed on the same `RunKey`:
+On a miss the run is first looked up among the results shipped with the app (`precomputed`:
+`python -m analysis warm` stores every default view's and preset's runs, fingerprinted by the model's
+weights and the settings), then estimated (`analysis/cost.py`): long work waits for a click, runs
+with a progress bar showing the time left and a Stop button, and says when it is queued behind
+another user's analysis on the shared model (`analysis/model_lock.py`).
+
+Extension points, keyed on the same `RunKey`:
 - `add_source(fn)`: `fn(key, handle, params) -> result | None`, asked on a miss before computing;
 - `add_guard(fn)`: `fn(key, handle, params) -> None`, called before computing; it may show a
-  message and `st.stop()` (e.g. an estimate and a Run button for a long job).
+  message and `st.stop()`;
+- `add_sink(fn)`: told every computed result (the warm command stores them).
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import math
+import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import streamlit as st
 
-from components.common import progress
+from analysis import cost, precompute
+from analysis.model_lock import activity
 
 MAX_ENTRIES = 48
 
@@ -69,6 +82,11 @@ def run_store() -> RunStore:
 
 _SOURCES: list[Callable[[RunKey, Any, Any], Any]] = []
 _GUARDS: list[Callable[[RunKey, Any, Any], None]] = []
+_SINKS: list[Callable[..., None]] = []
+# Runs estimated longer than this wait for the user's click. MODEL_INSPECTOR_ASK_ABOVE_S changes it
+# ("inf": run everything at once, as the warm command and the page tests do).
+ASK_ABOVE_S = float(os.environ.get("MODEL_INSPECTOR_ASK_ABOVE_S", cost.LIMIT_S))
+RUN_ON_DEMAND = False  # True: on-demand sections run without their button (the warm command's --extras)
 
 
 def add_source(fn: Callable[[RunKey, Any, Any], Any]) -> None:
@@ -88,6 +106,22 @@ def add_guard(fn: Callable[[RunKey, Any, Any], None]) -> None:
         _GUARDS.append(fn)
 
 
+def add_sink(fn: Callable[..., None]) -> None:
+    """Call `fn(key, handle, params, analysis, kwargs, result, seconds)` after each computation."""
+    if fn not in _SINKS:
+        _SINKS.append(fn)
+
+
+def precomputed(key: RunKey, handle, params) -> Any | None:
+    """A result computed ahead (`python -m analysis warm`) for exactly this model's weights and settings."""
+    if not getattr(handle, "path", ""):
+        return None
+    return precompute.lookup(key.kind, key.model, key.params, key.extra, handle.path)
+
+
+add_source(precomputed)
+
+
 def _as_json(params: Any) -> str:
     return params.to_json() if hasattr(params, "to_json") else repr(params)
 
@@ -96,8 +130,35 @@ def run_key(kind: str, handle, params: Any, **kwargs) -> RunKey:
     return RunKey(kind, handle.spec.label, _as_json(params), repr(sorted(kwargs.items())))
 
 
-def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, **kwargs) -> Any:
-    """`fn(handle, params, progress=..., **kwargs)`, computed once per (kind, model, params, kwargs)."""
+def _widget_key(prefix: str, key: RunKey) -> str:
+    return f"{prefix}_{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"
+
+
+def ready(kind: str, handle, params: Any, **kwargs) -> Any | None:
+    """The result if it is already known (computed in this server or shipped), without computing."""
+    key = run_key(kind, handle, params, **kwargs)
+    hit = run_store().get(key)
+    if hit is not None:
+        return hit
+    for source in _SOURCES:
+        found = source(key, handle, params)
+        if found is not None:
+            run_store().put(key, found)
+            return found
+    return None
+
+
+def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_demand: bool = False,
+               **kwargs) -> Any:
+    """`fn(handle, params, progress=..., **kwargs)`, computed once per (kind, model, params, kwargs).
+
+    Before computing, the run is estimated (`analysis/cost.py`). Work expected to take longer than
+    `ASK_ABOVE_S` is not started on page load: the page shows the estimate and a Run button, and
+    stops there (`on_demand=False`) or returns None (`on_demand=True`: a section that only runs when
+    asked, e.g. a sweep; it shows its button first unless the result is ready). A started run shows a progress bar
+    with the time left, a Stop button when long, and, while another user holds the model, a
+    "queued behind ..." line.
+    """
     store = run_store()
     key = run_key(kind, handle, params, **kwargs)
     while True:
@@ -114,17 +175,89 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, **kw
         # loop: the other run stored its result, or failed (then this session computes it itself)
     try:
         for source in _SOURCES:
-            ready = source(key, handle, params)
-            if ready is not None:
-                store.put(key, ready)
-                return ready
+            found = source(key, handle, params)
+            if found is not None:
+                store.put(key, found)
+                return found
         for guard in _GUARDS:
             guard(key, handle, params)
-        with progress(label) as report:
-            result = fn(handle, params, progress=report, **kwargs)
+        estimate = cost.estimate(fn, handle, params, kwargs)
+        if on_demand or (estimate is not None and estimate.seconds > ASK_ABOVE_S):
+            if not _asked(key, handle, label, estimate, on_demand):
+                if on_demand:
+                    return None
+                st.stop()
+        result, seconds = _compute(key, fn, handle, params, label, kwargs, estimate)
         store.put(key, result)
+        for sink in _SINKS:
+            sink(key, handle, params, fn, kwargs, result, seconds)
         return result
     finally:
         with store.lock:
             store.running.pop(key, None)
         done.set()
+
+
+def _asked(key: RunKey, handle, label: str, estimate, on_demand: bool) -> bool:
+    """Show the estimate and a Run button; True in the rerun where the user pressed it."""
+    if on_demand and RUN_ON_DEMAND:
+        return True
+    if not on_demand and ASK_ABOVE_S == math.inf:
+        return True
+    when = f"about {cost.format_seconds(estimate.seconds)}" if estimate is not None else "a while"
+    if on_demand and (estimate is None or estimate.seconds <= ASK_ABOVE_S):
+        return st.button(f"Run: {label.rstrip(' .')} ({when})", key=_widget_key("run", key))
+    info = handle.info
+    st.info(f"**{label.rstrip(' .')}** would take {when} on this machine with {handle.spec.label} "
+            f"({info.parameters / 1e6:,.0f} M parameters), so it is not started on its own. Smaller settings "
+            "(fewer prompts, a shorter context, fewer tokens) run sooner.", icon=":material/schedule:")
+    return st.button(f"Run it ({when})", key=_widget_key("run", key), type="primary")
+
+
+def _compute(key: RunKey, fn: Callable, handle, params, label: str, kwargs: dict, estimate):
+    long = estimate is not None and estimate.seconds > 3.0
+    stop_slot, queue_slot = st.empty(), st.empty()
+    if long:
+        # Pressing it reruns the page; Streamlit then stops this run at its next progress update
+        # (the model's patches are undone and its lock released on the way out).
+        stop_slot.button("Stop", key=_widget_key("stop", key), icon=":material/stop_circle:")
+
+    def on_wait(status) -> None:
+        queue_slot.info(status.message(), icon=":material/hourglass_top:")
+
+    try:
+        with timed_progress(label, estimate.seconds if estimate is not None else None) as report, \
+                activity(f"{label.rstrip(' .')} on {handle.spec.label}", on_wait):
+            t0 = time.perf_counter()
+            result = fn(handle, params, progress=report, **kwargs)
+            return result, time.perf_counter() - t0
+    finally:
+        stop_slot.empty()
+        queue_slot.empty()
+
+
+@contextlib.contextmanager
+def timed_progress(label: str, expected: float | None) -> Iterator[Callable[[float, str], None]]:
+    """A progress bar that says how long the run has taken and how long it has left."""
+    bar = st.progress(0.0, text=label)
+    t0 = time.perf_counter()
+    last = [0.0]
+
+    def update(fraction: float, message: str = "") -> None:
+        now = time.perf_counter()
+        fraction = min(max(float(fraction), 0.0), 1.0)
+        if now - last[0] < 0.2 and fraction < 1.0:  # a few updates a second are plenty
+            return
+        last[0] = now
+        elapsed = now - t0
+        if fraction >= 0.05:
+            left = elapsed * (1 - fraction) / fraction
+        else:
+            left = max(expected - elapsed, 0.0) if expected is not None else None
+        tail = f" · {elapsed:.0f} s so far" + (f", about {cost.format_seconds(left)} left" if left is not None else "")
+        bar.progress(fraction, text=f"{label} {message}".strip() + tail)
+
+    try:
+        yield update
+    finally:
+        bar.empty()

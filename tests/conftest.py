@@ -7,6 +7,9 @@ from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Page tests check what a view shows, not this machine's speed: no run waits for a click
+# (tests/test_cost.py switches the cost gate back on where it is the subject).
+os.environ.setdefault("MODEL_INSPECTOR_ASK_ABOVE_S", "inf")
 
 import pytest  # noqa: E402
 

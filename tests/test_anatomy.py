@@ -15,6 +15,7 @@ LAYER_PATHS = {
     "opt": "model.decoder.layers", "gemma2": "model.layers", "phi3": "model.layers",
     "llava": "model.language_model.layers", "idefics3": "model.text_model.layers",
     "gemma3": "model.language_model.layers", "paligemma": "model.language_model.layers",
+    "qwen2-vl": "model.language_model.layers", "llava-next": "model.language_model.layers",
 }
 FINAL_NORMS = {"llama": "model.norm", "gpt2": "transformer.ln_f", "gpt-neox": "gpt_neox.final_layer_norm",
                "opt": "model.decoder.final_layer_norm", "llava": "model.language_model.norm"}
@@ -185,3 +186,28 @@ def test_cli_reports_an_error_inside_the_model_as_one_line(tmp_path, monkeypatch
     assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
     assert "llava failed while collecting layer-0 activations" in errors[0]
     assert "Image features and image tokens do not match" in err
+
+
+def test_qwen2_vl_patch_grid_comes_from_image_grid_thw(tiny):
+    model, tok, _ = tiny("qwen2-vl")
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    assert anatomy.image_token_id(model) == pad
+    ids = torch.tensor([[2, pad, pad, pad, pad, 5, 6]])
+    grid = anatomy.patch_grid(model, {"input_ids": ids, "image_grid_thw": torch.tensor([[1, 4, 4]])})
+    assert grid == anatomy.ImageGrid(2, 2, 4)  # 4 x 4 patches merged 2 x 2
+
+
+def test_task_provider_gives_shapes_world_tasks_only_to_its_tokenizers():
+    from transformers import AutoTokenizer
+
+    from analysis import tasks
+    from analysis.models import ZOO_DIR
+    from analysis.tiny_models import family_words, make_word_tokenizer, qwen2_char_tokenizer
+
+    zoo = AutoTokenizer.from_pretrained(ZOO_DIR / "shapes-lm")
+    assert tasks.tasks_for(zoo).name == "shapes-world" and tasks.tasks_for(zoo).sae_dataset == "shapes"
+    assert tasks.tasks_for(zoo).retrieval_builder(zoo)(4, 0).format == "shapes-world"
+    for tok in (make_word_tokenizer(family_words()), qwen2_char_tokenizer()):
+        generic = tasks.tasks_for(tok)
+        assert generic.name == "generic" and generic.reconstruction_prompt == tasks.PLAIN_PROMPT
+        assert generic.retrieval_builder(tok)(4, 0).format in ("numbers", "vocabulary")

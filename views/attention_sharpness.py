@@ -4,6 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis import sharpness as S
+from analysis.cost import default_for
 from components import sharpness_figures as F
 from components.common import (analysis_errors, explain, require_model, set_url_params, show_error, url_list,
                                url_param)
@@ -59,7 +60,8 @@ with st.container(border=True):
     c1, c2, c3, c4, c5, c6 = st.columns([3, 1.2, 2, 0.9, 0.9, 1.8])
     ns = c1.multiselect("Item counts n", N_CHOICES, default=url_list("ns", S.DEFAULT_NS, N_CHOICES), key="sh_ns",
                         help="How many numbers the max-retrieval prompts list.")
-    samples = c2.number_input("Prompts per n", 1, 512, url_param("samples", 32, int, lo=1, hi=512),
+    samples = c2.number_input("Prompts per n", 1, 512,
+                              url_param("samples", default_for(handle, 32, 4), int, lo=1, hi=512),
                               key="sh_samples")
     theta = c3.select_slider("Temperature θ", THETA_CHOICES, value=url_param("theta", "adaptive", str, THETA_CHOICES),
                              key="sh_theta", help="θ < 1 sharpens, θ > 1 flattens; 'adaptive' is the paper's rule.")

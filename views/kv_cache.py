@@ -4,6 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis import kv_eviction as kv
+from analysis.cost import default_for
 from components import kv_figures as F
 from components.common import analysis_errors, explain, require_model, set_url_params, url_param
 from components.presets import preset_bar
@@ -70,7 +71,8 @@ with st.container(border=True):
                 meta["label"], lo, hi, url_param(f.name, default, cast, lo=lo, hi=hi), step=cast(meta.get("step", 1)),
                 key=f"kv_{f.name}", help=meta.get("help"), format="%.2f" if cast is float else "%d"))
     c6, c7, c8, c9, c10 = st.columns([1.2, 1.2, 1, 1, 1])
-    context = c6.number_input("Context (tokens)", 16, 4096, url_param("context", defaults.context, int, lo=16, hi=4096),
+    context = c6.number_input("Context (tokens)", 16, 4096,
+                              url_param("context", default_for(handle, defaults.context, 64), int, lo=16, hi=4096),
                               step=32, key="kv_context", help="Length of the key-value context.")
     prefill = c7.slider("Prefilled share", 0.05, 1.0, url_param("prefill", defaults.prefill, float, lo=0.05, hi=1.0),
                         step=0.05, key="kv_prefill", help="Share of the context read in one forward pass; the rest "
@@ -171,24 +173,37 @@ explain("Measured size of the key/value tensors (lines) and the analytic 2 · la
         "stays flat at the budget; the prefill-only variants grow by one entry per step; the full cache grows "
         "from the whole context.")
 
-st.subheader("Budget sweep")
 examples = url_param("examples", 2, int, lo=1, hi=64)
 sweep_params = kv.KvParams.from_dict({**params.to_dict(), "policy": "full", "budget": 1, "examples": examples})
-with analysis_errors(kv.KvEvictionError):
-    sweep = cached_run("sweep", kv.budget_sweep, handle, sweep_params, label="Sweeping budgets ...",
-                       names=kv.main_policies())
-metrics = {"accuracy": "key-value accuracy", "mean_kl": "mean KL", "recall": "attention recall",
-           "agreement": "top-1 agreement", "cache": "cache held"}
-metric = st.radio("Metric", list(metrics), horizontal=True, key="kv_metric", format_func=metrics.get,
-                  index=list(metrics).index(url_param("metric", "accuracy", choices=list(metrics))))
-set_url_params(metric=metric)
-st.plotly_chart(F.sweep_figure(sweep, metric), key="kv_sweep")
-explain(f"Each policy at budgets of 25 %, 50 % and 75 % of the context (each policy's settings as set above), "
-        f"averaged over {examples} key-value prompts (seeds {params.seed} to {params.seed + examples - 1}; "
-        "`examples` in the URL). The dashed line is the full cache's accuracy. 'Cache held' shows what each "
-        "policy really kept when the last token was predicted: the same for every solid line; the dotted "
-        "lines are the labelled variants (the prefill-only ones hold more). With few prompts the accuracy "
-        "steps are coarse; the README table averages more.")
+
+
+@st.fragment
+def budget_sweep_section() -> kv.SweepResult | None:
+    """Computed on demand (a Run button) unless this server already has it; reruns alone."""
+    st.subheader("Budget sweep")
+    with analysis_errors(kv.KvEvictionError):
+        sweep = cached_run("sweep", kv.budget_sweep, handle, sweep_params, label="Sweeping budgets ...",
+                           on_demand=True, names=kv.main_policies())
+    if sweep is None:
+        st.caption(f"Every policy at 25 %, 50 % and 75 % of the context on {examples} key-value prompts "
+                   "(`examples` in the URL): runs when you press the button.")
+        return None
+    metrics = {"accuracy": "key-value accuracy", "mean_kl": "mean KL", "recall": "attention recall",
+               "agreement": "top-1 agreement", "cache": "cache held"}
+    metric = st.radio("Metric", list(metrics), horizontal=True, key="kv_metric", format_func=metrics.get,
+                      index=list(metrics).index(url_param("metric", "accuracy", choices=list(metrics))))
+    set_url_params(metric=metric)
+    st.plotly_chart(F.sweep_figure(sweep, metric), key="kv_sweep")
+    explain(f"Each policy at budgets of 25 %, 50 % and 75 % of the context (each policy's settings as set above), "
+            f"averaged over {examples} key-value prompts (seeds {params.seed} to {params.seed + examples - 1}; "
+            "`examples` in the URL). The dashed line is the full cache's accuracy. 'Cache held' shows what each "
+            "policy really kept when the last token was predicted: the same for every policy here (the "
+            "labelled variants are left out of the sweep; docs/readme_kv.md measures them). With few prompts "
+            "the accuracy steps are coarse; the README table averages more.")
+    return sweep
+
+
+sweep = budget_sweep_section()
 
 st.subheader("Generated text per policy")
 st.dataframe(F.text_rows(result), hide_index=True)
@@ -197,5 +212,6 @@ explain(f"Greedy continuation of the context ({params.new_tokens} tokens) under 
 
 share_bar("kv", title=f"KV eviction: {kv.POLICIES.label(policy)} at budget {params.budget} on {handle.spec.label}",
           params=params.to_dict(), result=result, model=handle.spec.label,
-          figures={"Retained tokens": heatmap, "Memory": F.memory_figure(result), "Budget sweep": F.sweep_figure(sweep)},
+          figures={"Retained tokens": heatmap, "Memory": F.memory_figure(result),
+                   **({"Budget sweep": F.sweep_figure(sweep)} if sweep is not None else {})},
           tables={"policies": F.summary_rows(result)})

@@ -1,0 +1,360 @@
+"""How long an analysis will take here, before it starts: model size x settings / measured speed.
+
+Every analysis is a sequence of forward passes. Its cost is estimated as
+
+    seconds = calls · a + tokens · b + attended · c
+
+with `calls` forward calls, `tokens` tokens pushed through them, and `attended` (query, key) pairs
+of attention, counted from the settings without running the model (`estimate_work`). `a` (seconds
+per call: Python and per-layer overhead) and `b` (seconds per token: the weights' matmuls) are
+measured on this machine with a few tiny forwards of the loaded model (`calibrate`, cached per
+model); `c` follows from `b` by counting FLOPs (a token's matmuls cost 2 · non-embedding parameters;
+one attended pair costs 4 · layers · heads · head_dim). Pages refuse to start work estimated above
+`LIMIT_S` on page load: they show the estimate and a button instead. `benchmarks/cold_bench.py
+--cost` and tests/test_cost.py compare estimates with measured times.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from analysis.model_lock import activity
+from analysis.models import ModelHandle
+
+LIMIT_S = 10.0  # work expected to take longer is not started without the user asking
+EAGER_ATTENTION_OVERHEAD = 3.0  # eager softmax attention runs well below the matmul FLOP rate
+HOOK_OVERHEAD = 1.6  # decode steps with eviction hooks (select + gather per layer) vs a plain call
+TEMPERATURE_OVERHEAD = 1.5  # the adaptive-temperature attention function with its recorder
+BACKWARD = 3.0  # a forward plus backward costs about three forwards
+
+
+@dataclass(frozen=True)
+class Throughput:
+    per_call: float  # a: seconds per forward call (batch 1, one token)
+    per_token: float  # b: seconds per token of the weights' matmuls
+    per_pair: float  # c: seconds per attended (query, key) pair
+    per_logit: float  # seconds per extra position whose next-token logits are computed
+    model: str
+
+
+@dataclass
+class Work:
+    calls: float = 0.0
+    tokens: float = 0.0
+    attended: float = 0.0  # (query, key) pairs over the layers that run, summed over calls
+    logits: float = 0.0  # positions with next-token logits beyond the last one of each call
+    overhead: float = 0.0  # extra per-call costs (hooks, custom attention), in units of one call
+
+    def add(self, calls: float = 0.0, tokens: float = 0.0, attended: float = 0.0, logits: float = 0.0,
+            overhead: float = 0.0, times: float = 1.0) -> "Work":
+        self.calls += calls * times
+        self.tokens += tokens * times
+        self.attended += attended * times
+        self.logits += logits * times
+        self.overhead += overhead * times
+        return self
+
+    def seconds(self, t: Throughput) -> float:
+        return ((self.calls + self.overhead) * t.per_call + self.tokens * t.per_token
+                + self.attended * t.per_pair + self.logits * t.per_logit)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float
+    work: Work
+    throughput: Throughput
+
+    @property
+    def long(self) -> bool:
+        return self.seconds > LIMIT_S
+
+    def text(self) -> str:
+        return f"about {format_seconds(self.seconds)}"
+
+
+LARGE_MODEL = 1e8  # parameters above which pages start from smaller default settings
+
+
+def default_for(handle: ModelHandle, small_model: Any, large_model: Any) -> Any:
+    """A page's default setting: `large_model` (smaller work) for models above LARGE_MODEL parameters."""
+    return large_model if handle.info.parameters > LARGE_MODEL else small_model
+
+
+def format_seconds(s: float) -> str:
+    if s < 1:
+        return "under a second"
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring this machine on the loaded model
+
+_calibrated: dict[int, Throughput] = {}
+_cal_lock = threading.Lock()
+
+
+def param_split(handle: ModelHandle) -> tuple[int, int]:
+    """(parameters every token goes through, output-head parameters): embedding lookups cost nothing."""
+    lm = handle.language_model
+    embed = lm.get_input_embeddings()
+    total = sum(p.numel() for p in lm.parameters())
+    head = lm.get_output_embeddings()
+    head_n = head.weight.numel() if head is not None else embed.weight.numel()
+    tied = head is not None and head.weight is embed.weight
+    body = total - embed.weight.numel() - (0 if tied or head is None else head_n)
+    return max(1, body), head_n
+
+
+def calibrate(handle: ModelHandle, repeats: int = 5) -> Throughput:
+    """Time forwards of one token and of a batch of tokens (median of `repeats`), once per loaded model.
+
+    The batch has about 3e8 / parameters tokens (32 to 512): enough that the weights' matmuls, not
+    per-call overhead, dominate it, and short (about a second) even for a 0.5 B model."""
+    key = id(handle.language_model)
+    with _cal_lock:
+        if key in _calibrated:
+            return _calibrated[key]
+    lm = handle.language_model
+    body, head = param_split(handle)
+    vocab = min(int(handle.info.vocab_size), 1000)
+    gen = torch.Generator().manual_seed(0)
+    width = min(64, handle.info.max_positions or 64)
+    batch = max(1, min(512, max(32, int(3e8 / body))) // width)
+
+    def timed(shape: tuple[int, int]) -> float:
+        ids = torch.randint(0, vocab, shape, generator=gen).to(handle.device)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            lm(input_ids=ids, use_cache=False, logits_to_keep=1)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    with activity("measuring this machine's speed"), handle.session():
+        timed((1, 1))  # warm-up (the first call allocates)
+        one, many = timed((1, 1)), timed((batch, width))
+    n_many = batch * width
+    per_token = max((many - one) / (n_many - 1), 1e-9)
+    info = handle.info
+    flops_pair = 4.0 * info.layers * info.heads * info.head_dim
+    per_pair = per_token * flops_pair / (2.0 * body) * EAGER_ATTENTION_OVERHEAD
+    result = Throughput(per_call=max(one - per_token, 1e-6), per_token=per_token, per_pair=per_pair,
+                        per_logit=per_token * head / body, model=handle.spec.label)
+    with _cal_lock:
+        _calibrated[key] = result
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting work from the settings, per analysis
+
+Estimator = Callable[[ModelHandle, Any, dict], Work]
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def estimator(qualname: str) -> Callable[[Estimator], Estimator]:
+    """Register the work count of the analysis `module:function` (as the pages call it)."""
+    def register(fn: Estimator) -> Estimator:
+        ESTIMATORS[qualname] = fn
+        return fn
+    return register
+
+
+def qualname(fn: Callable) -> str:
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+def estimate_work(fn: Callable, handle: ModelHandle, params: Any, kwargs: dict | None = None) -> Work | None:
+    """Forward calls, tokens and attended pairs the analysis will run; None when not known."""
+    counter = ESTIMATORS.get(qualname(fn))
+    if counter is None:
+        return None
+    try:
+        return counter(handle, params, dict(kwargs or {}))
+    except Exception:  # bad settings: the analysis itself will report them
+        return None
+
+
+def estimate(fn: Callable, handle: ModelHandle, params: Any, kwargs: dict | None = None) -> Estimate | None:
+    work = estimate_work(fn, handle, params, kwargs)
+    if work is None:
+        return None
+    t = calibrate(handle)
+    return Estimate(seconds=work.seconds(t), work=work, throughput=t)
+
+
+def _sequence(prefill: int, total: int, *, overhead: float = 1.0, generate: int = 0) -> Work:
+    """A prefill of `prefill` tokens then one call per further token (decode with a growing cache)."""
+    steps = max(0, total + generate - 1 - prefill)
+    w = Work(calls=1, tokens=prefill, attended=prefill * (prefill + 1) / 2)
+    # decode step k attends to prefill + k entries (an upper bound when a policy evicts)
+    w.add(calls=steps, tokens=steps, attended=steps * prefill + steps * (steps + 1) / 2,
+          overhead=(1 + steps) * (overhead - 1))
+    return w
+
+
+# -- KV-cache eviction ---------------------------------------------------------------------------
+
+
+def _kv_shape(handle: ModelHandle, params) -> tuple[int, int, int]:
+    """(task length, prefill length, start of the generated-text comparison) without running the model."""
+    from analysis import kv_eviction as kv
+
+    if params.prompt.strip():
+        n = len(handle.tokenizer(params.prompt, add_special_tokens=True)["input_ids"])
+        total = n + max(2, params.new_tokens)
+        return total, max(1, round(params.prefill * n)), n
+    task = kv.build_task(handle, params)
+    start = task.answer_positions[0] if task.answer_positions else task.context_len
+    return len(task.tokens), task.prefill_len, start
+
+
+@estimator("analysis.kv_eviction:analyze")
+def _kv_analyze(handle, params, kwargs) -> Work:
+    from analysis import kv_eviction as kv
+
+    total, prefill, start = _kv_shape(handle, params)
+    policies = len(kv.POLICIES)
+    runs = policies + (0 if params.policy == "full" else 1)  # full, every policy, the chosen one again
+    main = kv.main_policies()
+    texts = len(main) + (0 if params.policy in main else 1)  # generated text: main policies (+ a chosen variant)
+    work = Work()
+    if params.prompt.strip():  # the reference continuation is generated first
+        work.add(**vars(_sequence(start, start, generate=max(2, params.new_tokens))))
+    work.add(**vars(_sequence(prefill, total, overhead=HOOK_OVERHEAD)), times=runs)
+    work.add(**vars(_sequence(prefill, start, overhead=HOOK_OVERHEAD, generate=max(2, params.new_tokens))),
+             times=texts)
+    return work
+
+
+@estimator("analysis.kv_eviction:budget_sweep")
+def _kv_sweep(handle, params, kwargs) -> Work:
+    from analysis import kv_eviction as kv
+
+    total, prefill, _ = _kv_shape(handle, params)
+    examples = 1 if params.prompt.strip() else max(1, params.examples)
+    names = [n for n in (kwargs.get("names") or kv.POLICIES) if n != "full"]
+    runs = examples * (1 + len(params.sweep) * len(names))
+    return Work().add(**vars(_sequence(prefill, total, overhead=HOOK_OVERHEAD)), times=runs)
+
+
+# -- attention sharpness -------------------------------------------------------------------------
+
+
+@estimator("analysis.sharpness:size_sweep")
+def _sharpness_sweep(handle, params, kwargs) -> Work:
+    from analysis import sharpness as S
+
+    build = S.prompt_builder(handle.tokenizer)
+    limit = handle.info.max_positions or 4096
+    rules = 2 + len([t for t in params.thetas if t != 1.0])
+    work = Work()
+    for n in sorted(set(params.ns)):
+        length = len(build(n, params.seed).input_ids)
+        if length > limit:
+            continue
+        batches = math.ceil(params.samples / max(1, params.batch))
+        work.add(calls=batches, tokens=params.samples * length, logits=params.samples * (length - 1),
+                 overhead=batches * (TEMPERATURE_OVERHEAD - 1),
+                 attended=params.samples * length * (length + 1) / 2 * TEMPERATURE_OVERHEAD, times=rules)
+    return work
+
+
+@estimator("analysis.sharpness:analyse_prompt")
+def _sharpness_prompt(handle, params, kwargs) -> Work:
+    from analysis import sharpness as S
+
+    n = len(S._leading_specials(handle.tokenizer) + S._encode(handle.tokenizer, params.text))
+    return Work().add(calls=1, tokens=n, logits=n - 1, attended=n * (n + 1) / 2 * TEMPERATURE_OVERHEAD,
+                      overhead=TEMPERATURE_OVERHEAD - 1, times=2)
+
+
+# -- prompt reconstruction -----------------------------------------------------------------------
+
+CLEAN_CANDIDATES = 80  # an exact match is usually found in the first two proposal batches (16 + 64)
+
+
+def _attack(handle, params, n_tokens: int, exhaustive: bool, noisy: bool) -> Work:
+    """Candidate batches through the first `layer` blocks, with the prefix cached, position by position."""
+    layers = max(params.layer, 1)
+    depth = layers / max(handle.info.layers, 1)
+    vocab = int(handle.info.vocab_size)
+    positions = min(n_tokens, params.positions) if params.positions > 0 else n_tokens
+    work = Work(calls=depth, tokens=n_tokens * depth, attended=n_tokens ** 2 / 2 * depth)  # the victim's states
+    work.add(calls=4 * depth, tokens=4 * 32 * depth, attended=4 * 32 * 4 * depth)  # noise-floor calibration
+    for i in range(positions):
+        if exhaustive or noisy:
+            cands = vocab
+            calls = math.ceil(vocab / max(1, params.max_batch))
+        else:
+            cands = min(vocab, CLEAN_CANDIDATES)
+            calls = 2
+            if params.order in ("gradient", "hybrid"):
+                work.add(calls=params.gradient_steps * BACKWARD * depth,
+                         tokens=params.gradient_steps * BACKWARD * depth,
+                         attended=params.gradient_steps * BACKWARD * (i + 1) * depth)
+            if params.order in ("model", "hybrid"):
+                work.add(calls=1, tokens=1, attended=i + 1)  # the next-token logits (every layer)
+        work.add(calls=calls * depth, tokens=cands * depth, attended=cands * (i + 1) * depth)
+        if params.layer > 0:
+            work.add(calls=depth, tokens=depth, attended=(i + 1) * depth)  # extend the cached prefix
+    return work
+
+
+def _noisy(params) -> bool:
+    return any(d in ("gaussian_noise", "quantise") for d in params.defences)
+
+
+def _n_tokens(handle, params) -> int:
+    from analysis import inversion as inv
+
+    return len(inv.tokenize(handle, params.prompt, params.max_tokens))
+
+
+@estimator("analysis.inversion:reconstruct")
+def _inv_attack(handle, params, kwargs) -> Work:
+    return _attack(handle, params, _n_tokens(handle, params), params.exhaustive, _noisy(params))
+
+
+@estimator("analysis.inversion:sweep_layers")
+def _inv_layers(handle, params, kwargs) -> Work:
+    from analysis.inversion import AttackParams
+
+    n, work = _n_tokens(handle, params), Work()
+    for layer in kwargs.get("layers") or range(handle.info.layers + 1):
+        p = AttackParams.from_dict({**params.to_dict(), "layer": layer})
+        work.add(**vars(_attack(handle, p, n, False, _noisy(params))))
+    return work
+
+
+@estimator("analysis.inversion:sweep_noise")
+def _inv_noise(handle, params, kwargs) -> Work:
+    from analysis import inversion as inv
+
+    n, work = _n_tokens(handle, params), Work()
+    perms = kwargs.get("permutations") or inv.PERMUTATIONS
+    for sigma in kwargs.get("noises", []):
+        work.add(**vars(_attack(handle, params, n, False, sigma > 0)), times=len(perms))
+    return work
+
+
+@estimator("analysis.inversion:compare_exhaustive")
+def _inv_speed(handle, params, kwargs) -> Work:
+    from analysis.inversion import AttackParams
+
+    n = _n_tokens(handle, params)
+    measured = kwargs.get("measured_positions", 0) or n
+    work = _attack(handle, params, n, False, _noisy(params))
+    p = AttackParams.from_dict({**params.to_dict(), "positions": min(measured, n)})
+    return work.add(**vars(_attack(handle, p, n, True, True)))

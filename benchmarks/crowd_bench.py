@@ -1,0 +1,150 @@
+"""A room full of people: N users open the app at once, right after the server is healthy.
+
+    python benchmarks/crowd_bench.py [--users 1,6] [--repeats 1]
+
+One `streamlit run` server per measurement, started fresh; as soon as its health endpoint answers,
+N headless Chromium pages (Debian's chromium, one browser context = one session each) open
+different panels together. Measured: seconds from "healthy" until every page has finished its
+script run, exceptions on the pages, and the ratio N = 6 / N = 1. The six users: two on KV-cache
+eviction (one on the default view, one on other settings), one each on prompt reconstruction,
+attention sharpness, caption correction and SAE-V. Prints a markdown table and writes
+benchmarks/results/crowd_bench.json. tests/test_crowd.py uses the same machinery.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
+import screenshot  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "crowd_bench.json"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+TIME_WORDS = ("time", "second", "ms", "(s)")
+
+# (url path, query): the crowd, in the order users join
+USERS = [
+    ("kv-cache", ""),
+    ("prompt-reconstruction", ""),
+    ("attention-sharpness", ""),
+    ("caption-correction", "?model=zoo:shapes-vlm"),
+    ("sae-features", "?model=zoo:shapes-vlm"),
+    ("kv-cache", "?policy=h2o&budget=32"),
+]
+
+
+def start_server(env: dict | None = None) -> tuple[subprocess.Popen, str, float]:
+    """Start the app (scripts/serve.py: `streamlit run app.py` after the heavy imports); return the
+    process, its URL and the moment its health check passed."""
+    port = screenshot.free_port()
+    cmd = [sys.executable, str(ROOT / "scripts" / "serve.py"), "--server.port", str(port),
+           "--server.address", "127.0.0.1", "--server.headless", "true"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started, deadline = time.perf_counter(), time.time() + 180
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
+            start_server.last_start_s = time.perf_counter() - started
+            return proc, f"http://127.0.0.1:{port}", time.perf_counter()
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the app did not start within 180 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def page_numbers(page) -> dict[str, str]:
+    """Metric cards (label -> value) the page shows, without wall-clock timings."""
+    out = {}
+    for metric in page.locator("[data-testid='stMetric']").all():
+        label = metric.locator("[data-testid='stMetricLabel']").inner_text().strip()
+        if any(w in label.lower() for w in TIME_WORDS):
+            continue
+        out[label] = metric.locator("[data-testid='stMetricValue']").inner_text().strip()
+    return out
+
+
+def crowd(base: str, users: list[tuple[str, str]], healthy_at: float, timeout_ms: int = 300_000) -> list[dict]:
+    """Open every user's page at once (one browser context each); wait until all are done."""
+    from playwright.sync_api import sync_playwright
+
+    results = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
+        pages = []
+        for path, query in users:
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            page = context.new_page()
+            page.goto(f"{base}/{path}{query}", wait_until="commit")
+            pages.append(page)
+        done_at = []
+        for page in pages:
+            page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']",
+                                   timeout=timeout_ms)
+            done_at.append(time.perf_counter() - healthy_at)
+        for (path, query), page, t in zip(users, pages, done_at):
+            page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=timeout_ms)
+            results.append({
+                "page": f"{path}{query}", "done_s": round(t, 2),
+                "exceptions": page.locator("[data-testid='stException']").all_inner_texts(),
+                "errors": page.locator("[data-testid='stAlertContentError']").all_inner_texts(),
+                "charts": page.locator("[data-testid='stPlotlyChart']").count(),
+                "numbers": page_numbers(page),
+            })
+        browser.close()
+    return results
+
+
+def measure(n: int, env: dict | None = None) -> dict:
+    proc, base, healthy_at = start_server(env)
+    try:
+        pages = crowd(base, USERS[:n], healthy_at)
+    finally:
+        stop_server(proc)
+    return {"users": n, "all_done_s": max(p["done_s"] for p in pages), "pages": pages,
+            "server_start_s": round(start_server.last_start_s, 1),
+            "exceptions": sum(len(p["exceptions"]) for p in pages)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", default="1,6")
+    parser.add_argument("--label", default="latest")
+    args = parser.parse_args()
+    rows = [measure(int(n)) for n in args.users.split(",")]
+    load = os.getloadavg()[0]
+    print(f"\nMachine: {os.cpu_count()} cores, load average {load:.1f}; time from the server's health check "
+          "passing until every page's script run has finished.\n")
+    print("| users | server start → healthy | all pages done after healthy | exceptions | per page (s) |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        per = ", ".join(f"{p['page'].split('?')[0]} {p['done_s']:.1f}" for p in r["pages"])
+        print(f"| {r['users']} | {r['server_start_s']:.1f} s | {r['all_done_s']:.1f} s | {r['exceptions']} | {per} |")
+    if len(rows) >= 2:
+        print(f"\nratio N = {rows[-1]['users']} / N = {rows[0]['users']}: "
+              f"{rows[-1]['all_done_s'] / rows[0]['all_done_s']:.2f}")
+    previous = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    previous[args.label] = {"load": load, "rows": rows, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(previous, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""Start the app like `streamlit run app.py`, with every heavy module imported before the server listens.
+
+    python scripts/serve.py [streamlit options, e.g. --server.port 8501]
+
+`components/preload.py` (which app.py imports first, against import races) takes seconds on a small
+machine. Under plain `streamlit run` the first visitors pay for it: the server reports healthy at
+once and the first script run imports everything. Here the import happens first, in the server's
+own process, so the first page a visitor opens finds every module loaded.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import components.preload  # noqa: E402,F401  (the same module app.py imports first)
+from streamlit.web import cli as streamlit_cli  # noqa: E402
+
+if __name__ == "__main__":
+    sys.argv = ["streamlit", "run", str(ROOT / "app.py"), *sys.argv[1:]]
+    sys.exit(streamlit_cli.main())

@@ -1,0 +1,122 @@
+"""Precomputed results: shown only for the same weights and settings, and equal to a fresh computation."""
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+from conftest import app_with_model
+
+from analysis import kv_eviction as kv
+from analysis import precompute
+from analysis.models import ModelSpec, load_model, zoo_models
+
+
+def assert_close(a, b, path="result"):
+    """Same structure and values; floats to 1e-4 relative (two processes may sum in another order)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{path}: keys differ"
+        for k in a:
+            assert_close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), f"{path}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert math.isclose(float(a), float(b), rel_tol=1e-4, abs_tol=1e-6), f"{path}: {a} != {b}"
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+SMALL = kv.KvParams(context=32, budget=12, snap_window=4, morph_window=4, new_tokens=4)
+
+
+@pytest.fixture()
+def copied_llama(tiny_llama_dir, model_root, tmp_path):
+    """A private copy of the tiny model (its weights get changed), under an allowed root."""
+    folder = model_root / f"copy-{tmp_path.name}"
+    shutil.copytree(tiny_llama_dir, folder)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_stored_result_comes_back_only_for_the_same_weights_and_settings(copied_llama, tmp_path):
+    handle = load_model(ModelSpec("local", str(copied_llama)))
+    label, params, extra = handle.spec.label, SMALL.to_json(), "[]"
+    result = kv.analyze(handle, SMALL)
+    path = precompute.save("analyze", label, SMALL, extra, handle.path, kv.analyze, {}, result, 1.0, root=tmp_path)
+    assert path is not None and path.stat().st_size < 200_000
+
+    again = precompute.lookup("analyze", label, params, extra, handle.path, root=tmp_path)
+    assert isinstance(again, kv.KvResult)
+    assert_close(again.to_dict(), result.to_dict())
+
+    other = kv.KvParams.from_dict({**SMALL.to_dict(), "budget": 13}).to_json()
+    assert precompute.lookup("analyze", label, other, extra, handle.path, root=tmp_path) is None
+    assert precompute.lookup("sweep", label, params, extra, handle.path, root=tmp_path) is None
+    assert precompute.lookup("analyze", "local:/elsewhere", params, extra, handle.path, root=tmp_path) is None
+    assert precompute.lookup("analyze", label, params, "[('x', 1)]", handle.path, root=tmp_path) is None
+
+    # Same label, same settings, other weights: never shown.
+    from safetensors.torch import load_file, save_file
+
+    weights = next(copied_llama.glob("*.safetensors"))
+    tensors = load_file(weights)
+    name = next(k for k in tensors if k.endswith("q_proj.weight"))
+    tensors[name] = tensors[name] + 1e-3
+    save_file(tensors, weights, metadata={"format": "pt"})
+    assert precompute.lookup("analyze", label, params, extra, handle.path, root=tmp_path) is None
+
+
+def test_an_entry_cannot_name_code_outside_the_package(tmp_path, tiny_llama_dir):
+    with pytest.raises(ValueError):
+        precompute._resolve("os:system")
+
+
+def _committed() -> list[tuple]:
+    return precompute.entries() if zoo_models() else []
+
+
+def _one_per_analysis() -> list[tuple]:
+    """The quickest stored entry of each analysis function (all of them would take minutes)."""
+    best: dict[str, tuple] = {}
+    for path, entry in _committed():
+        if entry.function not in best or entry.seconds < best[entry.function][1].seconds:
+            best[entry.function] = (path, entry)
+    return list(best.values())
+
+
+@pytest.mark.parametrize("path,entry", _one_per_analysis(), ids=lambda x: getattr(x, "function", ""))
+def test_stored_result_equals_a_fresh_computation(path, entry):
+    torch.manual_seed(0)
+    handle = load_model(ModelSpec.parse(entry.model))
+    assert entry.fingerprint == precompute.weights_fingerprint(handle.path), (
+        f"{path.name} was computed on other weights: run `python -m analysis warm --prune`")
+    fresh = precompute.recompute(entry, handle)
+    assert_close(precompute.without_timings(fresh.to_dict()), precompute.without_timings(entry.result))
+
+
+def test_the_committed_store_is_small():
+    assert precompute.total_bytes() < 3_000_000
+
+
+@pytest.mark.skipif(not zoo_models(), reason="needs the demo zoo")
+@pytest.mark.parametrize("page", ["views/kv_cache.py", "views/prompt_reconstruction.py",
+                                  "views/attention_sharpness.py"])
+def test_default_view_is_served_from_the_store(page):
+    """What a new user's first view computes was precomputed (else: run `python -m analysis warm`)."""
+    from components import runs
+
+    runs.run_store().clear()
+    computed = []
+    runs.add_sink(lambda key, *rest: computed.append(key.kind))
+    before = precompute.stats["hits"]
+    model = ModelSpec("zoo", "shapes-lm")
+    try:
+        at = app_with_model(model, page, query={"model": model.label}, timeout=120)
+    finally:
+        runs._SINKS.pop()
+    assert not at.exception, at.exception
+    assert precompute.stats["hits"] > before
+    assert not computed, f"{page} computed {computed} on page load; run `python -m analysis warm`"
