@@ -25,8 +25,9 @@ HOSTILE = {
 PAGES = {
     "views/attention_sharpness.py": ["ns", "samples", "theta", "layer", "head", "sink", "tlayers", "spread",
                                      "prompt", "target", "n_view"],
-    "views/kv_cache.py": ["policy", "budget", "window", "sinks", "kernel", "fusion", "context", "prefill", "pairs",
-                          "queries", "seed", "prompt", "layer", "head", "examples", "metric"],
+    "views/kv_cache.py": ["policy", "budget", "sinks", "heavy_share", "snap_window", "kernel", "morph_window",
+                          "fusion", "context", "prefill", "pairs", "queries", "seed", "prompt", "layer", "head",
+                          "examples", "metric"],
     "views/prompt_reconstruction.py": ["prompt", "layer", "perm", "perturb", "order", "noise", "bits", "seed",
                                        "sweeps", "exhaustive", "parties", "sharding", "attacker", "budget"],
     "views/caption_correction.py": ["src", "seed", "cap", "text", "lm", "dec", "ver", "rew", "pi", "prob", "ground"],
@@ -143,5 +144,5 @@ def test_every_url_parameter_of_every_page_is_tried():
     from conftest import ROOT
 
     for page, names in PAGES.items():
-        read = set(re.findall(r"url_(?:param|list)\(\s*\"(\w+)\"", (ROOT / page).read_text()))
+        read = set(re.findall(r"(?:url_param|url_list|checked)\(\s*\"(\w+)\"", (ROOT / page).read_text()))
         assert read <= set(names), f"{page}: add {sorted(read - set(names))} to PAGES"

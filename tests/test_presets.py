@@ -18,7 +18,12 @@ HAS_ZOO = {"shapes-lm", "shapes-vlm", "shapes-vlm-weak"} <= set(zoo_models())
 
 def _url_names(page: str) -> set[str]:
     source = (ROOT / page).read_text()
-    return set(re.findall(r"url_(?:param|list)\(\s*\"(\w+)\"", source))
+    names = set(re.findall(r"(?:url_param|url_list|checked)\(\s*\"(\w+)\"", source))
+    if "url_param(f.name" in source:  # the KV page reads each policy's own settings from its class
+        from analysis import kv_eviction as kv
+
+        names |= {f.name for cls in kv.POLICIES.values() for f in kv.setting_fields(cls)}
+    return names
 
 
 def test_every_analysis_panel_offers_two_to_four_presets():
