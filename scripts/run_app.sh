@@ -6,4 +6,4 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements.txt
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
-exec .venv/bin/streamlit run app.py "$@"
+exec .venv/bin/python scripts/serve.py "$@"   # streamlit run app.py, heavy imports done before it listens
