@@ -80,18 +80,17 @@ def url_param(name: str, default: Any, cast: Callable[[str], Any] | None = None,
     widgets, which escape it).
     """
     raw = st.query_params.get(name)
-    if raw is None:
-        return default
-    cast = cast or (type(default) if default is not None else str)
-    try:
-        value = _cast(str(raw), cast)
-    except (TypeError, ValueError, OverflowError):
-        return default
+    value = default
+    if raw is not None:
+        try:
+            value = _cast(str(raw), cast or (type(default) if default is not None else str))
+        except (TypeError, ValueError, OverflowError):
+            value = default
     if isinstance(value, str):
         value = value[:max_len]
     if choices is not None and value not in choices:
-        return default
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = default
+    if isinstance(value, (int, float)) and not isinstance(value, bool):  # the default too: ranges shrink
         if lo is not None and value < lo:
             value = lo
         if hi is not None and value > hi:

@@ -95,6 +95,11 @@ def add_source(fn: Callable[[RunKey, Any, Any], Any]) -> None:
         _SOURCES.append(fn)
 
 
+def remove_source(fn: Callable[[RunKey, Any, Any], Any]) -> None:
+    if fn in _SOURCES:
+        _SOURCES.remove(fn)
+
+
 def add_guard(fn: Callable[[RunKey, Any, Any], None]) -> None:
     """Call `fn(key, handle, params)` before computing; it may stop the page."""
     if fn not in _GUARDS:

@@ -9,14 +9,17 @@ reopened from the Saved analyses page without recomputing.
 """
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
 
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 from analysis.export import ReportSection, html_report, result_json, rows_to_csv
 from analysis.results import to_jsonable
 from analysis.store import AnalysisStore, SavedAnalysis, default_store_path
+from components.common import one_line
 
 
 @st.cache_resource(max_entries=4)
@@ -85,8 +88,31 @@ def share_bar(panel: str, *, title: str, params: dict, result: Any, model: str,
                 try:
                     saved_id = get_store().save(analysis)
                 except Exception as exc:  # disk full, read-only folder, ...
-                    st.error(f"Could not save: {exc}")
+                    st.session_state[f"{key}_saved"] = {"error": one_line(exc), "url": url}
                 else:
-                    st.session_state[f"{key}_saved"] = saved_id
-        if st.session_state.get(f"{key}_saved"):
-            st.success(f"Saved. Open it any time at `saved-analyses?id={st.session_state[f'{key}_saved']}`.")
+                    st.session_state[f"{key}_saved"] = {"id": saved_id, "title": save_title, "url": url}
+                    st.toast(f"Saved “{escape_markdown(save_title)}”.", icon=":material/bookmark_added:")
+    _saved_notice(st.session_state.get(f"{key}_saved"), url)
+
+
+def escape_markdown(text: str) -> str:
+    """User text shown through Markdown as plain text: no links, emphasis, HTML or directives."""
+    text = html.escape(str(text).replace("\n", " "), quote=False)
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|~:$<>])", r"\\\1", text)
+
+
+def _saved_notice(saved: dict | None, url: str) -> None:
+    """Outside the expander (which closes when Save reruns the page), so the user sees the result."""
+    if not saved or saved.get("url") != url:  # the view changed since: the notice is about another view
+        return
+    if "error" in saved:
+        st.error(f"Could not save: {saved['error']}", icon=":material/error:")
+        return
+    c1, c2 = st.columns([4, 1], vertical_alignment="center")
+    c1.success(f"Saved “{escape_markdown(saved['title'])}”. Open it any time at "
+               f"`saved-analyses?id={saved['id']}`.", icon=":material/bookmark_added:")
+    try:
+        c2.page_link("views/saved_analyses.py", label="Open saved analysis", icon=":material/bookmarks:",
+                     query_params={"id": saved["id"]})
+    except StreamlitAPIException:  # a page outside the app's navigation (tests, a bare script)
+        c2.markdown(f"[Open saved analysis](saved-analyses?id={saved['id']})")

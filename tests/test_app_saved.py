@@ -39,7 +39,24 @@ def test_share_bar_saves_analysis(store_path):
     assert (a.title, a.note, a.panel, a.params, a.result) == ("My saved demo", "look at bar b", "demo", {"n": 3},
                                                               {"values": [3, 4]})
     assert a.figures[0]["name"] == "Demo figure" and a.tables == {"rows": [{"x": "a", "y": 3}]}
-    assert any("Saved." in s.value for s in at.success)
+    assert any("Saved" in s.value for s in at.success)
+
+
+def test_save_confirmation_is_shown_outside_the_closed_expander_with_the_title_escaped(store_path):
+    at = AppTest.from_string(SHARE_PAGE, default_timeout=30)
+    at.run()
+    at.text_input(key="share_demo_title").set_value("<script>alert(1)</script> *bold* [x](javascript:1)")
+    at.button[0].click().run()
+    assert not at.exception
+    saved_id = AnalysisStore(store_path).list()[0].id
+    assert not at.expander[0].success  # the expander closes on the rerun: the notice must not be in it
+    notice = [s.value for s in at.success]
+    assert len(notice) == 1 and f"saved-analyses?id={saved_id}" in notice[0]
+    assert "<script>" not in notice[0] and "*bold*" not in notice[0] and "](" not in notice[0]
+    assert "&lt;script&gt;alert\\(1\\)&lt;/script&gt;" in notice[0]
+    assert [t.value for t in at.toast] and "Saved" in at.toast[0].value
+    at.run()  # a later rerun of the same view keeps the line
+    assert len(at.success) == 1
 
 
 def test_gallery_lists_and_permalink_reopens_without_model(store_path, tiny_llama_dir):

@@ -8,6 +8,7 @@ from analysis.cost import default_for
 from components import sharpness_figures as F
 from components.common import (analysis_errors, explain, require_model, set_url_params, show_error, url_list,
                                url_param)
+from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
 
@@ -23,6 +24,7 @@ st.write(
     "adaptive temperature chosen per attention row from its entropy."
 )
 
+preset_bar("attention-sharpness", widget_prefix="sh_")
 handle = require_model("causal_lm", "vlm", panel="Attention sharpness")
 info = handle.info
 

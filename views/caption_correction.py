@@ -11,6 +11,7 @@ from analysis.models import ModelLoadError, ModelSpec, load_model, zoo_models
 from analysis.registry import SettingsError
 from components import caption_figures as F
 from components.common import analysis_errors, explain, progress, require_model, set_url_params, url_param
+from components.presets import preset_bar
 from components.share import share_bar
 
 st.title("Caption correction")
@@ -21,6 +22,7 @@ st.write(
     "scenes the ground truth is known, so factuality and coverage are exact."
 )
 
+preset_bar("caption-correction", widget_prefix="cap_")
 handle = require_model("vlm", panel="Caption correction")
 world = C.shapes_world() if C.has_shapes_world() else None
 zoo = zoo_models()

@@ -7,6 +7,7 @@ from analysis import kv_eviction as kv
 from analysis.cost import default_for
 from components import kv_figures as F
 from components.common import analysis_errors, explain, require_model, set_url_params, url_param
+from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
 
@@ -18,6 +19,7 @@ st.write(
     "prompt is a key-value recall task: needles (key, value) hidden in filler, then each key is asked."
 )
 
+preset_bar("kv-cache", widget_prefix="kv_")
 handle = require_model("causal_lm", "vlm", panel="KV-cache eviction")
 with analysis_errors(kv.KvEvictionError):
     kv.evictable_layers(handle)
@@ -95,7 +97,8 @@ with analysis_errors(prefix="This link's settings are out of range (the controls
     kv.validate_params(raw_params, check_budget=False)
 with analysis_errors(kv.KvEvictionError):
     kv.validate_params(params)
-    result: kv.KvResult = cached_run("analyze", kv.analyze, handle, params, label="Running every policy on identical tokens ...")
+    result: kv.KvResult = cached_run("analyze", kv.analyze, handle, params,
+                                     label="Running every policy on identical tokens ...")
 
 task = result.task
 chosen = result.run(policy)

@@ -1,8 +1,9 @@
-"""Home: what is loaded, and what each panel does."""
+"""Home: what is loaded, what each panel does, and a tour of the presets for live talks."""
 from __future__ import annotations
 
 import streamlit as st
 
+from analysis import presets as P
 from components.model_picker import current_handle
 from components.registry import PANELS
 
@@ -33,3 +34,19 @@ for panel in PANELS:
 missing = [p.title for p in PANELS if not p.available]
 if missing:
     st.caption("Coming next: " + ", ".join(missing) + ".")
+
+st.subheader("Tour: one finding per click")
+st.caption("Presets for live talks. Each link opens a panel with every control (and the demo model) set to "
+           "show one finding of its paper; the link is also the permalink. On a panel, the same presets are "
+           "the buttons at the top.")
+for panel in PANELS:
+    presets = P.for_panel(panel.url_path)
+    if not panel.available or not presets:
+        continue
+    with st.container(border=True):
+        st.markdown(f"{panel.title} · *{panel.paper}*" if panel.paper else panel.title)
+        for preset in presets:
+            left, right = st.columns([1.3, 3], vertical_alignment="center")
+            left.page_link(f"views/{panel.page}", label=preset.title, icon=":material/slideshow:",
+                           query_params=preset.query())
+            right.caption(preset.finding)

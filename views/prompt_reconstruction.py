@@ -8,6 +8,7 @@ from analysis.registry import SettingsError
 from analysis.tasks import tasks_for
 from components import inversion_figures as F
 from components.common import analysis_errors, explain, require_model, set_url_params, show_error, url_param
+from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
 
@@ -23,6 +24,7 @@ st.write(
     "people propose, and simulates *Cascade*'s sequence sharding across parties."
 )
 
+preset_bar("prompt-reconstruction", widget_prefix="inv_")
 handle = require_model("causal_lm", "vlm", panel="Prompt reconstruction")
 n_layers = handle.info.layers
 
@@ -217,7 +219,8 @@ shardings = list(inv.SHARDINGS)
 forget_if_outside("inv_parties", 1, len(ids))
 with st.container(border=True):
     d1, d2, d3, d4 = st.columns(4)
-    parties = d1.number_input("Parties k", 1, len(ids), url_param("parties", 2, int, lo=1, hi=len(ids)), key="inv_parties")
+    parties = d1.number_input("Parties k", 1, len(ids), url_param("parties", 2, int, lo=1, hi=len(ids)),
+                              key="inv_parties")
     sharding = d2.selectbox("Sharding", shardings, format_func=lambda s: inv.SHARDINGS[s].label,
                             index=shardings.index(url_param("sharding", "round_robin", choices=shardings)),
                             key="inv_sharding")
@@ -225,7 +228,8 @@ with st.container(border=True):
     attacker = d3.number_input("Attacking party", 0, int(parties) - 1,
                                url_param("attacker", 0, int, lo=0, hi=int(parties) - 1), key="inv_attacker")
     budget = d4.number_input("Brute-force budget (sequences)", 1_000, 5_000_000,
-                             url_param("budget", 1_000_000, int, lo=1_000, hi=5_000_000), step=50_000, key="inv_budget")
+                             url_param("budget", 1_000_000, int, lo=1_000, hi=5_000_000), step=50_000,
+                             key="inv_budget")
 set_url_params(parties=parties, sharding=sharding, attacker=attacker, budget=budget)
 cascade_params = inv.CascadeParams(prompt=prompt, layer=int(layer), parties=int(parties), sharding=sharding,
                                    attacker=int(attacker), budget=int(budget))

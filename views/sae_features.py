@@ -12,12 +12,14 @@ from analysis.export import rows_to_csv
 from components import sae_figures as figs
 from components.common import explain, progress, require_model, set_url_params, url_param
 from components.model_picker import try_load
+from components.presets import preset_bar
 
 VIEWS = {"list": "Feature list", "feature": "Feature page", "explain": "Explain an input", "ranking": "Data ranking"}
 
 st.title("SAE-V features")
 st.caption("Sparse-autoencoder features over the image and text tokens of a multimodal model, their cross-modal "
            "weight ω, and data filtering by cross-modal score — after *SAE-V* (ICML 2025).")
+preset_bar("sae-features", widget_prefix="sae_")
 handle = require_model("vlm", "causal_lm", panel="SAE-V feature browser")
 is_vlm = handle.kind == "vlm"
 if not is_vlm and "shapes-vlm" in zoo_models():

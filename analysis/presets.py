@@ -1,0 +1,136 @@
+"""Presets for live talks: named settings that make one panel show one finding of its paper on the demo zoo.
+
+A preset is data: the panel (its URL path), a stable name (it appears in links as `?preset=name`), the
+zoo model, and the URL value of every control of that panel. A page applies a preset by writing these
+values into its URL, so a preset is also a permalink. Each finding sentence was checked by running the
+preset on the zoo (tests/test_presets.py re-checks the numbers it quotes).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Preset:
+    panel: str  # the page's URL path, e.g. "kv-cache"
+    name: str  # stable: appears in URLs (?preset=name)
+    title: str  # button label
+    finding: str  # what the audience sees, one or two sentences
+    model: str  # zoo model label, e.g. "zoo:shapes-lm"
+    params: dict[str, str | Callable[[], str]] = field(default_factory=dict)  # control -> URL value
+
+    def values(self) -> dict[str, str]:
+        """The URL values, with computed ones (e.g. a feature index read from the SAE store) resolved."""
+        return {k: (v() if callable(v) else v) for k, v in self.params.items()}
+
+    def query(self) -> dict[str, str]:
+        """The whole query string of the preset's permalink."""
+        return {"model": self.model, "preset": self.name, **self.values()}
+
+
+@functools.lru_cache(maxsize=1)
+def top_cross_modal_feature() -> str:
+    """The demo SAE's cross-modal feature with the largest ω (read from its stored feature cards)."""
+    from analysis import sae_v
+
+    folders = sorted((sae_v.SAE_ROOT / "shapes-vlm").glob("layer*"))
+    if not folders:
+        return "0"
+    store = sae_v.load_store(str(folders[0]))
+    cross = [(card.omega, i) for i, card in enumerate(store.features) if card.label == "cross-modal"]
+    return str(max(cross)[1]) if cross else "0"
+
+
+PROB = "raw"  # captions.DEFAULT_PROBABILITIES: CapMAS's raw p_True / p_False
+SHARPNESS_BASE = {"ns": "4,8,16,32,64,128", "samples": "16", "theta": "1", "layer": "0", "head": "3",
+                  "sink": "1", "tlayers": "0,1,2,3", "spread": "4.0", "n_view": "128"}
+KV_BASE = {"policy": "morphkv", "budget": "32", "sinks": "4", "heavy_share": "0.5", "snap_window": "8", "kernel": "5",
+           "morph_window": "8", "fusion": "max",
+           "context": "192", "prefill": "0.5", "pairs": "2", "queries": "1", "seed": "7", "prompt": "",
+           "layer": "0", "head": "0", "examples": "1", "metric": "accuracy"}
+INVERSION_BASE = {"prompt": "there is a large red circle at the top left . there is a small blue square at the "
+                            "bottom right .", "layer": "2", "perm": "none", "perturb": "none", "order": "hybrid",
+                  "noise": "0.5", "bits": "4", "seed": "0", "sweeps": "0", "exhaustive": "0", "parties": "2",
+                  "sharding": "round_robin", "attacker": "0", "budget": "1000000"}
+CAPTION_BASE = {"src": "scene", "seed": "20000003", "cap": "weak", "lm": "zoo:shapes-lm", "dec": "auto",
+                "ver": "auto", "rew": "auto", "pi": "1.0", "prob": PROB, "ground": "0"}
+SAE_BASE = {"sae": "layer1", "view": "list", "sort": "omega", "by": "sum", "thr": "0.0"}
+
+PRESETS: list[Preset] = [
+    # --- Softmax is not enough: dispersion -----------------------------------------------------------
+    Preset("attention-sharpness", "dispersion", "Dispersion at large n",
+           "shapes-lm's retrieval head (layer 0, head 3) puts 0.97 of its weight on the largest number among "
+           "4 items but only 0.53 among 128, and accuracy falls from 100 % to 56 %: a fixed softmax head "
+           "cannot stay sharp as n grows.",
+           "zoo:shapes-lm", {**SHARPNESS_BASE}),
+    Preset("attention-sharpness", "adaptive-temperature", "Adaptive θ only delays it",
+           "The paper's adaptive temperature in every layer: at n = 128 the retrieval head's max-item weight "
+           "moves only from 0.53 to 0.54 and accuracy stays at 56 % — it sharpens diffuse rows a little but "
+           "cannot stop dispersion, as the lemma says.",
+           "zoo:shapes-lm", {**SHARPNESS_BASE, "theta": "adaptive"}),
+    Preset("attention-sharpness", "lemma", "The lemma, no model",
+           "With the maximum only δ = 2 above the other logits, its weight falls like 1/n at every fixed "
+           "temperature and the entropy approaches ln n (first figure).",
+           "zoo:shapes-lm", {**SHARPNESS_BASE, "spread": "2.0"}),
+    # --- MorphKV: which tokens stay --------------------------------------------------------------------
+    Preset("kv-cache", "needle-streaming", "StreamingLLM loses the needle",
+           "Budget 32 of 189 context tokens, the asked needle at positions 64-65: StreamingLLM keeps only the "
+           "4 sinks and the recent tokens, so the needle is gone from every head (survival 0) and the answer "
+           "is wrong, while the full cache answers right.",
+           "zoo:shapes-lm", {**KV_BASE, "policy": "streaming_llm"}),
+    Preset("kv-cache", "needle-h2o", "H2O keeps the needle",
+           "Same prompt and budget: H2O's accumulated attention keeps the needle in some heads (the survival "
+           "map shows which) and the answer matches the full cache.",
+           "zoo:shapes-lm", {**KV_BASE, "policy": "h2o"}),
+    Preset("kv-cache", "morphkv", "MorphKV at the same budget",
+           "MorphKV keeps the entries its recent window attends to: the answer is right at the same budget, "
+           "with a cache that stays constant while the full cache grows (memory plot).",
+           "zoo:shapes-lm", {**KV_BASE, "policy": "morphkv"}),
+    # --- Hidden No More / Cascade ------------------------------------------------------------------------
+    Preset("prompt-reconstruction", "shuffle-fails", "Shuffling does not protect",
+           "States with their positions shuffled still give the prompt back token for token: the attacker "
+           "matches against every unused row.",
+           "zoo:shapes-lm", {**INVERSION_BASE, "perm": "shuffle_positions"}),
+    Preset("prompt-reconstruction", "noise-defeats", "Noise defeats the attack",
+           "Gaussian noise of two state standard deviations buries the difference between neighbouring "
+           "tokens: almost every position comes back wrong (and the states are useless for the model too).",
+           "zoo:shapes-lm", {**INVERSION_BASE, "perturb": "gaussian_noise", "noise": "2.0"}),
+    Preset("prompt-reconstruction", "cascade-contiguous", "Cascade: contiguous shards leak",
+           "Contiguous blocks hand party 0 the start of the prompt with no gap: it inverts its shard with "
+           "about 2,000 candidate sequences. Round-robin leaves gaps of k − 1 and costs ~47,000 — with a "
+           "182-word vocabulary both are within reach (the verdict says so).",
+           "zoo:shapes-lm", {**INVERSION_BASE, "sharding": "blocks", "parties": "2", "attacker": "0"}),
+    # --- CapMAS -------------------------------------------------------------------------------------------
+    Preset("caption-correction", "position-dropped", "A hallucinated position dropped",
+           "The weak captioner puts the yellow triangle at the top middle; asked about that claim alone the "
+           "verifier is sure it is false (H ≈ 9.2 nats), and the rewrite removes it: factuality rises.",
+           "zoo:shapes-vlm", {**CAPTION_BASE, "seed": "20000003"}),
+    Preset("caption-correction", "invented-objects", "Invented objects removed",
+           "The weak captioner describes two objects with the wrong colour or shape; every claim about them is "
+           "flagged and dropped, and factuality goes from 0 to 1.",
+           "zoo:shapes-vlm", {**CAPTION_BASE, "seed": "20000004"}),
+    Preset("caption-correction", "strict-threshold", "π = 0: only sure claims",
+           "At π = 0 only claims the verifier is certain of survive: factuality stays high but coverage falls "
+           "— the trade-off the threshold sweep shows.",
+           "zoo:shapes-vlm", {**CAPTION_BASE, "seed": "20000003", "pi": "0.0"}),
+    # --- SAE-V --------------------------------------------------------------------------------------------
+    Preset("sae-features", "cross-modal-list", "How many features are cross-modal",
+           "The feature list sorted by cross-modal weight ω: on the demo SAE only a few features fire on "
+           "both caption words and image patches (the 'Cross-modal' count); most are text-only.",
+           "zoo:shapes-vlm", {**SAE_BASE}),
+    Preset("sae-features", "cross-modal-feature", "One feature, a word and a patch",
+           "The demo SAE's feature with the largest cross-modal weight ω: caption words and image patches "
+           "are both among its 30 strongest tokens (the 'Top-30 tokens: text / image' card), shown on the "
+           "words it shades and on the patches outlined in its top images.",
+           "zoo:shapes-vlm", {**SAE_BASE, "view": "feature", "feature": top_cross_modal_feature}),
+]
+
+
+def for_panel(panel: str) -> list[Preset]:
+    return [p for p in PRESETS if p.panel == panel]
+
+
+def get(panel: str, name: str) -> Preset | None:
+    return next((p for p in PRESETS if p.panel == panel and p.name == name), None)

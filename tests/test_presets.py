@@ -1,0 +1,227 @@
+"""Presets for live talks: 2-4 per panel, each a permalink that sets every control, and each shows the
+finding its sentence promises on the demo zoo (numbers read from the page itself)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from analysis import presets as P
+from analysis.models import ModelSpec, zoo_models
+from components.registry import PANELS, ROOT
+from conftest import app_with_model
+
+PAGE_OF = {p.url_path: f"views/{p.page}" for p in PANELS}
+ANALYSIS_PANELS = [p for p in PANELS if p.paper]
+HAS_ZOO = {"shapes-lm", "shapes-vlm", "shapes-vlm-weak"} <= set(zoo_models())
+
+
+def _url_names(page: str) -> set[str]:
+    source = (ROOT / page).read_text()
+    names = set(re.findall(r"(?:url_param|url_list|checked)\(\s*\"(\w+)\"", source))
+    if "url_param(f.name" in source:  # the KV page reads each policy's own settings from its class
+        from analysis import kv_eviction as kv
+
+        names |= {f.name for cls in kv.POLICIES.values() for f in kv.setting_fields(cls)}
+    return names
+
+
+def test_every_analysis_panel_offers_two_to_four_presets():
+    for panel in ANALYSIS_PANELS:
+        presets = P.for_panel(panel.url_path)
+        assert 2 <= len(presets) <= 4, (panel.title, len(presets))
+        assert len({p.name for p in presets}) == len(presets)
+    assert {p.panel for p in P.PRESETS} <= set(PAGE_OF)
+
+
+def test_preset_values_are_controls_their_page_reads_from_the_url():
+    for preset in P.PRESETS:
+        names = _url_names(PAGE_OF[preset.panel])
+        unknown = set(preset.params) - names
+        assert not unknown, f"{preset.panel}/{preset.name}: the page does not read {sorted(unknown)}"
+        assert preset.model.startswith("zoo:")
+
+
+def _frame(at, column: str):
+    for df in at.dataframe:
+        if column in df.value.columns:
+            return df.value
+    raise AssertionError(f"no table with column {column!r}")
+
+
+def _metric(at, label_start: str):
+    for m in at.metric:
+        if m.label.startswith(label_start):
+            return m
+    raise AssertionError(f"no metric {label_start!r}: {[m.label for m in at.metric]}")
+
+
+def _percent(text: str) -> float:
+    return float(text.strip().rstrip("%")) / 100
+
+
+# --- what each preset must show (read from the rendered page) -------------------------------------------
+
+def _dispersion(at):
+    rows = _frame(at, "n").to_dict("records")
+    small, large = rows[0], rows[-1]
+    assert small["n"] == 4 and large["n"] == 128
+    assert large["softmax accuracy"] <= small["softmax accuracy"] - 0.3  # accuracy falls with n
+    weight = [c for c in large if c.startswith("softmax max-item weight L0H3")]
+    assert weight and large[weight[0]] < small[weight[0]] - 0.3  # the retrieval head disperses
+
+
+def _adaptive(at):
+    rows = _frame(at, "n").to_dict("records")
+    small, large = rows[0], rows[-1]
+    assert large["n"] == 128
+    assert large["adaptive accuracy"] <= small["adaptive accuracy"] - 0.3  # adaptive θ does not stop it
+    assert abs(large["adaptive accuracy"] - large["softmax accuracy"]) <= 0.15
+    weight = [c for c in large if c.startswith("adaptive max-item weight L")][0]
+    assert large[weight] < small[weight] - 0.3
+
+
+def _lemma(at):
+    assert any(s.value == 2.0 for s in at.slider if s.label.startswith("Logit spread"))
+
+
+def _kv_accuracy(at) -> dict[str, float]:
+    frame = _frame(at, "policy")
+    acc_col = next(c for c in frame.columns if "accuracy" in c.lower())
+    return {str(r["policy"]): r[acc_col] for r in frame.to_dict("records")}
+
+
+def _needle_streaming(at):
+    acc = _kv_accuracy(at)
+    full = next(v for k, v in acc.items() if k.lower().startswith("full"))
+    streaming = next(v for k, v in acc.items() if "streaming" in k.lower())
+    h2o = next(v for k, v in acc.items() if "h2o" in k.lower())
+    assert _num(streaming) < _num(full) and _num(h2o) == _num(full), acc
+
+
+def _num(value) -> float:
+    return _percent(value) if isinstance(value, str) else float(value)
+
+
+def _morph(at):
+    acc = _kv_accuracy(at)
+    full = next(v for k, v in acc.items() if k.lower().startswith("full"))
+    morph = next(v for k, v in acc.items() if "morph" in k.lower())
+    assert _num(morph) == _num(full), acc
+
+
+def _shuffle_fails(at):
+    assert _percent(_metric(at, "Tokens recovered").value) == 1.0
+
+
+def _noise_defeats(at):
+    assert _percent(_metric(at, "Tokens recovered").value) <= 0.2
+
+
+def _cascade_blocks(at):
+    assert any("Breakable" in w.value for w in at.warning) or any("Breakable" in s.value for s in at.success)
+
+
+def _caption_facts(at) -> tuple[float, float, float, float]:
+    fact, cover = _metric(at, "Factuality"), _metric(at, "Coverage")
+    after_f, after_c = float(fact.value), float(cover.value)
+    return after_f - float(fact.delta), after_f, after_c - float(cover.delta), after_c
+
+
+def _position_dropped(at):
+    claims = _frame(at, "claim")
+    dropped = claims[claims["claim"] == "the yellow triangle is at the top middle"]
+    assert len(dropped) == 1
+    before, after, _, _ = _caption_facts(at)
+    assert after > before
+
+
+def _invented_objects(at):
+    before, after, _, _ = _caption_facts(at)
+    assert before == 0.0 and after == 1.0
+
+
+def _strict(at):
+    before_f, after_f, before_c, after_c = _caption_facts(at)
+    assert after_f >= before_f and after_c < before_c
+
+
+def _cross_modal_list(at):
+    frame = _frame(at, "omega")
+    cross = int(_metric(at, "Cross-modal").value)
+    assert 0 < cross <= 0.05 * len(frame), cross  # "only a few features fire on both"
+    assert (frame["modality"] == "text-only").sum() > len(frame) / 2  # "most are text-only" (of the live ones)
+
+
+def _cross_modal_feature(at):
+    top = _metric(at, "Top-30 tokens").value
+    text, image = (int(x) for x in top.split("/"))
+    assert text >= 5 and image >= 5, top  # fires on caption words and on image patches
+
+
+CHECKS = {
+    ("attention-sharpness", "dispersion"): _dispersion,
+    ("attention-sharpness", "adaptive-temperature"): _adaptive,
+    ("attention-sharpness", "lemma"): _lemma,
+    ("kv-cache", "needle-streaming"): _needle_streaming,
+    ("kv-cache", "needle-h2o"): _needle_streaming,
+    ("kv-cache", "morphkv"): _morph,
+    ("prompt-reconstruction", "shuffle-fails"): _shuffle_fails,
+    ("prompt-reconstruction", "noise-defeats"): _noise_defeats,
+    ("prompt-reconstruction", "cascade-contiguous"): _cascade_blocks,
+    ("caption-correction", "position-dropped"): _position_dropped,
+    ("caption-correction", "invented-objects"): _invented_objects,
+    ("caption-correction", "strict-threshold"): _strict,
+    ("sae-features", "cross-modal-list"): _cross_modal_list,
+    ("sae-features", "cross-modal-feature"): _cross_modal_feature,
+}
+
+
+def test_every_preset_has_a_check():
+    assert set(CHECKS) == {(p.panel, p.name) for p in P.PRESETS}
+
+
+@pytest.mark.skipif(not HAS_ZOO, reason="needs the demo zoo")
+@pytest.mark.parametrize("preset", P.PRESETS, ids=lambda p: f"{p.panel}/{p.name}")
+def test_preset_link_opens_its_view_and_shows_its_finding(preset):
+    """A new session opening only `?model=...&preset=name`: the page fills in every control, keeps the
+    preset's values in the URL (so the link it shows is the permalink), and shows the finding."""
+    at = app_with_model(None, PAGE_OF[preset.panel], query={"model": preset.model, "preset": preset.name},
+                        timeout=600)
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    written = {k: at.query_params[k] for k in at.query_params}
+    written = {k: v[0] if isinstance(v, list) and len(v) == 1 else v for k, v in written.items()}
+    for key, value in preset.query().items():
+        assert written.get(key) == value, f"{key}: preset {value!r}, page wrote {written.get(key)!r}"
+    assert any(preset.title in i.value for i in at.info)
+    CHECKS[(preset.panel, preset.name)](at)
+
+
+@pytest.mark.skipif(not HAS_ZOO, reason="needs the demo zoo")
+def test_clicking_a_preset_button_resets_the_controls_and_switches_the_model():
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), "views/prompt_reconstruction.py",
+                        query={"perm": "shuffle_dims", "layer": "1", "sweeps": "0", "exhaustive": "0"})
+    assert not at.exception
+    at.button(key="preset_prompt-reconstruction_noise-defeats").click().run()
+    assert not at.exception
+    preset = P.get("prompt-reconstruction", "noise-defeats")
+    assert at.query_params["perm"] == ["none"] or at.query_params["perm"] == "none"
+    assert at.selectbox(key="inv_perturb").value == "gaussian_noise"
+    assert at.number_input(key="inv_layer").value == int(preset.values()["layer"])
+    assert any(preset.title in i.value for i in at.info)
+    # a preset for another model switches the session's model
+    cap = P.get("caption-correction", "position-dropped")
+    at.switch_page("views/caption_correction.py").run()
+    at.button(key=f"preset_caption-correction_{cap.name}").click().run()
+    assert at.session_state["model_spec"] == ModelSpec("zoo", "shapes-vlm")
+
+
+@pytest.mark.skipif(not HAS_ZOO, reason="needs the demo zoo")
+def test_home_page_lists_every_preset_as_a_link():
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"))
+    assert not at.exception
+    links = [e for e in at.get("page_link")]
+    labels = [e.proto.label for e in links]
+    for preset in P.PRESETS:
+        assert preset.title in labels, preset.title
