@@ -1,7 +1,7 @@
 """`python -m analysis warm`: compute every panel's default view (and presets) ahead, store it on disk.
 
 The pages themselves decide what they compute, so the surest way to precompute exactly what a new
-user's first view asks for is to open that view: each panel's default view (and each preset's link)
+user's first view asks for is to open that view: each panel's default view (and each preset's permalink, from analysis/presets.py)
 runs once in Streamlit's AppTest with the precomputed store switched off and the cost gate open
 (on-demand sections such as sweeps too, with --extras); every analysis it computes is written to `analysis/precomputed/` with the
 model's weight fingerprint (`analysis/precompute.py`). It lives here, beside the pages it drives,
@@ -41,19 +41,12 @@ def targets(panels: list[str] | None = None, presets: bool = True) -> list[tuple
 
 
 def _presets(panel) -> list[tuple[str, dict]]:
-    """Named preset links of a panel, when the app defines them (components/presets.py)."""
+    """Each preset of a panel (analysis/presets.py) as its permalink's query: `?preset=name&model=...`."""
     try:
-        from components import presets as P
+        from analysis import presets as P
     except ImportError:
         return []
-    found = getattr(P, "presets_for", None)
-    if found is None:
-        return []
-    out = []
-    for preset in found(panel.url_path):
-        query = getattr(preset, "query", None) or getattr(preset, "params", None) or {}
-        out.append((getattr(preset, "name", "preset"), {k: str(v) for k, v in dict(query).items()}))
-    return out
+    return [(p.name, {"preset": p.name, "model": p.model}) for p in P.for_panel(panel.url_path)]
 
 
 def warm(panels: list[str] | None = None, presets: bool = True, prune: bool = False, extras: bool = False,
