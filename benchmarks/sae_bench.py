@@ -28,7 +28,7 @@ from analysis.models import ModelSpec, load_model, zoo_models  # noqa: E402
 
 def full_forward_collect(handle, pairs, layer):
     """Baseline: the same activations read from a full forward (output_hidden_states)."""
-    ds = sae_v.DATASETS[pairs.dataset]
+    ds = sae_v.dataset_for(pairs.dataset)
     with handle.session():
         for start in range(0, len(pairs.pairs), 32):
             batch = range(start, min(len(pairs.pairs), start + 32))

@@ -654,3 +654,25 @@ def test_demo_store_omega_and_scores_match_the_official_scripts():
     bad = [s for s, p in zip(scores, store.pairs.pairs) if p.corrupted]
     assert ranking.roc_auc == pytest.approx(mann_whitney_auc(clean, bad), abs=0.01)
 
+
+
+def test_a_new_dataset_is_one_registered_class_and_make_pairs_uses_it():
+    calls = []
+
+    @sae_v.DATASETS.register
+    class CountingDataset(sae_v.Dataset):
+        name, label = "counting-test", "Counting (test)"
+
+        def pairs(self, handle, n, seed, corrupted=0.0):
+            calls.append((n, seed))
+            return sae_v.PairSet(dataset=self.name, seed=seed, image_size=None, pairs=[])
+
+    try:
+        assert sae_v.DATASETS.label("counting-test") == "Counting (test)"
+        out = sae_v.make_pairs(None, "counting-test", 3, 7)
+        assert out.dataset == "counting-test" and calls == [(3, 7)]
+        assert type(sae_v.dataset_for("counting-test")) is CountingDataset
+    finally:
+        sae_v.DATASETS.unregister("counting-test")
+    with pytest.raises(ValueError, match="Unknown dataset"):
+        sae_v.make_pairs(None, "counting-test", 3, 7)

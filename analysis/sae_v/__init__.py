@@ -26,7 +26,7 @@ from analysis.sae_v.build import (
 )
 from analysis.sae_v.cli import cli
 from analysis.sae_v.datasets import (
-    DATASETS, Dataset, NoiseDataset, ShapesDataset, default_dataset, image_token, make_pairs, register_dataset,
+    DATASETS, Dataset, NoiseDataset, dataset_for, ShapesDataset, default_dataset, image_token, make_pairs, register_dataset,
 )
 from analysis.sae_v.explain import explain_input
 from analysis.registry import SettingsError
@@ -48,7 +48,7 @@ from analysis.sae_v.types import (
 __all__ = [
     "collect_activations", "decoder_layers", "modality_scales", "scaled",
     "available_saes", "build", "build_folder", "demo_folder", "is_stale", "model_fingerprint", "rebuild_store", "cli",
-    "DATASETS", "Dataset", "NoiseDataset", "ShapesDataset", "default_dataset", "image_token", "make_pairs",
+    "DATASETS", "Dataset", "dataset_for", "NoiseDataset", "ShapesDataset", "default_dataset", "image_token", "make_pairs",
     "register_dataset", "explain_input",
     "SettingsError", "SCORE_RULES", "AllSharedRule", "OfficialRule", "ScoreRule", "cross_modal_weights", "keep_top",
     "modality_labels", "pair_scores", "per_pair_max", "rank_dataset", "rank_pairs", "roc_auc", "score_rule",

@@ -8,7 +8,7 @@ import torch
 
 from analysis import anatomy
 from analysis.models import ModelHandle
-from analysis.sae_v.datasets import DATASETS, Dataset
+from analysis.sae_v.datasets import dataset_for
 from analysis.sae_v.types import IMAGE, TEXT, Activations, PairSet, Progress, _noop
 
 
@@ -27,7 +27,7 @@ def collect_activations(handle: ModelHandle, pairs: PairSet, layer: int, batch_s
     img_id = anatomy.image_token_id(handle) if is_vlm else None
     skip = set(tok.all_special_ids) - ({img_id} if img_id is not None else set())
     grid = 0
-    dataset = DATASETS.get(pairs.dataset) or Dataset()
+    dataset = dataset_for(pairs.dataset)
 
     acts, modality, pair_idx, index, tokens = [], [], [], [], []
     n = len(pairs.pairs)

@@ -1,7 +1,8 @@
 """SAE-V datasets: image-caption pairs that can be regenerated from a seed.
 
 `shapes` (Shapes World, with ground-truth concepts and a corrupted evaluation mix) and `noise`
-(random blocks and words: any model, no concepts). `register_dataset` adds another.
+(random blocks and words: any model, no concepts). Each is a class registered in `DATASETS`
+(analysis/registry.py); adding one is one decorated class.
 """
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import random
 from analysis import anatomy
 from analysis.anatomy import image_token  # noqa: F401  (re-exported by analysis.sae_v)
 from analysis.models import ModelHandle
-from analysis.registry import SettingsError
+from analysis.registry import Registry, SettingsError
 from analysis.sae_v.types import Pair, PairSet
 from analysis.tasks import tasks_for
 
 
 class Dataset:
     name = ""
+    label = "no dataset"
 
     def pairs(self, handle: ModelHandle, n: int, seed: int, corrupted: float) -> PairSet:
         raise NotImplementedError
@@ -34,10 +36,15 @@ class Dataset:
         return [set() for _ in tokens], [set() for _ in range(grid * grid)]
 
 
+DATASETS: Registry["Dataset"] = Registry("SAE-V dataset")
+
+
+@DATASETS.register
 class NoiseDataset(Dataset):
     """Random coloured blocks with random vocabulary words: works on any model, knows no concepts."""
 
     name = "noise"
+    label = "Random blocks and words (any model)"
 
     def pairs(self, handle, n, seed, corrupted=0.0):
         rng = random.Random(seed)
@@ -66,6 +73,7 @@ def _plain_words(tokenizer, limit: int = 400) -> list[str]:
     return words or ["a"]
 
 
+@DATASETS.register
 class ShapesDataset(Dataset):
     """Shapes World scenes with their captions; the evaluation mix comes from `corrupted_pairs`
     (a third clean, a third another scene's caption, a third with swapped attributes).
@@ -76,6 +84,7 @@ class ShapesDataset(Dataset):
     """
 
     name = "shapes"
+    label = "Shapes World (ground-truth concepts)"
     TRAIN_BASE = 10_000_000  # the zoo's validation split: scenes the VLM was not trained on
     EVAL_BASE = 20_000  # corrupted_pairs(seed) draws scenes from seed * 1000: the test split
 
@@ -120,11 +129,13 @@ class ShapesDataset(Dataset):
         return concepts.patch_concepts(image_seed, grid)
 
 
-DATASETS: dict[str, Dataset] = {"noise": NoiseDataset(), "shapes": ShapesDataset()}
+def register_dataset(dataset: type[Dataset] | Dataset) -> None:
+    DATASETS.register(dataset if isinstance(dataset, type) else type(dataset))
 
 
-def register_dataset(dataset: Dataset) -> None:
-    DATASETS[dataset.name] = dataset
+def dataset_for(name: str) -> Dataset:
+    """An instance of the registered dataset `name`; the plain base (no concepts) when unknown."""
+    return DATASETS.get(name)() if name in DATASETS else Dataset()
 
 
 def default_dataset(handle: ModelHandle) -> str:
@@ -135,4 +146,4 @@ def default_dataset(handle: ModelHandle) -> str:
 def make_pairs(handle: ModelHandle, dataset: str, n: int, seed: int, corrupted: float = 0.0) -> PairSet:
     if dataset not in DATASETS:
         raise SettingsError(f"Unknown dataset '{dataset}' (available: {', '.join(DATASETS)}).")
-    return DATASETS[dataset].pairs(handle, n, seed, corrupted)
+    return dataset_for(dataset).pairs(handle, n, seed, corrupted)

@@ -10,7 +10,7 @@ import torch
 
 from analysis import anatomy
 from analysis.models import ModelHandle
-from analysis.sae_v.datasets import DATASETS
+from analysis.sae_v.datasets import DATASETS, dataset_for
 from analysis.sae_v.activations import scaled
 from analysis.sae_v.scores import SCORE_RULES, _amax_into, modality_labels
 from analysis.sae_v.training import encode
@@ -95,9 +95,9 @@ def _neighbour_tables(sae, codes: torch.Tensor, active: torch.Tensor) -> tuple[t
 def _token_concepts(acts: Activations, pairs: PairSet) -> list[set]:
     """Ground-truth concept set of every recorded position (empty when the dataset knows none)."""
     out: list[set] = [set() for _ in range(len(acts))]
-    dataset = DATASETS.get(pairs.dataset)
-    if dataset is None:
+    if pairs.dataset not in DATASETS:
         return out
+    dataset = dataset_for(pairs.dataset)
     per_pair = [dataset.concepts(p, acts.tokens[i], acts.grid) for i, p in enumerate(pairs.pairs)]
     for r in range(len(acts)):
         text_sets, image_sets = per_pair[int(acts.pair[r])]

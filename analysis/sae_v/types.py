@@ -93,12 +93,12 @@ class PairSet(Result):
     pairs: list[Pair] = field(default_factory=list)
 
     def image(self, i: int):
-        from analysis.sae_v.datasets import DATASETS
+        from analysis.sae_v.datasets import dataset_for
 
         pair = self.pairs[i]
         if pair.image_seed is None or self.image_size is None:
             return None
-        return DATASETS[self.dataset].render(pair.image_seed, self.image_size)
+        return dataset_for(self.dataset).render(pair.image_seed, self.image_size)
 
 
 @dataclass
