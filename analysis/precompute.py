@@ -31,7 +31,8 @@ STORE_DIR = Path(__file__).resolve().parent / "precomputed"
 FORMAT = 1
 # Result fields that are wall-clock measurements: they differ between any two runs.
 TIMING_FIELDS = frozenset({"seconds", "step_time", "time_ms", "decode_ms", "attack_seconds",
-                           "exhaustive_seconds", "time_ratio", "exhaustive_seconds_total", "train_seconds"})
+                           "exhaustive_seconds", "time_ratio", "exhaustive_seconds_total", "train_seconds",
+                           "step_ms"})
 
 _fingerprints: dict[tuple, str] = {}
 _fp_lock = threading.Lock()

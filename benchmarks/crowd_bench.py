@@ -80,6 +80,24 @@ def page_numbers(page) -> dict[str, str]:
     return out
 
 
+def settle(page, timeout_ms: int, quiet_s: float = 1.0) -> None:
+    """Wait until the script is not running and stays so, with the same metric cards, for `quiet_s`.
+
+    The app reports "notRunning" before its first run starts and between a run and the rerun a
+    widget or a finished queue triggers, so one sighting of that state is not the end of the page.
+    """
+    deadline = time.perf_counter() + timeout_ms / 1000
+    idle = "[data-testid='stApp'][data-test-script-state='notRunning']"
+    while True:
+        page.wait_for_selector(idle, timeout=max(1, int(1000 * (deadline - time.perf_counter()))))
+        seen = page.locator("[data-testid='stMetric']").count()
+        page.wait_for_timeout(int(quiet_s * 1000))
+        if page.locator(idle).count() and page.locator("[data-testid='stMetric']").count() == seen:
+            return
+        if time.perf_counter() > deadline:
+            raise TimeoutError("the page did not settle")
+
+
 def crowd(base: str, users: list[tuple[str, str]], healthy_at: float, timeout_ms: int = 300_000) -> list[dict]:
     """Open every user's page at once (one browser context each); wait until all are done."""
     from playwright.sync_api import sync_playwright
@@ -95,11 +113,10 @@ def crowd(base: str, users: list[tuple[str, str]], healthy_at: float, timeout_ms
             pages.append(page)
         done_at = []
         for page in pages:
-            page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']",
-                                   timeout=timeout_ms)
+            settle(page, timeout_ms)
             done_at.append(time.perf_counter() - healthy_at)
         for (path, query), page, t in zip(users, pages, done_at):
-            page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=timeout_ms)
+            settle(page, timeout_ms)
             results.append({
                 "page": f"{path}{query}", "done_s": round(t, 2),
                 "exceptions": page.locator("[data-testid='stException']").all_inner_texts(),
