@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from analysis.zoo import cards  # noqa: E402
 from analysis.zoo import shapes_world as sw  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "sae_v_filtering.json"
@@ -219,15 +220,8 @@ def evaluate(model, processor, yes_no_scenes: int, caption_scenes: int) -> dict:
                                  max_new_tokens=64, do_sample=False, eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.pad_token_id)
             texts += [sw.normalize(t) for t in tok.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)]
-    n_claims = n_true = n_stated = n_facts = 0
-    for scene, text in zip(cap_scenes, texts):
-        claims = sw.caption_claims(scene, text)
-        facts = {c.text for c in sw.scene_facts(scene)}
-        n_claims += len(claims)
-        n_true += sum(c.truth for c in claims)
-        n_stated += len({c.text for c in claims if c.truth} & facts)
-        n_facts += len(facts)
-    return {"yes_no": right / total, "factuality": n_true / max(1, n_claims), "coverage": n_stated / max(1, n_facts)}
+    scores = cards.caption_scores(cap_scenes, texts)
+    return {"yes_no": right / total, "factuality": scores["factuality"], "coverage": scores["coverage"]}
 
 
 # ---------------------------------------------------------------------------------------------

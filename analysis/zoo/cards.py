@@ -205,6 +205,25 @@ def evaluate_vlm(handle, sizes: dict, progress: Progress | None = None) -> dict:
         progress(0.5, f"yes/no accuracy {right / total:.3f}")
     scenes = [sw.generate_scene(s) for s in sw.split_seeds("test", sizes["captions"])]
     captions = generate_captions(handle, scenes)
+    scores = caption_scores(scenes, captions)
+    metrics = {
+        "yes_no_accuracy": right / total,
+        "yes_no_accuracy_by_kind": {k: v[0] / v[1] for k, v in sorted(by_kind.items())},
+        "caption_factuality": scores["factuality"],
+        "caption_coverage": scores["coverage"],
+        "caption_exact": scores["exact"],
+        "chair_object_hallucination": scores["chair"],
+        "example_captions": [
+            {"seed": s.seed, "truth": sw.caption(s), "generated": t} for s, t in list(zip(scenes, captions))[:3]
+        ],
+    }
+    if progress:
+        progress(1.0, f"factuality {metrics['caption_factuality']:.3f} coverage {metrics['caption_coverage']:.3f}")
+    return metrics
+
+
+def caption_scores(scenes: list, captions: list[str]) -> dict[str, float]:
+    """Factuality and coverage pooled over all captions' claims, exact-match rate and CHAIR_i."""
     n_claims = n_true = n_stated = n_facts = exact = objects = false_objects = 0
     for scene, text in zip(scenes, captions):
         claims = sw.caption_claims(scene, text)
@@ -217,20 +236,8 @@ def evaluate_vlm(handle, sizes: dict, progress: Progress | None = None) -> dict:
         existence = [c for c in claims if c.kind == "existence"]
         objects += len(existence)
         false_objects += sum(not c.truth for c in existence)
-    metrics = {
-        "yes_no_accuracy": right / total,
-        "yes_no_accuracy_by_kind": {k: v[0] / v[1] for k, v in sorted(by_kind.items())},
-        "caption_factuality": n_true / max(1, n_claims),
-        "caption_coverage": n_stated / max(1, n_facts),
-        "caption_exact": exact / len(scenes),
-        "chair_object_hallucination": false_objects / max(1, objects),
-        "example_captions": [
-            {"seed": s.seed, "truth": sw.caption(s), "generated": t} for s, t in list(zip(scenes, captions))[:3]
-        ],
-    }
-    if progress:
-        progress(1.0, f"factuality {metrics['caption_factuality']:.3f} coverage {metrics['caption_coverage']:.3f}")
-    return metrics
+    return {"factuality": n_true / max(1, n_claims), "coverage": n_stated / max(1, n_facts),
+            "exact": exact / max(1, len(scenes)), "chair": false_objects / max(1, objects)}
 
 
 # ---------------------------------------------------------------------------------------------
