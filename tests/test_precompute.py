@@ -101,22 +101,42 @@ def test_the_committed_store_is_small():
     assert precompute.total_bytes() < 3_000_000
 
 
+LM_PAGES = {"kv-cache": "views/kv_cache.py", "prompt-reconstruction": "views/prompt_reconstruction.py",
+            "attention-sharpness": "views/attention_sharpness.py"}
+
+
+def _lm_views() -> list[tuple[str, str, dict]]:
+    """Each LM panel's default view and every preset's permalink (`?preset=name&model=...`)."""
+    from analysis import presets as P
+
+    views = []
+    for panel, page in LM_PAGES.items():
+        views.append((f"{panel}-default", page, {"model": "zoo:shapes-lm"}))
+        views += [(f"{panel}-{p.name}", page, {"model": p.model, "preset": p.name}) for p in P.for_panel(panel)]
+    return views
+
+
 @pytest.mark.skipif(not zoo_models(), reason="needs the demo zoo")
-@pytest.mark.parametrize("page", ["views/kv_cache.py", "views/prompt_reconstruction.py",
-                                  "views/attention_sharpness.py"])
-def test_default_view_is_served_from_the_store(page):
-    """What a new user's first view computes was precomputed (else: run `python -m analysis warm`)."""
+@pytest.mark.parametrize("name,page,query", _lm_views(), ids=[v[0] for v in _lm_views()])
+def test_default_view_and_presets_are_served_from_the_store(name, page, query):
+    """What a new user's first view (or a preset's first click) computes was precomputed, on-demand
+    sections included: no "Run it" gate, no Run button, nothing computed (else: run
+    `python -m analysis warm --panels ... --extras`)."""
     from components import runs
 
     runs.run_store().clear()
     computed = []
     runs.add_sink(lambda key, *rest: computed.append(key.kind))
     before = precompute.stats["hits"]
-    model = ModelSpec("zoo", "shapes-lm")
+    model = ModelSpec.parse(query["model"])
     try:
-        at = app_with_model(model, page, query={"model": model.label}, timeout=120)
+        at = app_with_model(model, page, query=query, timeout=120)
     finally:
         runs._SINKS.pop()
     assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
     assert precompute.stats["hits"] > before
-    assert not computed, f"{page} computed {computed} on page load; run `python -m analysis warm`"
+    assert not computed, f"{name} computed {computed} on page load; run `python -m analysis warm`"
+    gates = [b.label for b in at.button if b.label.startswith("Run")]
+    assert not gates, f"{name} asks before showing its result: {gates}"
+    assert not [i.value for i in at.info if "not started on its own" in i.value]
