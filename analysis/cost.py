@@ -2,14 +2,17 @@
 
 Every analysis is a sequence of forward passes. Its cost is estimated as
 
-    seconds = calls · a + tokens · b + attended · c
+    seconds = calls · a + tokens · b + attended · c + rows · r
 
-with `calls` forward calls, `tokens` tokens pushed through them, and `attended` (query, key) pairs
-of attention, counted from the settings without running the model (`estimate_work`). `a` (seconds
+with `calls` forward calls, `tokens` tokens pushed through them, `attended` (query, key) pairs
+of attention, and `rows` passes over one row of the input-embedding table (ranking the whole
+vocabulary, as the reconstruction attack does at every position: on a 152 k-word vocabulary that
+costs more than the forwards), counted from the settings without running the model (`estimate_work`). `a` (seconds
 per call: Python and per-layer overhead) and `b` (seconds per token: the weights' matmuls) are
 measured on this machine with a few tiny forwards of the loaded model (`calibrate`, cached per
 model); `c` follows from `b` by counting FLOPs (a token's matmuls cost 2 · non-embedding parameters;
-one attended pair costs 4 · layers · heads · head_dim). Pages refuse to start work estimated above
+one attended pair costs 4 · layers · heads · head_dim); `r` is timed on the model's embedding table
+(one elementwise pass over up to 16 k of its rows). Pages refuse to start work estimated above
 `LIMIT_S` on page load: they show the estimate and a button instead. `benchmarks/cold_bench.py
 --cost` and tests/test_cost.py compare estimates with measured times.
 """
@@ -24,7 +27,8 @@ from typing import Any, Callable
 
 import torch
 
-from analysis.model_lock import activity
+from analysis import anatomy
+from analysis.model_lock import activity, current_activity
 from analysis.models import ModelHandle
 
 LIMIT_S = 10.0  # work expected to take longer is not started without the user asking
@@ -32,6 +36,12 @@ EAGER_ATTENTION_OVERHEAD = 3.0  # eager softmax attention runs well below the ma
 HOOK_OVERHEAD = 1.6  # decode steps with eviction hooks (select + gather per layer) vs a plain call
 TEMPERATURE_OVERHEAD = 1.5  # the adaptive-temperature attention function with its recorder
 BACKWARD = 3.0  # a forward plus backward costs about three forwards
+# Ranking the vocabulary, in elementwise passes over the embedding table (measured on a 152 k x 896
+# table: embedding order 0.94 s, gradient-order distances 0.66 s, sorting every row 9.0 s more, one
+# pass 0.245 s).
+EMBEDDING_RANK_PASSES = 4.0  # centre, normalise, dot with the observed row, argsort
+GRADIENT_RANK_PASSES = 3.0  # squared distance of every embedding to the optimised one, argsort
+SORT_PASSES_PER_LOG2 = 3.7  # sorting each row's values (permuted dimensions): 3.7 · log2(d) passes
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,8 @@ class Throughput:
     per_pair: float  # c: seconds per attended (query, key) pair
     per_logit: float  # seconds per extra position whose next-token logits are computed
     model: str
+    per_row: float = 0.0  # r: seconds per elementwise pass over one row of the embedding table
+    per_call_fixed: float = 0.0  # the part of `per_call` a forward pays even when stopped after one block
 
 
 @dataclass
@@ -50,19 +62,32 @@ class Work:
     attended: float = 0.0  # (query, key) pairs over the layers that run, summed over calls
     logits: float = 0.0  # positions with next-token logits beyond the last one of each call
     overhead: float = 0.0  # extra per-call costs (hooks, custom attention), in units of one call
+    rows: float = 0.0  # elementwise passes over one embedding-table row (vocabulary rankings)
+    # Forwards stopped after a share δ of the layers count δ in `calls` and 1 − δ here: they still
+    # pay a call's fixed part (embedding, masks, Python), which dominates on a small model.
+    cut: float = 0.0
 
     def add(self, calls: float = 0.0, tokens: float = 0.0, attended: float = 0.0, logits: float = 0.0,
-            overhead: float = 0.0, times: float = 1.0) -> "Work":
+            overhead: float = 0.0, rows: float = 0.0, cut: float = 0.0, times: float = 1.0) -> "Work":
         self.calls += calls * times
         self.tokens += tokens * times
         self.attended += attended * times
         self.logits += logits * times
         self.overhead += overhead * times
+        self.rows += rows * times
+        self.cut += cut * times
         return self
+
+    def stopped(self, calls: float, depth: float, tokens: float = 0.0, attended: float = 0.0,
+                rows: float = 0.0) -> "Work":
+        """`calls` forwards stopped after a share `depth` of the layers (`tokens`, `attended` in full)."""
+        return self.add(calls=calls * depth, cut=calls * (1 - depth), tokens=tokens * depth,
+                        attended=attended * depth, rows=rows)
 
     def seconds(self, t: Throughput) -> float:
         return ((self.calls + self.overhead) * t.per_call + self.tokens * t.per_token
-                + self.attended * t.per_pair + self.logits * t.per_logit)
+                + self.attended * t.per_pair + self.logits * t.per_logit + self.rows * t.per_row
+                + self.cut * t.per_call_fixed)
 
 
 @dataclass(frozen=True)
@@ -137,23 +162,48 @@ def calibrate(handle: ModelHandle, repeats: int = 5) -> Throughput:
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            lm(input_ids=ids, use_cache=False, logits_to_keep=1)
+            try:
+                lm(input_ids=ids, use_cache=False, logits_to_keep=1)
+            except anatomy.StopForward:
+                pass
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
-    with activity("measuring this machine's speed"), handle.session():
+    # named for others waiting; while it waits itself, the caller's queue notice is shown
+    with activity("measuring this machine's speed", current_activity()[1]), handle.patch() as patch, \
+            torch.no_grad():
         timed((1, 1))  # warm-up (the first call allocates)
         one, many = timed((1, 1)), timed((batch, width))
+        anatomy.Capture(0).attach(patch, lm)  # now every forward stops after the first block
+        first = timed((1, 1))
+    per_row = _row_pass_seconds(lm, repeats)
+    n_layers = max(1, handle.info.layers)
+    per_layer = max(one - first, 0.0) / max(1, n_layers - 1)
+    fixed = min(max(first - per_layer, 0.0), one)
     n_many = batch * width
     per_token = max((many - one) / (n_many - 1), 1e-9)
     info = handle.info
     flops_pair = 4.0 * info.layers * info.heads * info.head_dim
     per_pair = per_token * flops_pair / (2.0 * body) * EAGER_ATTENTION_OVERHEAD
     result = Throughput(per_call=max(one - per_token, 1e-6), per_token=per_token, per_pair=per_pair,
-                        per_logit=per_token * head / body, model=handle.spec.label)
+                        per_logit=per_token * head / body, model=handle.spec.label, per_row=per_row,
+                        per_call_fixed=fixed)
     with _cal_lock:
         _calibrated[key] = result
     return result
+
+
+def _row_pass_seconds(lm, repeats: int = 3, rows: int = 16_384) -> float:
+    """Seconds per row of one elementwise pass over the input-embedding table (a slice of it)."""
+    table = lm.get_input_embeddings().weight.detach()
+    part = table[:rows].float()
+    part * 1.0001  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        part * 1.0001
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / max(1, len(part))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,29 +336,54 @@ CLEAN_CANDIDATES = 80  # an exact match is usually found in the first two propos
 
 
 def _attack(handle, params, n_tokens: int, exhaustive: bool, noisy: bool) -> Work:
-    """Candidate batches through the first `layer` blocks, with the prefix cached, position by position."""
+    """What `inversion.reconstruct` runs: the victim's states, the noise-floor calibration, then per
+    position the proposal rankings (each a pass over the whole vocabulary) and candidate batches
+    through the first `layer` blocks, with the prefix cached."""
+    from analysis import inversion as inv
+
     layers = max(params.layer, 1)
     depth = layers / max(handle.info.layers, 1)
-    vocab = int(handle.info.vocab_size)
+    vocab = int(inv.vocab_size(handle))  # the embedding table's rows (may exceed the tokenizer's)
+    d = int(handle.info.hidden_size or 1)
+    defences = inv.build_defences(params)
+    sorted_dims = any(x.moves_dims for x in defences)
+    moves_rows = any(x.moves_rows for x in defences)
+    sort = SORT_PASSES_PER_LOG2 * math.log2(max(d, 2)) if sorted_dims else 0.0
     positions = min(n_tokens, params.positions) if params.positions > 0 else n_tokens
-    work = Work(calls=depth, tokens=n_tokens * depth, attended=n_tokens ** 2 / 2 * depth)  # the victim's states
-    work.add(calls=4 * depth, tokens=4 * 32 * depth, attended=4 * 32 * 4 * depth)  # noise-floor calibration
+    order = params.order
+    # the hybrid order's gradient phase runs only for a large vocabulary (else a full pass is cheaper)
+    min_vocab = inv.HybridOrder().gradient_min_vocab
+    gradient = order == "gradient" or (order == "hybrid" and vocab >= min_vocab)
+    logits = order in ("model", "hybrid") and not (exhaustive or noisy)
+    work = Work().stopped(1, depth, tokens=n_tokens, attended=n_tokens ** 2 / 2)  # the victim's states
+    calib = min(n_tokens, 4)  # noise floor: 32 candidates and one cached step per position
+    work.stopped(1 + 2 * calib, depth, tokens=calib + 33 * calib,
+                 attended=calib ** 2 / 2 + 32 * calib * (calib + 1) / 2)
+    if gradient and not (exhaustive or noisy):
+        work.add(rows=vocab)  # the embedding table's spread (std), once
     for i in range(positions):
+        rows_left = n_tokens - i if moves_rows else 1  # observed rows each candidate is compared with
         if exhaustive or noisy:
             cands = vocab
             calls = math.ceil(vocab / max(1, params.max_batch))
+        elif order == "vocab":
+            cands = vocab / 2  # vocabulary order: the match is halfway down on average
+            calls = 3 + math.ceil(cands / max(1, params.max_batch))
         else:
             cands = min(vocab, CLEAN_CANDIDATES)
             calls = 2
-            if params.order in ("gradient", "hybrid"):
-                work.add(calls=params.gradient_steps * BACKWARD * depth,
-                         tokens=params.gradient_steps * BACKWARD * depth,
-                         attended=params.gradient_steps * BACKWARD * (i + 1) * depth)
-            if params.order in ("model", "hybrid"):
-                work.add(calls=1, tokens=1, attended=i + 1)  # the next-token logits (every layer)
-        work.add(calls=calls * depth, tokens=cands * depth, attended=cands * (i + 1) * depth)
-        if params.layer > 0:
-            work.add(calls=depth, tokens=depth, attended=(i + 1) * depth)  # extend the cached prefix
+            if order in ("embedding", "hybrid") or (order == "model" and i == 0):
+                work.add(rows=vocab * (EMBEDDING_RANK_PASSES + sort))
+            if gradient:
+                steps = params.gradient_steps
+                work.stopped(steps * BACKWARD, depth, tokens=steps * BACKWARD, attended=steps * BACKWARD * (i + 1),
+                             rows=vocab * GRADIENT_RANK_PASSES)
+        work.stopped(calls, depth, tokens=cands, attended=cands * (i + 1),
+                     rows=cands * rows_left * (1 + sort / 4))  # L1 distances to the observed rows
+        if logits:
+            work.add(calls=1, tokens=1, attended=i + 1)  # extend the prefix with next-token logits (every layer)
+        elif params.layer > 0:
+            work.stopped(1, depth, tokens=1, attended=i + 1)  # extend the cached prefix
     return work
 
 
