@@ -181,12 +181,17 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
                 return found
         for guard in _GUARDS:
             guard(key, handle, params)
-        estimate = cost.estimate(fn, handle, params, kwargs)
-        if on_demand or (estimate is not None and estimate.seconds > ASK_ABOVE_S):
-            if not _asked(key, handle, label, estimate, on_demand):
+        queue_slot = st.empty()
+        with activity(f"{label.rstrip(' .')} on {handle.spec.label}", _queue_notice(queue_slot)):
+            estimate = cost.estimate(fn, handle, params, kwargs)  # the first one times the model (holds its lock)
+        queue_slot.empty()
+        stopped = _stopped_runs().get(_widget_key("stop", key))
+        if stopped is not None or on_demand or (estimate is not None and estimate.seconds > ASK_ABOVE_S):
+            if not _asked(key, handle, label, estimate, on_demand, stopped):
                 if on_demand:
                     return None
                 st.stop()
+            _stopped_runs().pop(_widget_key("stop", key), None)
         result, seconds = _compute(key, fn, handle, params, label, kwargs, estimate)
         store.put(key, result)
         for sink in _SINKS:
@@ -198,13 +203,38 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
         done.set()
 
 
-def _asked(key: RunKey, handle, label: str, estimate, on_demand: bool) -> bool:
-    """Show the estimate and a Run button; True in the rerun where the user pressed it."""
-    if on_demand and RUN_ON_DEMAND:
+def _stopped_runs() -> dict[str, float]:
+    """This session's runs stopped with their Stop button (widget key -> seconds it had run), until
+    the user runs them again: a stopped run is not restarted on its own by the next rerun."""
+    return st.session_state.setdefault("_runs_stopped", {})
+
+
+def _mark_stopped(stop_key: str, started: float) -> None:
+    """The Stop button's callback: it runs first in the rerun its click causes (the interrupted run
+    has already undone its patches and released the model)."""
+    _stopped_runs()[stop_key] = time.time() - started
+
+
+def _queue_notice(slot) -> Callable:
+    """An `on_wait` for the model's lock: "Queued: the shared model is busy with ..." in `slot`."""
+    def on_wait(status) -> None:
+        slot.info(status.message(), icon=":material/hourglass_top:")
+    return on_wait
+
+
+def _asked(key: RunKey, handle, label: str, estimate, on_demand: bool, stopped: float | None = None) -> bool:
+    """Show the estimate and a Run button; True in the rerun where the user pressed it. After the user
+    stopped this run (`stopped`: seconds it had run), say so and offer to run it again."""
+    if stopped is None and on_demand and RUN_ON_DEMAND:
         return True
-    if not on_demand and ASK_ABOVE_S == math.inf:
+    if stopped is None and not on_demand and ASK_ABOVE_S == math.inf:
         return True
     when = f"about {cost.format_seconds(estimate.seconds)}" if estimate is not None else "a while"
+    if stopped is not None:
+        st.warning(f"**Stopped.** {label.rstrip(' .')} was stopped after {stopped:.0f} s, as you asked; nothing "
+                   "of it is shown, and the shared model is free again. Change the settings, or run it again.",
+                   icon=":material/stop_circle:")
+        return st.button(f"Run it again ({when})", key=_widget_key("run", key), type="primary")
     if on_demand and (estimate is None or estimate.seconds <= ASK_ABOVE_S):
         return st.button(f"Run: {label.rstrip(' .')} ({when})", key=_widget_key("run", key))
     info = handle.info
@@ -219,15 +249,14 @@ def _compute(key: RunKey, fn: Callable, handle, params, label: str, kwargs: dict
     stop_slot, queue_slot = st.empty(), st.empty()
     if long:
         # Pressing it reruns the page; Streamlit then stops this run at its next progress update
-        # (the model's patches are undone and its lock released on the way out).
-        stop_slot.button("Stop", key=_widget_key("stop", key), icon=":material/stop_circle:")
-
-    def on_wait(status) -> None:
-        queue_slot.info(status.message(), icon=":material/hourglass_top:")
+        # (the model's patches are undone and its lock released on the way out), and the rerun
+        # says it was stopped instead of starting it again (`_mark_stopped`).
+        stop_slot.button("Stop", key=_widget_key("stop", key), icon=":material/stop_circle:",
+                         on_click=_mark_stopped, args=(_widget_key("stop", key), time.time()))
 
     try:
         with timed_progress(label, estimate.seconds if estimate is not None else None) as report, \
-                activity(f"{label.rstrip(' .')} on {handle.spec.label}", on_wait):
+                activity(f"{label.rstrip(' .')} on {handle.spec.label}", _queue_notice(queue_slot)):
             t0 = time.perf_counter()
             result = fn(handle, params, progress=report, **kwargs)
             return result, time.perf_counter() - t0
