@@ -14,7 +14,9 @@ from analysis.models import ModelSpec, load_model, zoo_models
 
 
 def assert_close(a, b, path="result"):
-    """Same structure and values; floats to 1e-4 relative (two processes may sum in another order)."""
+    """Same structure and values; floats to 1e-4 relative (two processes may sum in another order)
+    or 5e-4 absolute: values near a numerical noise floor (the L1 distance of an exactly recovered
+    token is ~1e-4) differ between machines by a unit of the 4th decimal they are stored to."""
     if isinstance(a, dict):
         assert isinstance(b, dict) and set(a) == set(b), f"{path}: keys differ"
         for k in a:
@@ -24,7 +26,7 @@ def assert_close(a, b, path="result"):
         for i, (x, y) in enumerate(zip(a, b)):
             assert_close(x, y, f"{path}[{i}]")
     elif isinstance(a, float) or isinstance(b, float):
-        assert math.isclose(float(a), float(b), rel_tol=1e-4, abs_tol=1e-6), f"{path}: {a} != {b}"
+        assert math.isclose(float(a), float(b), rel_tol=1e-4, abs_tol=5e-4), f"{path}: {a} != {b}"
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
 
