@@ -204,3 +204,68 @@ def test_projector_stage_trains_only_the_projector(smoke_zoo):
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all(n.startswith("model.multi_modal_projector.") for n in changed), sorted(changed)[:5]
     assert all(p.requires_grad for p in model.parameters())  # nothing is left frozen afterwards
+
+
+def test_grounding_loss_pairs_each_object_cell_with_its_sentence_end():
+    """GroundingPhase's target, rebuilt from the decoded words: the image token of an object's cell is
+    paired with the word before the '.' of the caption sentence naming that object's colour and
+    shape. Hidden states built to satisfy exactly those pairs (and the norm rule) give a zero loss;
+    moving one object's token onto another sentence's end word does not."""
+    from analysis.zoo import train
+
+    cfg = train.VLMConfig()
+    processor = train.make_processor(cfg, train.vlm_tokenizer())
+    tok = processor.tokenizer
+    n_image = (cfg.image_size // cfg.patch) ** 2
+    rows = train.VLMRows(captions=2, questions=1, shuffle=False)
+    scenes: list = []
+    seeds = iter(s for s in range(100) if len(sw.generate_scene(s).objects) >= 3)
+    _, ids, mask, labels = train.vlm_batch(rows, random.Random(0), seeds, processor, cfg.image_size, n_image, scenes)
+    image_id, stop_id = tok.convert_tokens_to_ids(train.IMAGE_TOKEN), tok.convert_tokens_to_ids(".")
+    torch.manual_seed(0)
+    hidden = torch.randn(*ids.shape, 16, dtype=torch.float64)
+    text_norm = hidden[:2][(labels[:2] != -100) & mask[:2].bool()].norm(dim=-1).mean()
+    pairs = []
+    for r in range(2):
+        words = tok.convert_ids_to_tokens(ids[r].tolist())
+        cells = [i for i, w in enumerate(words) if w == train.IMAGE_TOKEN]
+        answer = [i for i in range(len(words)) if labels[r, i] != -100]
+        start = answer[0]
+        for i in answer:
+            if words[i] != ".":
+                continue
+            sentence = words[start:i]
+            start = i + 1
+            obj = next(o for o in scenes[r].objects if o.colour in sentence and o.shape in sentence)
+            pairs.append((r, cells[obj.cell], i - 1))
+    assert len(pairs) == sum(len(s.objects) for s in scenes[:2])
+    for r in range(ids.shape[0]):  # every other image token at the caption text's mean norm
+        for i in (ids[r] == image_id).nonzero().squeeze(1).tolist():
+            hidden[r, i] *= text_norm / hidden[r, i].norm()
+    for r, cell, end in pairs:
+        hidden[r, cell] = hidden[r, end]
+    loss, parts = train.grounding_loss(hidden, ids, mask, labels, scenes, 2, image_id, stop_id)
+    assert loss.item() == pytest.approx(0.0, abs=1e-12) and parts["cosine"] == pytest.approx(1.0)
+    (r, cell, _), (_, _, other_end) = pairs[0], pairs[1]
+    hidden[r, cell] = hidden[r, other_end]
+    loss, _ = train.grounding_loss(hidden, ids, mask, labels, scenes, 2, image_id, stop_id)
+    assert loss.item() > 0.1
+
+
+def test_grounding_phase_runs_on_a_smoke_vlm(smoke_zoo):
+    """The opt-in grounding phase (train.GROUNDED_VLM_PHASES) trains a built VLM end to end."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from analysis.zoo import train
+
+    folder = smoke_zoo / "shapes-vlm"
+    model = LlavaForConditionalGeneration.from_pretrained(folder)
+    processor = AutoProcessor.from_pretrained(folder)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    phase = train.GroundingPhase(steps=2, batch_captions=2, batch_questions=1, shuffle=False, seed=7, layer=0)
+    messages = []
+    log = train.continue_vlm(model, processor, train.SMOKE_VLM, phase, lambda f, m: messages.append(m))
+    assert log["steps"] == 2 and log["config"]["weight"] == phase.weight
+    assert "match" in messages[-1] and "cosine" in messages[-1]
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert isinstance(train.GROUNDED_VLM_PHASES[-1], train.GroundingPhase)

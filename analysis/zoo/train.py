@@ -439,17 +439,22 @@ def yes_no_example(scene: sw.Scene, rng: random.Random, existence: float = 0.0) 
     return sw.vlm_question_prompt(claim.text), sw.vlm_answer(claim.truth)
 
 
-def vlm_batch(rows: "VLMRows", rng: random.Random, seeds, processor, image_size: int, n_image_tokens: int):
-    """Caption rows for some scenes, one yes/no question each for others (one scene per row)."""
+def vlm_batch(rows: "VLMRows", rng: random.Random, seeds, processor, image_size: int, n_image_tokens: int,
+              scenes: list | None = None):
+    """Caption rows for some scenes, one yes/no question each for others (one scene per row); the
+    scenes are appended to `scenes` when given."""
     tok = processor.tokenizer
     images, examples = [], []
+    scenes = [] if scenes is None else scenes
     for _ in range(rows.captions):
         scene = sw.generate_scene(next(seeds))
+        scenes.append(scene)
         images.append(sw.render(scene, image_size))
         text = shuffled_caption(scene, rng) if rows.shuffle else sw.caption(scene)
         examples.append((sw.VLM_CAPTION_PROMPT, text))
     for _ in range(rows.questions):
         scene = sw.generate_scene(next(seeds))
+        scenes.append(scene)
         images.append(sw.render(scene, image_size))
         examples.append(yes_no_example(scene, rng, rows.existence))
     ids, mask, labels = vlm_collate(tok, n_image_tokens, examples)
@@ -579,14 +584,69 @@ class VLMPhase2:
     seed: int = 3
 
 
+@dataclass
+class GroundingPhase(VLMPhase2):
+    """Captions and questions plus a grounding loss that puts each object's image token where the
+    caption puts the object, in the LM's own residual stream (issue 15).
+
+    After decoder layer `layer`, the image token of the cell an object occupies is pulled (relative
+    squared error, the text side detached) towards the residual of the last word of the caption
+    sentence that describes that object ("... large red circle at the top left"), the word that
+    has read the object's size, colour, shape and position; every other image token is only held at
+    the mean norm of the caption's text tokens, so neither modality's tokens are systematically
+    longer (SAE-V counts a feature's 30 *strongest* tokens, so a longer modality would win them
+    all). Measured before this phase, shapes-vlm's image tokens were 3.5x longer than its text
+    tokens and shared almost no SAE features with them (docs/readme_zoo.md)."""
+
+    weight: float = 5.0
+    layer: int = 1
+
+
 # Phase 4 (run on the phase-3 weights) is a lower-lr polish: yes/no 93.8 -> 95.8 % held out.
 VLM_PHASES = (VLMPhase2(steps=4000), VLMPhase2(steps=2000, shuffle=False, seed=4),
               VLMPhase2(steps=2000, lr=5e-4, shuffle=False, seed=5))
 SMOKE_VLM_PHASES = (VLMPhase2(steps=2, batch_captions=1, batch_questions=2),)
+# Issue 15, not yet the default build: a fifth phase that grounds image tokens in the text residual
+# stream. Measured on the committed phase-4 weights (docs/readme_zoo.md, "Grounding phase").
+GROUNDING_PHASE = GroundingPhase(steps=4000, lr=5e-4, weight=10.0, shuffle=False, seed=7)
+GROUNDED_VLM_PHASES = VLM_PHASES + (GROUNDING_PHASE,)
+
+
+def grounding_loss(hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+                   scenes: list, n_captions: int, image_id: int, stop_id: int) -> tuple[torch.Tensor, dict]:
+    """The GroundingPhase loss on one batch (rows: `n_captions` caption rows in reading order, then
+    question rows; `scenes` one per row). Returns (loss, numbers to log)."""
+    is_image = (ids == image_id) & mask.bool()
+    filled = torch.zeros_like(is_image)
+    image_rows, text_rows = [], []
+    for r, scene in enumerate(scenes):
+        cells = is_image[r].nonzero().squeeze(1)
+        for o in scene.objects:
+            filled[r, cells[o.cell]] = True
+        if r < n_captions:
+            answer = (labels[r] != -100).nonzero().squeeze(1)
+            stops = [int(i) for i in answer if int(ids[r, i]) == stop_id]
+            # caption sentences follow the objects in reading order (cell order)
+            for o, stop in zip(sorted(scene.objects, key=lambda o: o.cell), stops):
+                image_rows.append((r, int(cells[o.cell])))
+                text_rows.append((r, stop - 1))
+    img = torch.tensor(image_rows)
+    txt = torch.tensor(text_rows)
+    h_image = hidden[img[:, 0], img[:, 1]]
+    h_text = hidden[txt[:, 0], txt[:, 1]].detach()
+    match = ((h_image - h_text).pow(2).sum(-1) / h_text.pow(2).sum(-1).clamp_min(1e-6)).mean()
+    caption_text = (labels[:n_captions] != -100) & mask[:n_captions].bool()
+    text_norm = hidden[:n_captions][caption_text].norm(dim=-1).mean().detach()
+    others = is_image.clone()
+    others[:n_captions] &= ~filled[:n_captions]
+    norm = ((hidden[others].norm(dim=-1) / text_norm - 1) ** 2).mean()
+    cosine = F.cosine_similarity(h_image, h_text, dim=-1).mean()
+    return match + norm, {"match": match.item(), "norm": norm.item(), "cosine": cosine.item()}
 
 
 def _vlm_steps(model, processor, cfg: VLMConfig, rows: VLMRows, steps: int, lr: float, warmup: int, rng, seeds,
-               label: str, progress: Progress | None, on_step: Callable[[int], None] | None = None) -> float:
+               label: str, progress: Progress | None, on_step: Callable[[int], None] | None = None,
+               ground: "GroundingPhase | None" = None) -> float:
     tok = processor.tokenizer
     n_image_tokens = (cfg.image_size // cfg.patch) ** 2
     tower = set(id(p) for p in model.model.vision_tower.parameters())
@@ -595,14 +655,23 @@ def _vlm_steps(model, processor, cfg: VLMConfig, rows: VLMRows, steps: int, lr: 
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     acc_cap = acc_q = 0.0
     start = time.time()
+    image_id, stop_id = tok.convert_tokens_to_ids(IMAGE_TOKEN), tok.convert_tokens_to_ids(".")
+    grounded: dict = {}
     for step in range(steps):
-        pixels, ids, mask, labels = vlm_batch(rows, rng, seeds, processor, cfg.image_size, n_image_tokens)
+        scenes: list = []
+        pixels, ids, mask, labels = vlm_batch(rows, rng, seeds, processor, cfg.image_size, n_image_tokens, scenes)
         for g in opt.param_groups:
             g["lr"] = lr * g["scale"] * _schedule(step, steps, warmup)
-        logits = model(input_ids=ids, attention_mask=mask, pixel_values=pixels).logits
+        out = model(input_ids=ids, attention_mask=mask, pixel_values=pixels, output_hidden_states=ground is not None)
+        logits = out.logits
         loss, exact = shifted_loss(logits, labels)
+        total = loss
+        if ground is not None:
+            extra, grounded = grounding_loss(out.hidden_states[ground.layer + 1], ids, mask, labels, scenes,
+                                             rows.captions, image_id, stop_id)
+            total = loss + ground.weight * extra
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if rows.captions:
@@ -618,7 +687,8 @@ def _vlm_steps(model, processor, cfg: VLMConfig, rows: VLMRows, steps: int, lr: 
         if progress and (step % 25 == 0 or step == steps - 1):
             progress((step + 1) / steps,
                      f"shapes-vlm {label} step {step + 1}/{steps} loss {loss.item():.3f} caption exact "
-                     f"{acc_cap:.2f} yes/no {acc_q:.2f} {time.time() - start:.0f}s")
+                     f"{acc_cap:.2f} yes/no {acc_q:.2f}"
+                     + "".join(f" {k} {v:.3f}" for k, v in grounded.items()) + f" {time.time() - start:.0f}s")
     return time.time() - start
 
 
@@ -658,7 +728,7 @@ def continue_vlm(model, processor, cfg: VLMConfig, phase: VLMPhase2, progress: P
     rng = random.Random(phase.seed)
     seeds = iter(sw.split_seeds("train", sw.SPLIT_SIZE)[7_000_000 + (phase.seed - 3) * 500_000:])
     seconds = _vlm_steps(model, processor, cfg, rows, phase.steps, phase.lr, phase.warmup, rng, seeds, label,
-                         progress)
+                         progress, ground=phase if isinstance(phase, GroundingPhase) else None)
     return {"steps": phase.steps, "seconds": round(seconds, 1), "config": dataclasses.asdict(phase)}
 
 
