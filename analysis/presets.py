@@ -117,14 +117,19 @@ PRESETS: list[Preset] = [
            "zoo:shapes-vlm", {**CAPTION_BASE, "seed": "20000003", "pi": "0.0"}),
     # --- SAE-V --------------------------------------------------------------------------------------------
     Preset("sae-features", "cross-modal-list", "How many features are cross-modal",
-           "The feature list sorted by cross-modal weight ω: on the demo SAE only a few features fire on "
-           "both caption words and image patches (the 'Cross-modal' count); most are text-only.",
+           "The feature list sorted by cross-modal weight ω: on the demo SAE a few dozen features fire on "
+           "both caption words and image patches (the 'Cross-modal' count), most with ω near 1; most features are text-only.",
            "zoo:shapes-vlm", {**SAE_BASE}),
     Preset("sae-features", "cross-modal-feature", "One feature, a word and a patch",
            "The demo SAE's feature with the largest cross-modal weight ω: caption words and image patches "
            "are both among its 30 strongest tokens (the 'Top-30 tokens: text / image' card), shown on the "
            "words it shades and on the patches outlined in its top images.",
            "zoo:shapes-vlm", {**SAE_BASE, "view": "feature", "feature": top_cross_modal_feature}),
+    Preset("sae-features", "ranking-other-scene", "s_i finds another scene's caption, not a swap",
+           "Held-out pairs ranked by s_i: a caption of another scene shares fewer cross-modal features with "
+           "the image and sinks (mean rank far below the clean pairs'), while a caption with two attributes "
+           "swapped uses the same words and ranks like a clean one.",
+           "zoo:shapes-vlm", {**SAE_BASE, "view": "ranking", "rule": "official", "thr": "1.0", "keep": "0.5"}),
 ]
 
 

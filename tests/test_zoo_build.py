@@ -253,7 +253,8 @@ def test_grounding_loss_pairs_each_object_cell_with_its_sentence_end():
 
 
 def test_grounding_phase_runs_on_a_smoke_vlm(smoke_zoo):
-    """The opt-in grounding phase (train.GROUNDED_VLM_PHASES) trains a built VLM end to end."""
+    """The grounding phase (the last of train.VLM_PHASES) trains a built VLM end to end, and the smoke
+    build ran one too."""
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
     from analysis.zoo import train
@@ -268,4 +269,28 @@ def test_grounding_phase_runs_on_a_smoke_vlm(smoke_zoo):
     assert log["steps"] == 2 and log["config"]["weight"] == phase.weight
     assert "match" in messages[-1] and "cosine" in messages[-1]
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert isinstance(train.GROUNDED_VLM_PHASES[-1], train.GroundingPhase)
+    assert isinstance(train.VLM_PHASES[-1], train.GroundingPhase)
+    built = json.loads((folder / "training.json").read_text())
+    assert built["phase3"]["config"]["weight"] == train.SMOKE_VLM_PHASES[-1].weight
+
+
+def test_a_phase_continued_from_saved_weights_gives_the_build_s_bytes(tmp_path):
+    """The committed shapes-vlm's last phase was run on the saved phase-4 weights with `continue_vlm`
+    (the function the build calls): resuming from a saved checkpoint must give the same bytes as the
+    build running all its phases in one process (smoke configs: one question phase, then grounding)."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from analysis.zoo import train
+
+    first, rest = train.SMOKE_VLM_PHASES[:-1], train.SMOKE_VLM_PHASES[-1]
+    assert isinstance(rest, train.GroundingPhase)
+    train.train_vlm(train.SMOKE_VLM, tmp_path / "whole", None, phases=train.SMOKE_VLM_PHASES)
+    train.train_vlm(train.SMOKE_VLM, tmp_path / "part", None, phases=first)
+    model = LlavaForConditionalGeneration.from_pretrained(tmp_path / "part", attn_implementation="eager")
+    processor = AutoProcessor.from_pretrained(tmp_path / "part")
+    train.continue_vlm(model, processor, train.SMOKE_VLM, rest, label=f"phase {len(first) + 2}")
+    train._save_vlm(model, processor, tmp_path / "resumed")
+    whole = (tmp_path / "whole" / "model.safetensors").read_bytes()
+    assert (tmp_path / "resumed" / "model.safetensors").read_bytes() == whole
+    partial = (tmp_path / "part" / "model.safetensors").read_bytes()
+    assert partial != whole  # the grounding phase changed the weights
