@@ -8,6 +8,7 @@ one representation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import types
@@ -60,12 +61,17 @@ def _build(tp: Any, value: Any) -> Any:
     return value
 
 
-def _from_dict(cls: type, data: dict) -> Any:
+@functools.lru_cache(maxsize=None)
+def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, resolved type hint) of each field of a dataclass. Resolving string annotations is most of
+    the cost of rebuilding a result (a feature store has thousands of nested dataclasses), so it is
+    done once per class."""
     hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _build(hints.get(f.name, Any), data[f.name])
+    return tuple((f.name, hints.get(f.name, Any)) for f in dataclasses.fields(cls))
+
+
+def _from_dict(cls: type, data: dict) -> Any:
+    kwargs = {name: _build(tp, data[name]) for name, tp in _field_types(cls) if name in data}
     return cls(**kwargs)
 
 
