@@ -8,8 +8,6 @@ preset on the zoo (tests/test_presets.py re-checks the numbers it quotes).
 from __future__ import annotations
 
 import functools
-import gzip
-import json
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -40,10 +38,9 @@ def top_cross_modal_feature() -> str:
     folders = sorted((sae_v.SAE_ROOT / "shapes-vlm").glob("layer*"))
     if not folders:
         return "0"
-    # the raw JSON, not load_store: the home page lists this preset, and rebuilding the store's
-    # thousands of typed cards only to read two fields of each doubled its cold render
-    with gzip.open(folders[0] / sae_v.STORE_FILE, "rt", encoding="utf-8") as fh:
-        features = json.load(fh)["features"]
+    # plain JSON, not load_store: the home page lists this preset, and rebuilding the store's
+    # typed cards only to read two fields of each doubled its cold render
+    features = sae_v.read_store_json(folders[0])["features"]
     cross = [(card["omega"], i) for i, card in enumerate(features) if card.get("label") == "cross-modal"]
     return str(max(cross)[1]) if cross else "0"
 

@@ -35,7 +35,7 @@ from analysis.sae_v.scores import (
     per_pair_max, rank_dataset, rank_pairs, roc_auc, score_rule, store_weights,
 )
 from analysis.sae_v.store import (
-    build_feature_store, concept_in_both, concept_precision, load_store, save_store,
+    build_feature_store, concept_in_both, concept_precision, load_store, read_store_json, save_store,
 )
 from analysis.sae_v.training import encode, load_sae, reconstruction_metrics, save_sae, train_sae
 from analysis.sae_v.types import (
@@ -53,7 +53,7 @@ __all__ = [
     "SettingsError", "SCORE_RULES", "AllSharedRule", "OfficialRule", "ScoreRule", "cross_modal_weights", "keep_top",
     "modality_labels", "pair_scores", "per_pair_max", "rank_dataset", "rank_pairs", "roc_auc", "score_rule",
     "store_weights",
-    "build_feature_store", "concept_in_both", "concept_precision", "load_store", "save_store",
+    "build_feature_store", "concept_in_both", "concept_precision", "load_store", "read_store_json", "save_store",
     "encode", "load_sae", "reconstruction_metrics", "save_sae", "train_sae",
     "ARCHITECTURES", "CACHE_ROOT", "IMAGE", "LABELS", "META_FILE", "MODALITY_NAMES", "SAE_ROOT", "STORE_FILE", "TEXT",
     "Activations", "BuildParams", "Concept", "Example", "FeatureCard", "FeatureStore", "ImageExample",

@@ -236,10 +236,14 @@ def save_store(store: FeatureStore, folder: str | Path) -> Path:
     return path
 
 
+def read_store_json(folder: str | Path) -> dict:
+    """The feature store as plain JSON (no typed cards): for readers that need a field or two."""
+    with gzip.open(Path(folder) / STORE_FILE, "rt", encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 def load_store(folder: str | Path) -> FeatureStore:
-    path = Path(folder) / STORE_FILE
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        store = FeatureStore.from_dict(json.load(fh))
+    store = FeatureStore.from_dict(read_store_json(folder))
     if any(f.has_omega is None for f in store.features):
         # written before score rules existed: its omegas follow our earlier reading
         store.params.score_rule = "all-shared"
