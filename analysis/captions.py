@@ -138,6 +138,24 @@ class DiffSpan(Result):
 
 
 @dataclass
+class SceneCaptionParams(Result):
+    """Caption one Shapes World scene (so a generated caption is keyed, shared and shipped by its seed)."""
+
+    scene_seed: int = 0
+    max_new_tokens: int = 96
+
+    def validate(self) -> None:
+        check_range("The scene seed", self.scene_seed, low=0, integer=True)
+        _check_new_tokens(self.max_new_tokens)
+
+
+@dataclass
+class GeneratedCaption(Result):
+    text: str
+    scene_seed: int | None = None
+
+
+@dataclass
 class Verification(Result):
     """Claims with their verifier probabilities and heatmaps: everything that does not depend on pi."""
 
@@ -747,6 +765,44 @@ def correct_caption(vlm: ModelHandle, image, params: CorrectionParams, lm: Model
                     progress: Progress | None = None) -> CorrectionResult:
     """The whole pipeline: decompose, verify every claim alone, flag H > pi, rewrite."""
     return apply_threshold(verify_caption(vlm, image, params, lm, progress), params, lm)
+
+
+def verification_params(params: CorrectionParams) -> CorrectionParams:
+    """The settings verification depends on: pi and the probability form only re-score its p_T, p_F."""
+    return CorrectionParams(**{**vars(params), "pi": DEFAULT_PI, "probabilities": DEFAULT_PROBABILITIES})
+
+
+# Scene-keyed steps: the image is the Shapes World scene `params.scene_seed`, so each step is fully
+# determined by its settings and models (the app shares them between users and ships the default
+# view's results; see components/runs.py).
+
+
+def _scene_of(params) -> Any:
+    if params.scene_seed is None:
+        raise CaptionError("This step needs a Shapes World scene seed.")
+    return scene_image(params.scene_seed)
+
+
+def caption_scene(handle: ModelHandle, params: SceneCaptionParams,
+                  progress: Progress | None = None) -> GeneratedCaption:
+    """The VLM's greedy caption of scene `params.scene_seed`."""
+    params.validate()
+    text = caption_image(handle, _scene_of(params), max_new_tokens=params.max_new_tokens)
+    return GeneratedCaption(text=text, scene_seed=params.scene_seed)
+
+
+def verify_scene(vlm: ModelHandle, params: CorrectionParams, progress: Progress | None = None,
+                 lm: ModelHandle | None = None) -> Verification:
+    """`verify_caption` on scene `params.scene_seed`."""
+    return verify_caption(vlm, _scene_of(params), params, lm, progress)
+
+
+def correct_scene(vlm: ModelHandle, params: CorrectionParams, progress: Progress | None = None,
+                  lm: ModelHandle | None = None) -> CorrectionResult:
+    """`correct_caption` on scene `params.scene_seed`, verifying with `verification_params(params)`
+    as the page does (the same result: pi and the probability form do not change p_T, p_F)."""
+    verification = verify_scene(vlm, verification_params(params), progress, lm)
+    return apply_threshold(verification, params, lm)
 
 
 def word_diff(before: str, after: str) -> list[DiffSpan]:

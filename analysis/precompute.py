@@ -9,6 +9,8 @@ the result is the same:
 - the settings (the params JSON) and the keyword arguments, byte for byte,
 - the model's weights: the SHA-256 of its safetensors files (`weights_fingerprint`), recorded at
   warm time and recomputed here (cached per file size and modification time),
+- for an analysis that also uses other models (`helpers`, e.g. caption correction's decomposer and
+  captioner): each helper's label and weights, checked the same way,
 
 so a stored result is never shown for another model, other weights or other settings. Each entry
 also names the function that made it, so `recompute(entry)` can redo it (tests/test_precompute.py
@@ -50,6 +52,7 @@ class Entry:
     params_type: str
     result_type: str
     kwargs: dict = field(default_factory=dict)  # the keyword arguments as JSON (to recompute)
+    helpers: dict = field(default_factory=dict)  # keyword -> {"model": label, "fingerprint": sha256}
     seconds: float = 0.0  # how long the computation took at warm time
     result: dict = field(default_factory=dict)
     format: int = FORMAT
@@ -119,9 +122,23 @@ def entries(root: Path | None = None) -> list[tuple[Path, Entry]]:
     return [(p, read_entry(p)) for p in sorted(root.glob("*/*.json.gz"))]
 
 
+Helpers = dict  # keyword -> (label, weights folder) of the other models an analysis uses
+
+
+def _helpers_match(stored: dict, helpers: Helpers | None) -> bool:
+    helpers = helpers or {}
+    if set(stored) != set(helpers):
+        return False
+    for name, (label, folder) in helpers.items():
+        fp = weights_fingerprint(folder)
+        if not fp or stored[name].get("model") != label or stored[name].get("fingerprint") != fp:
+            return False
+    return True
+
+
 def lookup(kind: str, model: str, params: str, extra: str, weights_folder: str | Path,
-           root: Path | None = None) -> Any | None:
-    """The stored result for exactly this analysis, model weights and settings, or None."""
+           root: Path | None = None, helpers: Helpers | None = None) -> Any | None:
+    """The stored result for exactly this analysis, model weights (and helpers' weights) and settings, or None."""
     if root is None and not enabled():
         return None
     path = entry_path(kind, model, params, extra, root)
@@ -132,7 +149,8 @@ def lookup(kind: str, model: str, params: str, extra: str, weights_folder: str |
         entry = read_entry(path)
         same = (entry.format == FORMAT and entry.kind == kind and entry.model == model and entry.params == params
                 and entry.extra == extra and entry.fingerprint
-                and entry.fingerprint == weights_fingerprint(weights_folder))
+                and entry.fingerprint == weights_fingerprint(weights_folder)
+                and _helpers_match(entry.helpers, helpers))
         if not same:
             stats["misses"] += 1
             return None
@@ -145,16 +163,24 @@ def lookup(kind: str, model: str, params: str, extra: str, weights_folder: str |
 
 
 def save(kind: str, model: str, params: Any, extra: str, weights_folder: str | Path, fn: Callable,
-         kwargs: dict, result: Any, seconds: float = 0.0, root: Path | None = None) -> Path | None:
-    """Store one computed result (only for models whose weights are files: the fingerprint needs them)."""
+         kwargs: dict, result: Any, seconds: float = 0.0, root: Path | None = None,
+         helpers: Helpers | None = None) -> Path | None:
+    """Store one computed result (only for models whose weights are files: the fingerprint needs them;
+    the same for every helper model)."""
     fingerprint = weights_fingerprint(weights_folder)
     if not fingerprint or not hasattr(result, "to_dict") or not hasattr(params, "to_json"):
         return None
+    stored_helpers = {}
+    for name, (label, folder) in sorted((helpers or {}).items()):
+        fp = weights_fingerprint(folder)
+        if not fp:
+            return None
+        stored_helpers[name] = {"model": label, "fingerprint": fp}
     params_json = params.to_json()
     entry = Entry(kind=kind, model=model, fingerprint=fingerprint, params=params_json, extra=extra,
                   function=_qualname(fn), params_type=_qualname(type(params)),
                   result_type=_qualname(type(result)), kwargs=json.loads(json.dumps(kwargs)),
-                  seconds=round(seconds, 3), result=result.to_dict())
+                  seconds=round(seconds, 3), result=result.to_dict(), helpers=stored_helpers)
     path = entry_path(kind, model, params_json, extra, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(dataclasses.asdict(entry), sort_keys=True, separators=(",", ":"))
@@ -163,10 +189,14 @@ def save(kind: str, model: str, params: Any, extra: str, weights_folder: str | P
 
 
 def recompute(entry: Entry, handle) -> Any:
-    """Run the entry's analysis again on `handle` with its stored settings."""
+    """Run the entry's analysis again on `handle` with its stored settings (helper models loaded by label)."""
+    from analysis.models import ModelSpec, load_model
+
     fn = _resolve(entry.function)
     params = _resolve(entry.params_type).from_json(entry.params)
-    return fn(handle, params, **entry.kwargs)
+    helpers = {name: (handle if h["model"] == entry.model else load_model(ModelSpec.parse(h["model"])))
+               for name, h in entry.helpers.items()}
+    return fn(handle, params, **helpers, **entry.kwargs)
 
 
 def without_timings(value: Any) -> Any:

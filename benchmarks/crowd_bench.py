@@ -3,9 +3,11 @@
     python benchmarks/crowd_bench.py [--users 1,6] [--repeats 1]
 
 One `streamlit run` server per measurement, started fresh; as soon as its health endpoint answers,
-N headless Chromium pages (Debian's chromium, one browser context = one session each) open
-different panels together. Measured: seconds from "healthy" until every page has finished its
-script run, exceptions on the pages, and the ratio N = 6 / N = 1. The six users: two on KV-cache
+N headless Chromium pages (Debian's chromium, one browser context = one session each, started before
+the server as the users' browsers would be) open different panels together. Measured: seconds from
+"healthy" until every page has finished its script run (each page's end is the moment it went idle
+for good, confirmed by a second of quiet; all pages are watched at once), exceptions on the pages,
+and the ratio N = 6 / N = 1. The six users: two on KV-cache
 eviction (one on the default view, one on other settings), one each on prompt reconstruction,
 attention sharpness, caption correction and SAE-V. Prints a markdown table and writes
 benchmarks/results/crowd_bench.json. tests/test_crowd.py uses the same machinery.
@@ -80,60 +82,102 @@ def page_numbers(page) -> dict[str, str]:
     return out
 
 
-def settle(page, timeout_ms: int, quiet_s: float = 1.0) -> None:
-    """Wait until the script is not running and stays so, with the same metric cards, for `quiet_s`.
+IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 
-    The app reports "notRunning" before its first run starts and between a run and the rerun a
-    widget or a finished queue triggers, so one sighting of that state is not the end of the page.
-    """
+
+def _state(page) -> tuple | None:
+    """(metric cards, charts) when the page's script is not running and the page has drawn its title
+    and all its elements; None while it runs (or has not started: "notRunning" is also shown before
+    the first run) or while elements are still placeholders (Streamlit shows skeletons until a
+    lazily loaded component, Plotly's on first use, has arrived: seconds on a busy machine)."""
+    if not page.locator(IDLE).count() or not page.locator("h1").count():
+        return None
+    if page.locator("[data-testid='stSkeleton']").count():
+        return None
+    return (page.locator("[data-testid='stMetric']").count(), page.locator("[data-testid='stPlotlyChart']").count())
+
+
+def settle_all(pages: list, timeout_ms: int, quiet_s: float = 1.0) -> list[float]:
+    """Watch every page at once; for each, the moment (perf_counter) its script run ended for good:
+    from then on it stayed idle, with the same cards and charts, for `quiet_s` (a rerun that a widget
+    or a finished queue triggers starts within that time)."""
     deadline = time.perf_counter() + timeout_ms / 1000
-    idle = "[data-testid='stApp'][data-test-script-state='notRunning']"
-    while True:
-        page.wait_for_selector(idle, timeout=max(1, int(1000 * (deadline - time.perf_counter()))))
-        seen = page.locator("[data-testid='stMetric']").count()
-        page.wait_for_timeout(int(quiet_s * 1000))
-        if page.locator(idle).count() and page.locator("[data-testid='stMetric']").count() == seen:
-            return
+    since: list[float | None] = [None] * len(pages)
+    seen: list[tuple | None] = [None] * len(pages)
+    done: list[float | None] = [None] * len(pages)
+    while any(d is None for d in done):
         if time.perf_counter() > deadline:
-            raise TimeoutError("the page did not settle")
+            raise TimeoutError("a page did not settle")
+        for i, page in enumerate(pages):
+            if done[i] is not None:
+                continue
+            now = time.perf_counter()
+            state = _state(page)
+            if state is None or state != seen[i]:
+                since[i] = now if state is not None else None
+                seen[i] = state
+            elif now - since[i] >= quiet_s:
+                done[i] = since[i]
+        time.sleep(0.05)
+    return done  # type: ignore[return-value]
+
+
+def settle(page, timeout_ms: int, quiet_s: float = 1.0) -> None:
+    """Wait until one page's script run has ended for good (see settle_all)."""
+    settle_all([page], timeout_ms, quiet_s)
+
+
+def visit(pages: list, base: str, users: list[tuple[str, str]], healthy_at: float,
+          timeout_ms: int = 300_000) -> list[dict]:
+    """Every user opens their page at once (browsers already open); wait until all are done."""
+    for page, (path, query) in zip(pages, users):
+        page.goto(f"{base}/{path}{query}", wait_until="commit")
+    done_at = settle_all(pages, timeout_ms)
+    results = []
+    for (path, query), page, t in zip(users, pages, done_at):
+        results.append({
+            "page": f"{path}{query}", "done_s": round(t - healthy_at, 2),
+            "exceptions": page.locator("[data-testid='stException']").all_inner_texts(),
+            "errors": page.locator("[data-testid='stAlertContentError']").all_inner_texts(),
+            "charts": page.locator("[data-testid='stPlotlyChart']").count(),
+            "numbers": page_numbers(page),
+        })
+    return results
+
+
+def _browser_pages(p, n: int) -> tuple:
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
+    pages = [browser.new_context(viewport={"width": 1400, "height": 900}).new_page() for _ in range(n)]
+    return browser, pages
 
 
 def crowd(base: str, users: list[tuple[str, str]], healthy_at: float, timeout_ms: int = 300_000) -> list[dict]:
     """Open every user's page at once (one browser context each); wait until all are done."""
     from playwright.sync_api import sync_playwright
 
-    results = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
-        pages = []
-        for path, query in users:
-            context = browser.new_context(viewport={"width": 1400, "height": 900})
-            page = context.new_page()
-            page.goto(f"{base}/{path}{query}", wait_until="commit")
-            pages.append(page)
-        done_at = []
-        for page in pages:
-            settle(page, timeout_ms)
-            done_at.append(time.perf_counter() - healthy_at)
-        for (path, query), page, t in zip(users, pages, done_at):
-            settle(page, timeout_ms)
-            results.append({
-                "page": f"{path}{query}", "done_s": round(t, 2),
-                "exceptions": page.locator("[data-testid='stException']").all_inner_texts(),
-                "errors": page.locator("[data-testid='stAlertContentError']").all_inner_texts(),
-                "charts": page.locator("[data-testid='stPlotlyChart']").count(),
-                "numbers": page_numbers(page),
-            })
-        browser.close()
-    return results
+        browser, pages = _browser_pages(p, len(users))
+        try:
+            return visit(pages, base, users, healthy_at, timeout_ms)
+        finally:
+            browser.close()
 
 
 def measure(n: int, env: dict | None = None) -> dict:
-    proc, base, healthy_at = start_server(env)
-    try:
-        pages = crowd(base, USERS[:n], healthy_at)
-    finally:
-        stop_server(proc)
+    """The users sit at open browsers; the server starts; when it is healthy they all open their page.
+    Timed from "healthy" to the end of the last page's script run (browser start-up not included)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser, pages_ = _browser_pages(p, n)
+        try:
+            proc, base, healthy_at = start_server(env)
+            try:
+                pages = visit(pages_, base, USERS[:n], healthy_at)
+            finally:
+                stop_server(proc)
+        finally:
+            browser.close()
     return {"users": n, "all_done_s": max(p["done_s"] for p in pages), "pages": pages,
             "server_start_s": round(start_server.last_start_s, 1),
             "exceptions": sum(len(p["exceptions"]) for p in pages)}

@@ -7,11 +7,13 @@ import numpy as np
 import plotly.graph_objects as go
 
 from analysis.captions import LOW_MASS, CaptionMetrics, ClaimVerdict, CorrectionResult, DiffSpan
+from components.figure_memo import shared_figure
 from components.images import tower_view
 
 KEEP, DROP = "#2e7d32", "#c62828"
 
 
+@shared_figure
 def score_figure(result: CorrectionResult) -> go.Figure:
     """H(u) per claim as horizontal bars, coloured by verdict, with the threshold pi."""
     claims = result.claims[::-1]  # first claim on top
@@ -60,6 +62,7 @@ def heatmap_figure(verdict: ClaimVerdict, image: np.ndarray) -> go.Figure:
     return fig
 
 
+@shared_figure
 def sweep_figure(result: CorrectionResult) -> go.Figure:
     """Factuality and coverage of the kept claims as the threshold pi varies (or kept count)."""
     pis = [p.pi for p in result.sweep]
@@ -84,6 +87,7 @@ def sweep_figure(result: CorrectionResult) -> go.Figure:
     return fig
 
 
+@shared_figure
 def metrics_figure(before: CaptionMetrics, after: CaptionMetrics) -> go.Figure:
     """Factuality, coverage and CHAIR_i before and after correction."""
     names = ["factuality", "coverage", "CHAIR_i"]

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from analysis.inversion import (
     AttackResult, CascadeResult, LayerSweep, NoiseSweep, SpeedComparison, defence_label,
 )
+from components.figure_memo import shared_figure
 
 GOOD, BAD, UNSEEN = "#2e9b4f", "#d1495b", "#d9d9d9"
 
@@ -38,6 +39,7 @@ def token_rows(result: AttackResult) -> list[dict]:
     ]
 
 
+@shared_figure
 def distance_figure(result: AttackResult) -> go.Figure:
     """Per-position L1 distance of the chosen candidate, against the acceptance threshold."""
     xs = [t.position for t in result.tokens]
@@ -59,6 +61,7 @@ def distance_figure(result: AttackResult) -> go.Figure:
     return fig
 
 
+@shared_figure
 def rank_figure(result: AttackResult) -> go.Figure:
     """Rank of the true token in the proposal order and candidates scored, per position."""
     xs = [t.position for t in result.tokens]
@@ -74,6 +77,7 @@ def rank_figure(result: AttackResult) -> go.Figure:
     return fig
 
 
+@shared_figure
 def layer_figure(sweep: LayerSweep) -> go.Figure:
     xs = [p.layer for p in sweep.points]
     fig = go.Figure()
@@ -89,6 +93,7 @@ def layer_figure(sweep: LayerSweep) -> go.Figure:
     return fig
 
 
+@shared_figure
 def noise_figure(sweep: NoiseSweep) -> go.Figure:
     fig = go.Figure()
     dashes = ["solid", "dash", "dot", "dashdot"]
@@ -103,6 +108,7 @@ def noise_figure(sweep: NoiseSweep) -> go.Figure:
     return fig
 
 
+@shared_figure
 def speed_figure(cmp: SpeedComparison) -> go.Figure:
     from plotly.subplots import make_subplots
 
@@ -127,6 +133,7 @@ def speed_figure(cmp: SpeedComparison) -> go.Figure:
     return fig
 
 
+@shared_figure
 def cascade_figure(result: CascadeResult) -> go.Figure:
     """Which party sees which position (cells), and what the attacking party recovered."""
     parties = len(result.parties)

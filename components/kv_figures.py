@@ -4,6 +4,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from analysis.kv_eviction import POLICIES, KvResult, PolicyRun, SweepResult
+from components.figure_memo import shared_figure
 
 # Labels and colours come from the policy classes (analysis/kv/policies.py): POLICIES.label / .colour.
 
@@ -26,6 +27,7 @@ def kept_matrix(result: KvResult, layer_index: int, head: int) -> list[list[floa
     return rows
 
 
+@shared_figure
 def retained_heatmap(result: KvResult, layer_index: int, head: int) -> go.Figure:
     """Which original positions are in the cache after each decode step, needles marked."""
     z = kept_matrix(result, layer_index, head)
@@ -91,6 +93,7 @@ def _mean_matrix(m: list[list[float]]) -> float | None:
     return round(sum(flat) / len(flat), 3) if flat else None
 
 
+@shared_figure
 def step_metric_figure(result: KvResult, metric: str = "kl") -> go.Figure:
     """Per-step KL (or ΔNLL) of each policy against the full cache."""
     titles = {"kl": ("KL(full ‖ policy) per predicted token", "KL divergence (nats)"),
@@ -111,6 +114,7 @@ def step_metric_figure(result: KvResult, metric: str = "kl") -> go.Figure:
     return fig
 
 
+@shared_figure
 def memory_figure(result: KvResult) -> go.Figure:
     """Measured cache size over decode steps, one line per policy; analytic size as markers."""
     fig = go.Figure()
@@ -126,6 +130,7 @@ def memory_figure(result: KvResult) -> go.Figure:
     return fig
 
 
+@shared_figure
 def sweep_figure(sweep: SweepResult, metric: str = "accuracy") -> go.Figure:
     """Budget sweep: one curve per policy, budget as a share of the context on x."""
     titles = {"accuracy": ("Key-value recall accuracy", "accuracy (share of answers)"),
@@ -149,6 +154,7 @@ def sweep_figure(sweep: SweepResult, metric: str = "accuracy") -> go.Figure:
     return fig
 
 
+@shared_figure
 def survival_figure(run: PolicyRun, layers: list[int]) -> go.Figure:
     """Share of the asked-for needles still cached when each answer is predicted, per layer and KV head."""
     z = run.needle_survival

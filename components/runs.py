@@ -14,8 +14,13 @@ weights and the settings), then estimated (`analysis/cost.py`): long work waits 
 with a progress bar showing the time left and a Stop button, and says when it is queued behind
 another user's analysis on the shared model (`analysis/model_lock.py`).
 
+An analysis that also uses other models (caption correction: a captioner, a decomposer/rewriter LM)
+names them in `models={"lm": lm_handle}`: they are passed to it as keyword arguments, their labels
+are part of the key and their weights part of a shipped result's fingerprint. A result computed
+outside `cached_run` (from other cached steps) can still be shared and shipped with `remember(...)`.
+
 Extension points, keyed on the same `RunKey`:
-- `add_source(fn)`: `fn(key, handle, params) -> result | None`, asked on a miss before computing;
+- `add_source(fn)`: `fn(key, handle, params, models) -> result | None`, asked on a miss before computing;
 - `add_guard(fn)`: `fn(key, handle, params) -> None`, called before computing; it may show a
   message and `st.stop()`;
 - `add_sink(fn)`: told every computed result (the warm command stores them).
@@ -89,8 +94,8 @@ ASK_ABOVE_S = float(os.environ.get("MODEL_INSPECTOR_ASK_ABOVE_S", cost.LIMIT_S))
 RUN_ON_DEMAND = False  # True: on-demand sections run without their button (the warm command's --extras)
 
 
-def add_source(fn: Callable[[RunKey, Any, Any], Any]) -> None:
-    """Ask `fn(key, handle, params)` for a ready result on a miss (None: not available)."""
+def add_source(fn: Callable[..., Any]) -> None:
+    """Ask `fn(key, handle, params, models)` for a ready result on a miss (None: not available)."""
     if fn not in _SOURCES:
         _SOURCES.append(fn)
 
@@ -107,16 +112,21 @@ def add_guard(fn: Callable[[RunKey, Any, Any], None]) -> None:
 
 
 def add_sink(fn: Callable[..., None]) -> None:
-    """Call `fn(key, handle, params, analysis, kwargs, result, seconds)` after each computation."""
+    """Call `fn(key, handle, params, analysis, kwargs, result, seconds, models)` after each computation."""
     if fn not in _SINKS:
         _SINKS.append(fn)
 
 
-def precomputed(key: RunKey, handle, params) -> Any | None:
-    """A result computed ahead (`python -m analysis warm`) for exactly this model's weights and settings."""
+def helpers(models: dict | None) -> dict[str, tuple[str, str]]:
+    """The other models of a run as precompute's helpers: keyword -> (label, weights folder)."""
+    return {name: (h.spec.label, getattr(h, "path", "")) for name, h in (models or {}).items()}
+
+
+def precomputed(key: RunKey, handle, params, models: dict | None = None) -> Any | None:
+    """A result computed ahead (`python -m analysis warm`) for exactly these models' weights and settings."""
     if not getattr(handle, "path", ""):
         return None
-    return precompute.lookup(key.kind, key.model, key.params, key.extra, handle.path)
+    return precompute.lookup(key.kind, key.model, key.params, key.extra, handle.path, helpers=helpers(models))
 
 
 add_source(precomputed)
@@ -126,31 +136,46 @@ def _as_json(params: Any) -> str:
     return params.to_json() if hasattr(params, "to_json") else repr(params)
 
 
-def run_key(kind: str, handle, params: Any, **kwargs) -> RunKey:
-    return RunKey(kind, handle.spec.label, _as_json(params), repr(sorted(kwargs.items())))
+def run_key(kind: str, handle, params: Any, models: dict | None = None, **kwargs) -> RunKey:
+    extra = repr(sorted(kwargs.items()))
+    if models:
+        extra += " with " + repr(sorted((name, h.spec.label) for name, h in models.items()))
+    return RunKey(kind, handle.spec.label, _as_json(params), extra)
 
 
 def _widget_key(prefix: str, key: RunKey) -> str:
     return f"{prefix}_{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"
 
 
-def ready(kind: str, handle, params: Any, **kwargs) -> Any | None:
+def ready(kind: str, handle, params: Any, models: dict | None = None, **kwargs) -> Any | None:
     """The result if it is already known (computed in this server or shipped), without computing."""
-    key = run_key(kind, handle, params, **kwargs)
+    key = run_key(kind, handle, params, models, **kwargs)
     hit = run_store().get(key)
     if hit is not None:
         return hit
     for source in _SOURCES:
-        found = source(key, handle, params)
+        found = source(key, handle, params, models)
         if found is not None:
             run_store().put(key, found)
             return found
     return None
 
 
+def remember(kind: str, fn: Callable, handle, params: Any, result: Any, *, models: dict | None = None,
+             seconds: float = 0.0, **kwargs) -> None:
+    """Share (and let the warm command ship) a result computed outside `cached_run`, e.g. from other
+    cached steps; `fn(handle, params, **models, **kwargs)` must compute the same result."""
+    key = run_key(kind, handle, params, models, **kwargs)
+    if run_store().get(key) is not None:
+        return
+    run_store().put(key, result)
+    for sink in _SINKS:
+        sink(key, handle, params, fn, kwargs, result, seconds, models or {})
+
+
 def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_demand: bool = False,
-               **kwargs) -> Any:
-    """`fn(handle, params, progress=..., **kwargs)`, computed once per (kind, model, params, kwargs).
+               models: dict | None = None, **kwargs) -> Any:
+    """`fn(handle, params, progress=..., **models, **kwargs)`, computed once per (kind, models, params, kwargs).
 
     Before computing, the run is estimated (`analysis/cost.py`). Work expected to take longer than
     `ASK_ABOVE_S` is not started on page load: the page shows the estimate and a Run button, and
@@ -160,7 +185,8 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
     "queued behind ..." line.
     """
     store = run_store()
-    key = run_key(kind, handle, params, **kwargs)
+    models = models or {}
+    key = run_key(kind, handle, params, models, **kwargs)
     while True:
         hit = store.get(key)
         if hit is not None:
@@ -175,7 +201,7 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
         # loop: the other run stored its result, or failed (then this session computes it itself)
     try:
         for source in _SOURCES:
-            found = source(key, handle, params)
+            found = source(key, handle, params, models)
             if found is not None:
                 store.put(key, found)
                 return found
@@ -192,10 +218,10 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
                     return None
                 st.stop()
             _stopped_runs().pop(_widget_key("stop", key), None)
-        result, seconds = _compute(key, fn, handle, params, label, kwargs, estimate)
+        result, seconds = _compute(key, fn, handle, params, label, {**models, **kwargs}, estimate)
         store.put(key, result)
         for sink in _SINKS:
-            sink(key, handle, params, fn, kwargs, result, seconds)
+            sink(key, handle, params, fn, kwargs, result, seconds, models)
         return result
     finally:
         with store.lock:

@@ -9,6 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from analysis.sae_v import FeatureCard, FeatureStore, InputExplanation, Ranking
+from components.figure_memo import shared_figure
 from components.images import tower_view
 
 LABEL_COLOURS = {"cross-modal": "#7b1fa2", "text-only": "#1565c0", "image-only": "#ef6c00", "dead": "#9e9e9e"}
@@ -89,6 +90,7 @@ def kind_summary(ranking: Ranking) -> list[dict]:
 # Figures
 
 
+@shared_figure
 def feature_scatter(store: FeatureStore) -> go.Figure:
     """omega vs density per feature, one colour per modality label."""
     fig = go.Figure()
@@ -112,6 +114,7 @@ def feature_scatter(store: FeatureStore) -> go.Figure:
     return fig
 
 
+@shared_figure
 def histogram_figure(card: FeatureCard) -> go.Figure:
     edges = np.asarray(card.hist_edges, dtype=float)
     counts = np.asarray(card.hist_counts, dtype=float)
@@ -161,6 +164,7 @@ def image_heatmap_figure(image: np.ndarray, heatmap: list[float], grid: int, tit
     return fig
 
 
+@shared_figure
 def score_distribution_figure(ranking: Ranking) -> go.Figure:
     """s_i (or the weighted mean) per pair kind, as overlaid histograms."""
     fig = go.Figure()
@@ -180,6 +184,7 @@ def score_distribution_figure(ranking: Ranking) -> go.Figure:
     return fig
 
 
+@shared_figure
 def roc_figure(ranking: Ranking) -> go.Figure:
     """ROC curve of 'clean' (positive) vs corrupted, thresholding the chosen score."""
     value = (lambda r: r.score) if ranking.by == "sum" else (lambda r: r.weighted)
@@ -208,6 +213,7 @@ def keep_summary(ranking: Ranking, keep: float) -> dict:
     return keep_top(ranking.rows, keep)
 
 
+@shared_figure
 def keep_curve_figure(ranking: Ranking, keep: float | None = None, steps: int = 40) -> go.Figure:
     """Precision and recall of the corrupted pairs removed, as the kept share goes from 0 to 1."""
     from analysis.sae_v import keep_top
@@ -295,6 +301,7 @@ def filtering_rows(results: dict) -> list[dict]:
     return rows
 
 
+@shared_figure
 def filtering_figure(results: dict) -> go.Figure:
     """Each metric per training condition: mean over seeds with ± one standard deviation."""
     fig = go.Figure()

@@ -8,6 +8,7 @@ from plotly.subplots import make_subplots
 from analysis.sharpness import (
     HeadStats, LemmaResult, PromptResult, SweepResult, adaptive_beta, beta_curve, sharpening_interval,
 )
+from components.figure_memo import shared_figure
 
 SOFTMAX_COLOUR = "#636efa"
 ADAPTIVE_COLOUR = "#ef553b"
@@ -23,6 +24,7 @@ def _sink_note(sink: bool) -> str:
     return "" if sink else " (first token excluded)"
 
 
+@shared_figure
 def lemma_figure(result: LemmaResult) -> go.Figure:
     """p_max and entropy vs n for each θ and the adaptive rule, with 1/n and ln n references."""
     ns = result.params.ns
@@ -43,6 +45,7 @@ def lemma_figure(result: LemmaResult) -> go.Figure:
     return fig
 
 
+@shared_figure
 def size_figure(result: SweepResult, layer: int, head: int, sink: bool = True) -> go.Figure:
     """Entropy, max weight and max-item weight of one head vs n, softmax vs adaptive θ."""
     ns = [p.n for p in result.points]
@@ -63,6 +66,7 @@ def size_figure(result: SweepResult, layer: int, head: int, sink: bool = True) -
     return fig
 
 
+@shared_figure
 def theta_sweep_figure(result: SweepResult, layer: int, head: int, sink: bool = True) -> go.Figure:
     """Entropy and max weight of one head, and P(correct answer), vs θ; one curve per n."""
     fixed = sorted((r.rule.theta if r.rule.mode == "fixed" else 1.0, r.rule.label)
@@ -91,6 +95,7 @@ def theta_sweep_figure(result: SweepResult, layer: int, head: int, sink: bool = 
     return fig
 
 
+@shared_figure
 def beta_figure(result: SweepResult, n: int) -> go.Figure:
     """β(H) of the adaptive rule, the sharpening band shaded, and every head's observed (H, β) at n."""
     h, beta = beta_curve(8.0)
@@ -118,6 +123,7 @@ def beta_figure(result: SweepResult, n: int) -> go.Figure:
     return fig
 
 
+@shared_figure
 def heatmap_figure(result: SweepResult, n: int, sink: bool = True) -> go.Figure:
     """Layer x head normalised entropy H / ln n, softmax vs adaptive θ, on one colour scale."""
     point = next(p for p in result.points if p.n == n)
@@ -135,6 +141,7 @@ def heatmap_figure(result: SweepResult, n: int, sink: bool = True) -> go.Figure:
     return fig
 
 
+@shared_figure
 def accuracy_figure(result: SweepResult) -> go.Figure:
     rows = result.accuracy_table()
     ns = [r["n"] for r in rows]
@@ -149,6 +156,7 @@ def accuracy_figure(result: SweepResult) -> go.Figure:
     return fig
 
 
+@shared_figure
 def prompt_weights_figure(result: PromptResult, layer: int, head: int) -> go.Figure:
     """The last token's attention over the prompt for one head, softmax vs the chosen temperature."""
     x = [f"{i}:{t}" for i, t in enumerate(result.tokens)]

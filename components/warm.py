@@ -62,9 +62,10 @@ def warm(panels: list[str] | None = None, presets: bool = True, prune: bool = Fa
 
     saved: list[Path] = []
 
-    def record(key, handle, params, fn, kwargs, result, seconds) -> None:
+    def record(key, handle, params, fn, kwargs, result, seconds, models) -> None:
         try:
-            path = precompute.save(key.kind, key.model, params, key.extra, handle.path, fn, kwargs, result, seconds)
+            path = precompute.save(key.kind, key.model, params, key.extra, handle.path, fn, kwargs, result, seconds,
+                                   helpers=runs.helpers(models))
         except (TypeError, ValueError) as exc:  # a result that does not travel as JSON: skip it
             log(f"  not stored ({key.kind}): {exc}")
             return

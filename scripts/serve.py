@@ -19,5 +19,10 @@ import components.preload  # noqa: E402,F401  (the same module app.py imports fi
 from streamlit.web import cli as streamlit_cli  # noqa: E402
 
 if __name__ == "__main__":
-    sys.argv = ["streamlit", "run", str(ROOT / "app.py"), *sys.argv[1:]]
+    # No file watcher: a demo server's sources do not change under it, and watching them is not free.
+    # Streamlit (watchdog) watches the folders of every imported module of the app; reading a model or
+    # a feature store there queues inotify events, and on overflow it walks the whole tree again.
+    # Profiled with six users at once, that was more CPU than all six pages' script runs together.
+    # Pass --server.fileWatcherType auto to get auto-reload back while editing.
+    sys.argv = ["streamlit", "run", str(ROOT / "app.py"), "--server.fileWatcherType", "none", *sys.argv[1:]]
     sys.exit(streamlit_cli.main())

@@ -54,7 +54,7 @@ def small_sweeps():
     from analysis import sharpness as S
     from components import runs
 
-    def shrink(key, handle, params):
+    def shrink(key, handle, params, models=None):
         if isinstance(params, S.SweepParams) and params.samples > 2:
             return S.size_sweep(handle, dataclasses.replace(params, samples=2))
         if isinstance(params, kv.KvParams) and not params.prompt.strip():

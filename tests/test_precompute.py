@@ -71,6 +71,30 @@ def test_a_stored_result_comes_back_only_for_the_same_weights_and_settings(copie
     assert precompute.lookup("analyze", label, params, extra, handle.path, root=tmp_path) is None
 
 
+def test_a_result_that_also_uses_a_helper_model_is_keyed_by_the_helper_s_weights_too(
+        copied_llama, tiny_llama_dir, tmp_path):
+    """Caption correction also runs a decomposer/rewriter LM: its label and weights count like the VLM's."""
+    from safetensors.torch import load_file, save_file
+
+    params, extra = SMALL.to_json(), "[] with [('lm', 'local:helper')]"
+    helper = {"lm": ("local:helper", str(copied_llama))}
+    assert precompute.save("analyze", "local:main", SMALL, extra, tiny_llama_dir, kv.analyze, {}, SMALL,
+                           root=tmp_path, helpers=helper) is not None
+    assert precompute.lookup("analyze", "local:main", params, extra, tiny_llama_dir, root=tmp_path,
+                             helpers=helper) == SMALL
+    assert precompute.lookup("analyze", "local:main", params, extra, tiny_llama_dir, root=tmp_path) is None
+    other = {"lm": ("local:other", str(copied_llama))}
+    assert precompute.lookup("analyze", "local:main", params, extra, tiny_llama_dir, root=tmp_path,
+                             helpers=other) is None
+    weights = next(copied_llama.glob("*.safetensors"))
+    tensors = load_file(weights)
+    name = next(k for k in tensors if k.endswith("q_proj.weight"))
+    tensors[name] = tensors[name] + 1e-3
+    save_file(tensors, weights, metadata={"format": "pt"})
+    assert precompute.lookup("analyze", "local:main", params, extra, tiny_llama_dir, root=tmp_path,
+                             helpers=helper) is None
+
+
 def test_an_entry_cannot_name_code_outside_the_package(tmp_path, tiny_llama_dir):
     with pytest.raises(ValueError):
         precompute._resolve("os:system")
@@ -103,17 +127,20 @@ def test_the_committed_store_is_small():
     assert precompute.total_bytes() < 3_000_000
 
 
-LM_PAGES = {"kv-cache": "views/kv_cache.py", "prompt-reconstruction": "views/prompt_reconstruction.py",
-            "attention-sharpness": "views/attention_sharpness.py"}
+# panel -> (page, default model). SAE-V reads its feature store from the zoo instead.
+STORED_PAGES = {"kv-cache": ("views/kv_cache.py", "zoo:shapes-lm"),
+                "prompt-reconstruction": ("views/prompt_reconstruction.py", "zoo:shapes-lm"),
+                "attention-sharpness": ("views/attention_sharpness.py", "zoo:shapes-lm"),
+                "caption-correction": ("views/caption_correction.py", "zoo:shapes-vlm")}
 
 
 def _lm_views() -> list[tuple[str, str, dict]]:
-    """Each LM panel's default view and every preset's permalink (`?preset=name&model=...`)."""
+    """Each panel's default view and every preset's permalink (`?preset=name&model=...`)."""
     from analysis import presets as P
 
     views = []
-    for panel, page in LM_PAGES.items():
-        views.append((f"{panel}-default", page, {"model": "zoo:shapes-lm"}))
+    for panel, (page, model) in STORED_PAGES.items():
+        views.append((f"{panel}-default", page, {"model": model}))
         views += [(f"{panel}-{p.name}", page, {"model": p.model, "preset": p.name}) for p in P.for_panel(panel)]
     return views
 

@@ -12,6 +12,7 @@ from analysis.registry import SettingsError
 from components import caption_figures as F
 from components.common import analysis_errors, explain, progress, require_model, set_url_params, url_param
 from components.presets import preset_bar
+from components.runs import cached_run, ready, remember
 from components.share import share_bar
 
 st.title("Caption correction")
@@ -31,7 +32,8 @@ OWN_LM = "the VLM's own language model"
 SEED_MAX = 2**31 - 1
 
 
-@st.cache_resource(max_entries=1, show_spinner="Loading the decomposer/rewriter model ...")
+# Two at once: the weak captioner and the decomposer/rewriter LM are both used on every run.
+@st.cache_resource(max_entries=2, show_spinner="Loading the decomposer/rewriter model ...")
 def agent_lm(label: str):
     return load_model(ModelSpec.parse(label))
 
@@ -43,6 +45,9 @@ def scene_png(seed: int) -> bytes:
     return buf.getvalue()
 
 
+# Shapes World scenes go through components/runs.py (keyed by the seed: shared between users and
+# shipped for the default view and presets by `python -m analysis warm`); uploads are keyed by their
+# bytes here.
 @st.cache_data(max_entries=32, show_spinner="Captioning ...")
 def generate_caption(model_label: str, image_key: str, _vlm, _image) -> str:
     return C.caption_image(_vlm, _image)
@@ -108,7 +113,11 @@ with right:
     else:
         try:
             captioner = handle if cap_source == "vlm" else agent_lm(f"zoo:{WEAK}")
-            caption = generate_caption(captioner.spec.label, image_key, captioner, image)
+            if seed is not None:
+                caption = cached_run("caption", C.caption_scene, captioner, C.SceneCaptionParams(scene_seed=seed),
+                                     label="Captioning").text
+            else:
+                caption = generate_caption(captioner.spec.label, image_key, captioner, image)
         except (C.CaptionError, ModelLoadError) as exc:
             st.error(f"Could not generate a caption: {exc}")
             st.stop()
@@ -174,10 +183,19 @@ with analysis_errors(C.CaptionError):
     params = C.CorrectionParams(caption=caption, pi=pi, decomposer=decomposer, verifier=verifier,
                                 rewriter=rewriter, ground=ground, scene_seed=seed, probabilities=form)
     # pi and the probability form do not change verification (p_T, p_F): moving them only re-scores
-    verify_params = C.CorrectionParams(**{**vars(params), "pi": C.DEFAULT_PI,
-                                          "probabilities": C.DEFAULT_PROBABILITIES})
-    verification = verify(handle.spec.label, lm.spec.label, image_key, verify_params.to_json(), handle, lm, image)
-    result = correct(lm.spec.label, verification.to_json(), params.to_json(), lm)
+    verify_params = C.verification_params(params)
+    if seed is not None:
+        agents = {"lm": lm}
+        result = ready("correct", handle, params, agents)
+        if result is None:
+            verification = cached_run("verify", C.verify_scene, handle, verify_params, label="Verifying claims",
+                                      models=agents)
+            result = correct(lm.spec.label, verification.to_json(), params.to_json(), lm)
+            remember("correct", C.correct_scene, handle, params, result, models=agents)
+    else:
+        verification = verify(handle.spec.label, lm.spec.label, image_key, verify_params.to_json(), handle, lm,
+                              image)
+        result = correct(lm.spec.label, verification.to_json(), params.to_json(), lm)
 
 # --- views --------------------------------------------------------------------------------------
 
