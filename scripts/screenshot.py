@@ -49,6 +49,9 @@ def wait_rendered(page, timeout_ms: int = 180_000) -> None:
     page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=timeout_ms)
     page.wait_for_timeout(1500)  # let plotly finish drawing
     page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=timeout_ms)
+    # Skeletons stand in for elements until a lazily loaded component (Plotly's) has arrived.
+    page.wait_for_function("() => !document.querySelector(\"[data-testid='stSkeleton']\")", timeout=timeout_ms)
+    page.wait_for_timeout(500)
 
 
 def shoot(base: str, paths: list[str], out: Path, width: int = 1400) -> list[Path]:
