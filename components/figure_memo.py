@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, TypeVar
 
-MAX_PER_BUILDER = 64
+MAX_PER_BUILDER = 16  # a few sessions on a few results; each entry keeps its result alive
 _PLAIN = (str, int, float, bool, type(None))
 
 F = TypeVar("F", bound=Callable[..., Any])
