@@ -182,10 +182,26 @@ def save(kind: str, model: str, params: Any, extra: str, weights_folder: str | P
                   result_type=_qualname(type(result)), kwargs=json.loads(json.dumps(kwargs)),
                   seconds=round(seconds, 3), result=result.to_dict(), helpers=stored_helpers)
     path = entry_path(kind, model, params_json, extra, root)
+    if _same_as_stored(path, entry):
+        return path  # only wall-clock fields differ: keep the committed file as it is
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(dataclasses.asdict(entry), sort_keys=True, separators=(",", ":"))
     path.write_bytes(gzip.compress(text.encode(), mtime=0))
     return path
+
+
+def _same_as_stored(path: Path, entry: Entry) -> bool:
+    """True when `path` holds this entry already, up to wall-clock fields (and float noise below 1e-4)."""
+    if not path.is_file():
+        return False
+    try:
+        old = read_entry(path)
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+    plain = ("kind", "model", "fingerprint", "params", "extra", "function", "params_type", "result_type",
+             "kwargs", "helpers", "format")
+    return (all(getattr(old, f) == getattr(entry, f) for f in plain)
+            and without_timings(old.result) == without_timings(entry.result))
 
 
 def recompute(entry: Entry, handle) -> Any:

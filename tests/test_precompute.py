@@ -95,6 +95,24 @@ def test_a_result_that_also_uses_a_helper_model_is_keyed_by_the_helper_s_weights
                              helpers=helper) is None
 
 
+def test_storing_the_same_result_again_keeps_the_file_when_only_timings_differ(tiny_llama_dir, tmp_path):
+    """`python -m analysis warm` re-stores every result; a rerun must not rewrite committed files
+    whose only change is a wall-clock field, but must rewrite real changes."""
+    import dataclasses
+
+    result = kv.KvParams(context=40)  # any Result; `seconds`-like fields are what timings are
+    path = precompute.save("analyze", "local:m", SMALL, "[]", tiny_llama_dir, kv.analyze, {}, result, 1.0,
+                           root=tmp_path)
+    before = path.read_bytes()
+    again = precompute.save("analyze", "local:m", SMALL, "[]", tiny_llama_dir, kv.analyze, {}, result, 2.5,
+                            root=tmp_path)
+    assert again == path and path.read_bytes() == before
+    changed = dataclasses.replace(result, context=41)
+    precompute.save("analyze", "local:m", SMALL, "[]", tiny_llama_dir, kv.analyze, {}, changed, 2.5, root=tmp_path)
+    assert path.read_bytes() != before
+    assert precompute.read_entry(path).result["context"] == 41
+
+
 def test_an_entry_cannot_name_code_outside_the_package(tmp_path, tiny_llama_dir):
     with pytest.raises(ValueError):
         precompute._resolve("os:system")
