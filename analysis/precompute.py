@@ -125,15 +125,16 @@ def entries(root: Path | None = None) -> list[tuple[Path, Entry]]:
 Helpers = dict  # keyword -> (label, weights folder) of the other models an analysis uses
 
 
-def _helpers_match(stored: dict, helpers: Helpers | None) -> bool:
-    helpers = helpers or {}
-    if set(stored) != set(helpers):
-        return False
-    for name, (label, folder) in helpers.items():
+def _helper_fingerprints(helpers: Helpers | None) -> dict | None:
+    """keyword -> {"model": label, "fingerprint": sha256} as stored in an entry; None when a helper's
+    weights are not files (then nothing can be stored or matched)."""
+    out = {}
+    for name, (label, folder) in sorted((helpers or {}).items()):
         fp = weights_fingerprint(folder)
-        if not fp or stored[name].get("model") != label or stored[name].get("fingerprint") != fp:
-            return False
-    return True
+        if not fp:
+            return None
+        out[name] = {"model": label, "fingerprint": fp}
+    return out
 
 
 def lookup(kind: str, model: str, params: str, extra: str, weights_folder: str | Path,
@@ -150,7 +151,7 @@ def lookup(kind: str, model: str, params: str, extra: str, weights_folder: str |
         same = (entry.format == FORMAT and entry.kind == kind and entry.model == model and entry.params == params
                 and entry.extra == extra and entry.fingerprint
                 and entry.fingerprint == weights_fingerprint(weights_folder)
-                and _helpers_match(entry.helpers, helpers))
+                and entry.helpers == _helper_fingerprints(helpers))
         if not same:
             stats["misses"] += 1
             return None
@@ -170,12 +171,9 @@ def save(kind: str, model: str, params: Any, extra: str, weights_folder: str | P
     fingerprint = weights_fingerprint(weights_folder)
     if not fingerprint or not hasattr(result, "to_dict") or not hasattr(params, "to_json"):
         return None
-    stored_helpers = {}
-    for name, (label, folder) in sorted((helpers or {}).items()):
-        fp = weights_fingerprint(folder)
-        if not fp:
-            return None
-        stored_helpers[name] = {"model": label, "fingerprint": fp}
+    stored_helpers = _helper_fingerprints(helpers)
+    if stored_helpers is None:
+        return None
     params_json = params.to_json()
     entry = Entry(kind=kind, model=model, fingerprint=fingerprint, params=params_json, extra=extra,
                   function=_qualname(fn), params_type=_qualname(type(params)),

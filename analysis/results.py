@@ -40,10 +40,6 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _build(tp: Any, value: Any) -> Any:
-    return _builder(tp)(value)
-
-
 @functools.lru_cache(maxsize=None)
 def _builder(tp: Any) -> Callable[[Any], Any]:
     """A function that rebuilds a JSON value as type `tp` (dataclasses, lists, tuples, dicts, unions).
