@@ -229,7 +229,7 @@ def test_caption_estimate_is_the_processor_prompt_the_tower_and_max_new_tokens(w
 @pytest.mark.parametrize("which", ["shapes", "chat"])
 def test_verification_estimate_counts_each_row_its_padding_and_the_grounding(which, caption_vlms):
     """Each claim is one row (the image and its question, left-padded to the batch's longest); grounding
-    adds an Integrated-Gradients batch of ig_steps rows per claim, forward and backward."""
+    adds an Integrated-Gradients batch of ig_steps rows per claim, forward and (input-gradient) backward."""
     from analysis import captions as C
     from analysis.zoo import shapes_world as W
 
@@ -254,8 +254,9 @@ def test_verification_estimate_counts_each_row_its_padding_and_the_grounding(whi
     assert (work.calls, work.tokens) == (counter.calls, counter.tokens) == (1, counter.tokens)
     assert work.patches == claims * handle.info.image_tokens  # one patch per image token in these towers
     grounded, ground_counter = counts[True]
-    assert grounded.calls - work.calls == cost.BACKWARD * (ground_counter.calls - counter.calls) == cost.BACKWARD * claims
-    assert grounded.tokens - work.tokens == cost.BACKWARD * (ground_counter.tokens - counter.tokens)
+    backward = cost.INPUT_GRADIENT
+    assert grounded.calls - work.calls == backward * (ground_counter.calls - counter.calls) == backward * claims
+    assert grounded.tokens - work.tokens == backward * (ground_counter.tokens - counter.tokens)
 
 
 @pytest.fixture(scope="module")
