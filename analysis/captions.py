@@ -504,7 +504,7 @@ class ShapesLMRewriter(Rewriter):
         return f"<s> rewrite : {shapes_text(caption)} drop : {drop} ="
 
     def new_tokens(self, caption: str, true_claims: list[str], false_claims: list[str]) -> int:
-        # trained to answer the grammar's rewrite (90.5 % exact; its misses are about as long)
+        # trained to answer the grammar's rewrite (90.5 % exact on held-out captions)
         if not shapes_world().decompose(shapes_text(caption)):
             return self.max_new_tokens
         return _answer_tokens(self.lm, GrammarRewriter().rewrite(caption, true_claims, false_claims),
