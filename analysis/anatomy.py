@@ -281,6 +281,29 @@ def patch_grid(obj: Any, inputs: dict | None = None) -> ImageGrid:
     return ImageGrid(side, side, side * side)
 
 
+def vision_parameters(obj: Any) -> int:
+    """Parameters outside the text decoder and its unembedding: a VLM's vision tower and projector
+    (0 for a language model)."""
+    model = _model(obj)
+    text = {id(p) for m in (decoder(model), unembedding(model)) for p in m.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in text)
+
+
+def vision_patches(obj: Any, inputs: dict) -> int:
+    """Patches the vision tower reads for the images of `inputs` (a processor output): H/p x W/p per
+    image or tile; Qwen2-VL's processor hands over the patches themselves, one row each."""
+    pixels = inputs.get("pixel_values")
+    if pixels is None:
+        return 0
+    if pixels.dim() == 2:
+        return int(pixels.shape[0])
+    patch = int(getattr(_model(obj).config.vision_config, "patch_size", 0) or 0)
+    if not patch:
+        raise AnatomyError(f"Could not find the vision patch size of {_name(obj)}.")
+    images = int(torch.tensor(pixels.shape[:-3]).prod())
+    return images * (pixels.shape[-2] // patch) * (pixels.shape[-1] // patch)
+
+
 def _base_side(model: torch.nn.Module) -> int:
     """Patches per side of one image (or one tile) after the projector's merging."""
     cfg = model.config

@@ -45,6 +45,7 @@ LOW_MASS = 0.5  # below this yes+no mass the verifier is mostly answering someth
 MAX_IMAGE_PIXELS = 4096 * 4096
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 GENERIC_CAPTION_PROMPT = "Describe this image in detail."
+CAPTION_TOKENS = 96  # tokens a generated caption may have
 
 
 class CaptionError(SettingsError):
@@ -142,7 +143,7 @@ class SceneCaptionParams(Result):
     """Caption one Shapes World scene (so a generated caption is keyed, shared and shipped by its seed)."""
 
     scene_seed: int = 0
-    max_new_tokens: int = 96
+    max_new_tokens: int = CAPTION_TOKENS
 
     def validate(self) -> None:
         check_range("The scene seed", self.scene_seed, low=0, integer=True)
@@ -286,17 +287,24 @@ def generate_text(handle: ModelHandle, prompt: str, max_new_tokens: int = 64,
     return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
-def caption_image(handle: ModelHandle, image, prompt: str | None = None, max_new_tokens: int = 96) -> str:
+def caption_image(handle: ModelHandle, image, prompt: str | None = None,
+                  max_new_tokens: int = CAPTION_TOKENS) -> str:
     """Greedy caption of `image` by a VLM, with its chat template when it has one."""
     require_kind(handle, "vlm", panel="Caption correction")
     if prompt is None:
-        prompt = tasks_for(handle).caption_prompt(handle) or vlm_prompt(handle, GENERIC_CAPTION_PROMPT)
-    inputs = _vlm_inputs(handle, [image], [prompt])
+        prompt = caption_prompt(handle)
+    inputs = vlm_inputs(handle, [image], [prompt])
     with handle.session(), anatomy.model_step(handle, "captioning the image"):
         out = handle.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                     pad_token_id=_pad_id(handle.tokenizer))
     text = handle.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
     return shapes_text(text) if speaks_shapes_world(handle) else text
+
+
+def caption_prompt(handle: ModelHandle) -> str:
+    """The captioning prompt: the task provider's (the demo VLMs' trained one), else a generic request
+    through the chat template."""
+    return tasks_for(handle).caption_prompt(handle) or vlm_prompt(handle, GENERIC_CAPTION_PROMPT)
 
 
 def vlm_prompt(handle: ModelHandle, text: str) -> str:
@@ -317,8 +325,9 @@ def shapes_text(text: str) -> str:
     return " ".join(re.sub(r"([.;?:=])", r" \1 ", text).split())
 
 
-def _vlm_inputs(handle: ModelHandle, images: list, prompts: list[str]) -> dict[str, torch.Tensor]:
-    # Left padding: every row's next-token logits sit at its last position.
+def vlm_inputs(handle: ModelHandle, images: list, prompts: list[str]) -> dict[str, torch.Tensor]:
+    """The processor's tensors for one image per prompt, left-padded (every row's next-token logits sit
+    at its last position), on the model's device."""
     processor = anatomy.require_processor(handle, "Caption correction")
     with anatomy.model_step(handle, "preparing the image and prompt"):
         inputs = processor(images=[[_rgb(i)] for i in images], text=prompts, return_tensors="pt",
@@ -356,7 +365,10 @@ VERIFIERS: Registry["YesNoVerifier"] = Registry("verifier")
 
 @dataclass
 class Agent(Method):
-    """A decomposer or rewriter. `needs_lm`: it runs a language model (given as `lm`)."""
+    """A decomposer or rewriter. `needs_lm`: it runs a language model (given as `lm`).
+
+    `prompt(...)` is what it asks that model (None: it runs none) and `new_tokens(...)` how many tokens
+    the model generates at most: the cost estimate (`analysis/cost.py`) counts both before it runs."""
 
     needs_lm: ClassVar[bool] = False
 
@@ -366,11 +378,29 @@ class Decomposer(Agent):
     def decompose(self, caption: str) -> list[str]:
         raise NotImplementedError
 
+    def prompt(self, caption: str) -> str | None:
+        return None
+
+    def new_tokens(self, caption: str) -> int:
+        return 0
+
 
 @dataclass
 class Rewriter(Agent):
     def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
         raise NotImplementedError
+
+    def prompt(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str | None:
+        return None
+
+    def new_tokens(self, caption: str, true_claims: list[str], false_claims: list[str]) -> int:
+        return 0
+
+
+def _answer_tokens(lm: ModelHandle, answer: str, limit: int) -> int:
+    """Tokens of `answer` and the end-of-text token after it, at most `limit`: the length of an answer
+    the demo LM was trained to give."""
+    return min(limit, len(lm.tokenizer(answer, add_special_tokens=False)["input_ids"]) + 1)
 
 
 def _check_new_tokens(value: int) -> None:
@@ -404,9 +434,16 @@ class ShapesLMDecomposer(Decomposer):
         _check_new_tokens(self.max_new_tokens)
 
     def decompose(self, caption: str) -> list[str]:
-        prompt = f"<s> decompose : {shapes_text(caption)} ="
-        text = generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False)
+        text = generate_text(self.lm, self.prompt(caption), self.max_new_tokens, add_special_tokens=False)
         return list(dict.fromkeys(c.strip() for c in shapes_text(text).split(";") if c.strip()))
+
+    def prompt(self, caption: str) -> str:
+        return f"<s> decompose : {shapes_text(caption)} ="
+
+    def new_tokens(self, caption: str) -> int:
+        # trained to answer the grammar's claims joined by ' ; ' (100 % exact on held-out captions)
+        claims = shapes_world().decompose(shapes_text(caption))
+        return _answer_tokens(self.lm, " ; ".join(claims), self.max_new_tokens) if claims else self.max_new_tokens
 
 
 @DECOMPOSERS.register
@@ -424,9 +461,14 @@ class ChatDecomposer(Decomposer):
         _check_new_tokens(self.max_new_tokens)
 
     def decompose(self, caption: str) -> list[str]:
-        prompt = chat_prompt(self.lm, DECOMPOSE_INSTRUCTION.format(caption=caption))
-        text = generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False)
+        text = generate_text(self.lm, self.prompt(caption), self.max_new_tokens, add_special_tokens=False)
         return parse_claim_lines(text)
+
+    def prompt(self, caption: str) -> str:
+        return chat_prompt(self.lm, DECOMPOSE_INSTRUCTION.format(caption=caption))
+
+    def new_tokens(self, caption: str) -> int:
+        return self.max_new_tokens  # an instruct model's answer length is not known before it runs
 
 
 @REWRITERS.register
@@ -457,9 +499,19 @@ class ShapesLMRewriter(Rewriter):
     def validate(self) -> None:
         _check_new_tokens(self.max_new_tokens)
 
-    def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
+    def prompt(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
         drop = " ; ".join(false_claims) if false_claims else "none"
-        prompt = f"<s> rewrite : {shapes_text(caption)} drop : {drop} ="
+        return f"<s> rewrite : {shapes_text(caption)} drop : {drop} ="
+
+    def new_tokens(self, caption: str, true_claims: list[str], false_claims: list[str]) -> int:
+        # trained to answer the grammar's rewrite (90.5 % exact on held-out captions)
+        if not shapes_world().decompose(shapes_text(caption)):
+            return self.max_new_tokens
+        return _answer_tokens(self.lm, GrammarRewriter().rewrite(caption, true_claims, false_claims),
+                              self.max_new_tokens)
+
+    def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
+        prompt = self.prompt(caption, true_claims, false_claims)
         text = shapes_text(generate_text(self.lm, prompt, self.max_new_tokens, add_special_tokens=False))
         self.note = ""
         if not self.checked:
@@ -494,12 +546,20 @@ class ChatRewriter(Rewriter):
     def rewrite(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str:
         if not false_claims:
             return caption
-        prompt = REWRITE_INSTRUCTION.format(
+        # The chat template already starts with the model's BOS token.
+        return generate_text(self.lm, self.prompt(caption, true_claims, false_claims), self.max_new_tokens,
+                             add_special_tokens=False)
+
+    def prompt(self, caption: str, true_claims: list[str], false_claims: list[str]) -> str | None:
+        if not false_claims:
+            return None
+        return chat_prompt(self.lm, REWRITE_INSTRUCTION.format(
             caption=caption, false="\n".join(f"- {c}" for c in false_claims),
             true="\n".join(f"- {c}" for c in true_claims) or "- (none)",
-        )
-        # The chat template already starts with the model's BOS token.
-        return generate_text(self.lm, chat_prompt(self.lm, prompt), self.max_new_tokens, add_special_tokens=False)
+        ))
+
+    def new_tokens(self, caption: str, true_claims: list[str], false_claims: list[str]) -> int:
+        return self.max_new_tokens if false_claims else 0
 
 
 DECOMPOSE_INSTRUCTION = (
@@ -576,7 +636,7 @@ class YesNoVerifier(Method):
         todo = [i for i in range(len(claims)) if i not in out]
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start:start + self.batch_size]
-            inputs = _vlm_inputs(self.vlm, [image] * len(chunk), [self.question(claims[i]) for i in chunk])
+            inputs = vlm_inputs(self.vlm, [image] * len(chunk), [self.question(claims[i]) for i in chunk])
             with self.vlm.session(), anatomy.model_step(self.vlm, "verifying claims"):
                 logits = self.vlm.model(**inputs).logits[:, -1].float()
             probs = logits.softmax(-1)
@@ -660,7 +720,7 @@ def ground_claims(verifier: YesNoVerifier, image, claims: list[str], steps: int 
     grid = verifier.grid
     maps = []
     for i, claim in enumerate(claims):
-        inputs = _vlm_inputs(vlm, [image], [verifier.question(claim)])
+        inputs = vlm_inputs(vlm, [image], [verifier.question(claim)])
         pixels = inputs.pop("pixel_values")
 
         def margin(px: torch.Tensor) -> torch.Tensor:
@@ -732,15 +792,21 @@ def verify_caption(vlm: ModelHandle, image, params: CorrectionParams, lm: ModelH
                                 "rewriter": rewriter.name})
 
 
+def flag_claims(verification: Verification, params: CorrectionParams) -> list[ClaimVerdict]:
+    """The verified claims scored with the params' probability form, flagged when H(u) > pi."""
+    verdicts = []
+    for v in verification.claims:
+        score = hallucination_score(v.p_true, v.p_false, params.eps, params.probabilities)
+        verdicts.append(ClaimVerdict(**{**vars(v), "score": score, "flagged": score > params.pi}))
+    return verdicts
+
+
 def apply_threshold(verification: Verification, params: CorrectionParams,
                     lm: ModelHandle | None = None) -> CorrectionResult:
     """Score each claim with the params' probability form, flag H(u) > pi and rewrite the caption
     without the flagged claims; metrics on Shapes World. Verification (p_T, p_F) is reused as is."""
     params.validate()
-    verdicts = []
-    for v in verification.claims:
-        score = hallucination_score(v.p_true, v.p_false, params.eps, params.probabilities)
-        verdicts.append(ClaimVerdict(**{**vars(v), "score": score, "flagged": score > params.pi}))
+    verdicts = flag_claims(verification, params)
     true_claims = [v.claim for v in verdicts if not v.flagged]
     false_claims = [v.claim for v in verdicts if v.flagged]
     caption = verification.caption

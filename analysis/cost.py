@@ -2,17 +2,20 @@
 
 Every analysis is a sequence of forward passes. Its cost is estimated as
 
-    seconds = calls · a + tokens · b + attended · c + rows · r
+    seconds = calls · a + tokens · b + attended · c + rows · r + patches · v + seconds elsewhere
 
 with `calls` forward calls, `tokens` tokens pushed through them, `attended` (query, key) pairs
-of attention, and `rows` passes over one row of the input-embedding table (ranking the whole
+of attention, `rows` passes over one row of the input-embedding table (ranking the whole
 vocabulary, as the reconstruction attack does at every position: on a 152 k-word vocabulary that
-costs more than the forwards), counted from the settings without running the model (`estimate_work`). `a` (seconds
+costs more than the forwards) and `patches` image patches through a VLM's vision tower, counted
+from the settings without running the model (`estimate_work`). `a` (seconds
 per call: Python and per-layer overhead) and `b` (seconds per token: the weights' matmuls) are
 measured on this machine with a few tiny forwards of the loaded model (`calibrate`, cached per
-model); `c` follows from `b` by counting FLOPs (a token's matmuls cost 2 · non-embedding parameters;
-one attended pair costs 4 · layers · heads · head_dim); `r` is timed on the model's embedding table
-(one elementwise pass over up to 16 k of its rows). Pages refuse to start work estimated above
+model); `c` and `v` follow from `b` by counting FLOPs (a token's matmuls cost 2 · non-embedding
+parameters; one attended pair costs 4 · layers · heads · head_dim; a patch costs 2 · the vision tower's
+and projector's parameters); `r` is timed on the model's embedding table (one elementwise pass over
+up to 16 k of its rows). Work done by another model (caption correction's decomposer/rewriter LM)
+is priced with that model's own calibration and carried as seconds. Pages refuse to start work estimated above
 `LIMIT_S` on page load: they show the estimate and a button instead. `benchmarks/cold_bench.py
 --cost` and tests/test_cost.py compare estimates with measured times.
 """
@@ -36,6 +39,10 @@ EAGER_ATTENTION_OVERHEAD = 3.0  # eager softmax attention runs well below the ma
 HOOK_OVERHEAD = 1.6  # decode steps with eviction hooks (select + gather per layer) vs a plain call
 TEMPERATURE_OVERHEAD = 1.5  # the adaptive-temperature attention function with its recorder
 BACKWARD = 3.0  # a forward plus backward costs about three forwards
+# A forward plus a backward for the input's gradient alone costs about two: Captum's Integrated
+# Gradients asks autograd for the pixels' gradient only, so no weight gradient is computed (0.5 B VLM:
+# 3 grounded claims measured 0.65 of the estimate with BACKWARD, 0.96-1.04 with this).
+INPUT_GRADIENT = 2.0
 # Ranking the vocabulary, in elementwise passes over the embedding table (measured on a 152 k x 896
 # table: embedding order 0.94 s, gradient-order distances 0.66 s, sorting every row 9.0 s more, one
 # pass 0.245 s).
@@ -53,6 +60,7 @@ class Throughput:
     model: str
     per_row: float = 0.0  # r: seconds per elementwise pass over one row of the embedding table
     per_call_fixed: float = 0.0  # the part of `per_call` a forward pays even when stopped after one block
+    per_patch: float = 0.0  # v: seconds per image patch through a VLM's vision tower and projector
 
 
 @dataclass
@@ -66,9 +74,12 @@ class Work:
     # Forwards stopped after a share δ of the layers count δ in `calls` and 1 − δ here: they still
     # pay a call's fixed part (embedding, masks, Python), which dominates on a small model.
     cut: float = 0.0
+    patches: float = 0.0  # image patches through the vision tower (a VLM's images)
+    seconds_elsewhere: float = 0.0  # work on another model, priced with that model's calibration
 
     def add(self, calls: float = 0.0, tokens: float = 0.0, attended: float = 0.0, logits: float = 0.0,
-            overhead: float = 0.0, rows: float = 0.0, cut: float = 0.0, times: float = 1.0) -> "Work":
+            overhead: float = 0.0, rows: float = 0.0, cut: float = 0.0, patches: float = 0.0,
+            seconds_elsewhere: float = 0.0, times: float = 1.0) -> "Work":
         self.calls += calls * times
         self.tokens += tokens * times
         self.attended += attended * times
@@ -76,6 +87,8 @@ class Work:
         self.overhead += overhead * times
         self.rows += rows * times
         self.cut += cut * times
+        self.patches += patches * times
+        self.seconds_elsewhere += seconds_elsewhere * times
         return self
 
     def stopped(self, calls: float, depth: float, tokens: float = 0.0, attended: float = 0.0,
@@ -87,7 +100,7 @@ class Work:
     def seconds(self, t: Throughput) -> float:
         return ((self.calls + self.overhead) * t.per_call + self.tokens * t.per_token
                 + self.attended * t.per_pair + self.logits * t.per_logit + self.rows * t.per_row
-                + self.cut * t.per_call_fixed)
+                + self.cut * t.per_call_fixed + self.patches * t.per_patch + self.seconds_elsewhere)
 
 
 @dataclass(frozen=True)
@@ -185,9 +198,10 @@ def calibrate(handle: ModelHandle, repeats: int = 5) -> Throughput:
     info = handle.info
     flops_pair = 4.0 * info.layers * info.heads * info.head_dim
     per_pair = per_token * flops_pair / (2.0 * body) * EAGER_ATTENTION_OVERHEAD
+    vision = anatomy.vision_parameters(handle) if handle.kind == "vlm" else 0
     result = Throughput(per_call=max(one - per_token, 1e-6), per_token=per_token, per_pair=per_pair,
                         per_logit=per_token * head / body, model=handle.spec.label, per_row=per_row,
-                        per_call_fixed=fixed)
+                        per_call_fixed=fixed, per_patch=per_token * vision / body)
     with _cal_lock:
         _calibrated[key] = result
     return result
@@ -433,3 +447,132 @@ def _inv_speed(handle, params, kwargs) -> Work:
     work = _attack(handle, params, n, False, _noisy(params))
     p = AttackParams.from_dict({**params.to_dict(), "positions": min(measured, n)})
     return work.add(**vars(_attack(handle, p, n, True, True)))
+
+
+# -- caption correction --------------------------------------------------------------------------
+
+CLAIM_WORDS = 2  # a caption the Shapes World grammar cannot parse: one claim per two words (assumed)
+
+
+def _prompt_lengths(handle, image, prompts: list[str]) -> tuple[list[int], int]:
+    """Tokens of each one-image prompt as the VLM's processor makes it (image tokens expanded), and the
+    patches its vision tower reads for the image. The processor runs once, on the first prompt; the
+    others differ from it only in their text."""
+    from analysis import captions as C
+
+    if not prompts:
+        return [], 0
+    inputs = C.vlm_inputs(handle, [image], prompts[:1])
+    first = int(inputs["input_ids"].shape[1])
+    text = [len(handle.tokenizer(p)["input_ids"]) for p in prompts]
+    return [first + n - text[0] for n in text], anatomy.vision_patches(handle, inputs)
+
+
+def _generation(handle, prompt: str, new_tokens: int) -> Work:
+    """`captions.generate_text`: a prefill of the prompt, then one call per further token. `new_tokens`
+    is the agent's bound (or the demo LM's trained answer length): greedy generation may stop sooner."""
+    n = len(handle.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    room = (handle.info.max_positions or 1 << 30) - n
+    return _sequence(n, n, generate=max(1, min(new_tokens, room)))
+
+
+def _caption(handle, image, prompt: str | None, new_tokens: int) -> Work:
+    """`captions.caption_image`: the image through the vision tower, a prefill of the prompt with its
+    image tokens, then one call per further token. `new_tokens` is an upper bound: a captioner that
+    ends its caption sooner (the demo VLMs: about a third of it) takes less."""
+    from analysis import captions as C
+
+    [n], patches = _prompt_lengths(handle, image, [prompt if prompt is not None else C.caption_prompt(handle)])
+    return _sequence(n, n, generate=new_tokens).add(patches=patches)
+
+
+def expected_claims(caption: str) -> list[str]:
+    """The claims a decomposer is expected to find: the Shapes World grammar's when it parses the caption
+    (the demo LM decomposes exactly so), else one claim per CLAIM_WORDS words of the caption, each a
+    five-word stretch of it (an assumption: an instruct model's decomposition is not known before it runs)."""
+    from analysis import captions as C
+
+    if C.has_shapes_world():
+        claims = C.shapes_world().decompose(C.shapes_text(caption))
+        if claims:
+            return claims
+    words = caption.split()
+    return [" ".join(words[i:i + 5]) for i in range(0, len(words), CLAIM_WORDS)]
+
+
+def _verification(handle, params, image, lm) -> Work:
+    """`captions.verify_caption`: the decomposer's generation on its own model (priced with that model's
+    calibration), one forward per batch of askable claims (each row the image and one question,
+    left-padded to the batch's longest; every position's logits are computed), and with `ground` an
+    Integrated-Gradients forward and input-gradient backward of `ig_steps` rows per askable claim."""
+    from analysis import captions as C
+
+    params.validate()
+    caption = " ".join(params.caption.split())
+    decomposer = C.make_agent("decomposer", params.decomposer, lm)
+    verifier = C.make_verifier(params.verifier, handle)
+    work = Work()
+    prompt = decomposer.prompt(caption)
+    if prompt is not None:
+        helper = decomposer.lm
+        work.add(seconds_elsewhere=_generation(helper, prompt, decomposer.new_tokens(caption)).seconds(calibrate(helper)))
+    questions = [verifier.question(c) for c in expected_claims(caption) if verifier.can_ask(c)]
+    lengths, patches = _prompt_lengths(handle, image, questions)
+    for start in range(0, len(lengths), verifier.batch_size):
+        batch = lengths[start:start + verifier.batch_size]
+        rows, width = len(batch), max(batch)
+        work.add(calls=1, tokens=rows * width, attended=rows * width * (width + 1) / 2, logits=rows * (width - 1),
+                 patches=rows * patches)
+    if params.ground:
+        steps = params.ig_steps
+        for n in lengths:
+            work.add(calls=1, tokens=steps * n, attended=steps * n * (n + 1) / 2, logits=steps * (n - 1),
+                     patches=steps * patches, times=INPUT_GRADIENT)
+    return work
+
+
+@estimator("analysis.captions:caption_scene")
+def _captions_scene_caption(handle, params, kwargs) -> Work:
+    from analysis import captions as C
+
+    params.validate()
+    return _caption(handle, C.scene_image(params.scene_seed), None, params.max_new_tokens)
+
+
+@estimator("analysis.captions:caption_image")
+def _captions_image_caption(handle, params, kwargs) -> Work:
+    """An uploaded image (`image=`): `params` is unused, `prompt` and `max_new_tokens` as the function's."""
+    from analysis import captions as C
+
+    return _caption(handle, kwargs["image"], kwargs.get("prompt"), kwargs.get("max_new_tokens", C.CAPTION_TOKENS))
+
+
+@estimator("analysis.captions:verify_scene")
+def _captions_scene_verification(handle, params, kwargs) -> Work:
+    from analysis import captions as C
+
+    return _verification(handle, params, C.scene_image(params.scene_seed), kwargs.get("lm"))
+
+
+@estimator("analysis.captions:verify_caption")
+def _captions_image_verification(handle, params, kwargs) -> Work:
+    return _verification(handle, params, kwargs["image"], kwargs.get("lm"))
+
+
+@estimator("analysis.captions:apply_threshold")
+def _captions_rewrite(handle, params, kwargs) -> Work:
+    """`handle` is the rewriter's model, the verification comes as `verification=`: nothing to run when no
+    claim is flagged or the rewriter runs no model, else its prompt and answer."""
+    from analysis import captions as C
+
+    verification = kwargs["verification"]
+    verdicts = C.flag_claims(verification, params)
+    true_claims = [v.claim for v in verdicts if not v.flagged]
+    false_claims = [v.claim for v in verdicts if v.flagged]
+    if not false_claims:
+        return Work()
+    rewriter = C.make_agent("rewriter", params.rewriter, handle)
+    prompt = rewriter.prompt(verification.caption, true_claims, false_claims)
+    if prompt is None:
+        return Work()
+    return _generation(handle, prompt, rewriter.new_tokens(verification.caption, true_claims, false_claims))

@@ -18,6 +18,8 @@ An analysis that also uses other models (caption correction: a captioner, a deco
 names them in `models={"lm": lm_handle}`: they are passed to it as keyword arguments, their labels
 are part of the key and their weights part of a shipped result's fingerprint. A result computed
 outside `cached_run` (from other cached steps) can still be shared and shipped with `remember(...)`.
+Work a page runs itself (a `st.cache_data` step, e.g. an uploaded image's) asks first through
+`confirm(...)`: the same estimate and Run button, without storing the result.
 
 Extension points, keyed on the same `RunKey`:
 - `add_source(fn)`: `fn(key, handle, params, models) -> result | None`, asked on a miss before computing;
@@ -207,17 +209,11 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
                 return found
         for guard in _GUARDS:
             guard(key, handle, params)
-        queue_slot = st.empty()
-        with activity(f"{label.rstrip(' .')} on {handle.spec.label}", _queue_notice(queue_slot)):
-            estimate = cost.estimate(fn, handle, params, kwargs)  # the first one times the model (holds its lock)
-        queue_slot.empty()
-        stopped = _stopped_runs().get(_widget_key("stop", key))
-        if stopped is not None or on_demand or (estimate is not None and estimate.seconds > ASK_ABOVE_S):
-            if not _asked(key, handle, label, estimate, on_demand, stopped):
-                if on_demand:
-                    return None
-                st.stop()
-            _stopped_runs().pop(_widget_key("stop", key), None)
+        go, estimate = _gate(key, fn, handle, params, label, {**models, **kwargs}, on_demand)
+        if not go:
+            if on_demand:
+                return None
+            st.stop()
         result, seconds = _compute(key, fn, handle, params, label, {**models, **kwargs}, estimate)
         store.put(key, result)
         for sink in _SINKS:
@@ -227,6 +223,44 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
         with store.lock:
             store.running.pop(key, None)
         done.set()
+
+
+def confirm(kind: str, fn: Callable, handle, params: Any, *, label: str, models: dict | None = None,
+            inputs: str | None = None, **kwargs) -> None:
+    """Ask before long work that a page runs itself (a `st.cache_data` step), as `cached_run` does:
+    when `fn(handle, params, **models, **kwargs)` is estimated above `ASK_ABOVE_S`, show the estimate
+    and a Run button and stop the page until it is pressed. Once passed (short, or pressed), the same
+    run is not asked about again in this session. `kwargs` go to the estimator (e.g. `image=`);
+    `inputs` stands for them in the key when their repr is not stable (an upload: its hash)."""
+    keyed = {"inputs": inputs} if inputs is not None else kwargs
+    key = run_key(kind, handle, params, models, **keyed)
+    passed, name = st.session_state.setdefault("_runs_confirmed", {}), _widget_key("confirmed", key)
+    if ASK_ABOVE_S == math.inf or name in passed:
+        return
+    go, _ = _gate(key, fn, handle, params, label, {**(models or {}), **kwargs})
+    if not go:
+        st.stop()
+    passed[name] = True
+    while len(passed) > MAX_ENTRIES:
+        passed.pop(next(iter(passed)))
+
+
+def _gate(key: RunKey, fn: Callable, handle, params, label: str, kwargs: dict,
+          on_demand: bool = False) -> tuple[bool, Any]:
+    """(go, estimate): the run's estimate (`analysis/cost.py`) and whether to start it now. Long work, an
+    on-demand section or a run the user stopped shows its estimate and a Run button (`_asked`) and
+    goes only in the rerun where that button was pressed."""
+    queue_slot = st.empty()
+    with activity(f"{label.rstrip(' .')} on {handle.spec.label}", _queue_notice(queue_slot)):
+        estimate = cost.estimate(fn, handle, params, kwargs)  # the first one times the model (holds its lock)
+    queue_slot.empty()
+    stopped = _stopped_runs().get(_widget_key("stop", key))
+    if stopped is None and not on_demand and (estimate is None or estimate.seconds <= ASK_ABOVE_S):
+        return True, estimate
+    if not _asked(key, handle, label, estimate, on_demand, stopped):
+        return False, estimate
+    _stopped_runs().pop(_widget_key("stop", key), None)
+    return True, estimate
 
 
 def _stopped_runs() -> dict[str, float]:
@@ -249,12 +283,22 @@ def _queue_notice(slot) -> Callable:
 
 
 def _asked(key: RunKey, handle, label: str, estimate, on_demand: bool, stopped: float | None = None) -> bool:
-    """Show the estimate and a Run button; True in the rerun where the user pressed it. After the user
-    stopped this run (`stopped`: seconds it had run), say so and offer to run it again."""
+    """Show the estimate and a Run button; True in the rerun where the user pressed it (the note and
+    button then make way for the run). After the user stopped this run (`stopped`: seconds it had
+    run), say so and offer to run it again."""
     if stopped is None and on_demand and RUN_ON_DEMAND:
         return True
     if stopped is None and not on_demand and ASK_ABOVE_S == math.inf:
         return True
+    slot = st.empty()
+    with slot.container():
+        pressed = _ask(key, handle, label, estimate, on_demand, stopped)
+    if pressed:
+        slot.empty()
+    return pressed
+
+
+def _ask(key: RunKey, handle, label: str, estimate, on_demand: bool, stopped: float | None) -> bool:
     when = f"about {cost.format_seconds(estimate.seconds)}" if estimate is not None else "a while"
     if stopped is not None:
         st.warning(f"**Stopped.** {label.rstrip(' .')} was stopped after {stopped:.0f} s, as you asked; nothing "

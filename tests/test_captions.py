@@ -237,7 +237,7 @@ def test_captum_heatmap_has_the_patch_grid_shape_is_finite_and_complete(shapes_l
     grid = shapes_llava.info.image_size // shapes_llava.model.config.vision_config.patch_size
     assert heat.shape == (grid, grid) and torch.isfinite(heat).all() and heat.abs().sum() > 0
     # Integrated Gradients completeness: the patches sum to margin(image) - margin(baseline).
-    inputs = C._vlm_inputs(shapes_llava, [image], [verifier.question(claim)])
+    inputs = C.vlm_inputs(shapes_llava, [image], [verifier.question(claim)])
     with shapes_llava.session():
         full = verifier.answer_margin(shapes_llava.model(**inputs).logits[:, -1])
         inputs["pixel_values"] = torch.zeros_like(inputs["pixel_values"])

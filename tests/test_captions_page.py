@@ -111,3 +111,98 @@ def test_rejected_lm_rewrite_is_replaced_and_the_page_says_so(shapes_llava_spec,
     table = at.dataframe[0].value
     kept = [c for c, v in zip(table["claim"], table["verdict"]) if v == "kept"]
     assert len(kept) < len(table)  # something was dropped, so the rewriter ran
+
+
+def _scene_png(seed: int = 20000003) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    W.render(W.generate_scene(seed)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _gate(at) -> str:
+    """The label of the step the page asks about ("" when it asks nothing)."""
+    notes = [i.value for i in at.info if "not started on its own" in i.value]
+    return notes[0].split("**")[1] if notes else ""
+
+
+def _press(at):
+    next(b for b in at.button if b.label.startswith("Run it")).click().run()
+    assert not at.exception and not _errors(at), (at.exception, _errors(at))
+    return at
+
+
+@pytest.fixture
+def every_step_asks(monkeypatch):
+    """Every estimated step counts as long (the page tests otherwise start everything at once), and the
+    analysis functions count their calls: nothing may run before its button is pressed. The tiny VLM's
+    own caption and LM answers are noise, so the demo models' answers stand in for them."""
+    import functools
+
+    from analysis import captions as C
+    from components import runs
+
+    monkeypatch.setattr(runs, "ASK_ABOVE_S", 0.0)
+    runs.run_store().clear()
+    calls = {}
+    for name in ("caption_image", "verify_caption", "apply_threshold"):
+        real = getattr(C, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            if _name == "caption_image":  # what the demo VLM says (the tiny one's caption is noise)
+                return W.caption(W.generate_scene(20000003))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(C, name, functools.wraps(real)(counted))  # same name: the same estimator
+
+    def trained_answer(lm, prompt, max_new_tokens=64, add_special_tokens=True):
+        """What the demo LM answers (the tiny VLM's own random LM says nothing useful)."""
+        caption = prompt.split(" : ")[1].split(" drop")[0].removesuffix(" =")
+        return " ; ".join(W.decompose(caption)) if " decompose " in prompt else caption
+
+    monkeypatch.setattr(C, "generate_text", trained_answer)
+    return calls
+
+
+OWN_LM = "the VLM's own language model"
+
+
+def test_scene_steps_wait_for_their_run_buttons(shapes_llava_spec, every_step_asks):
+    """Verification and the LM rewrite of a scene each show their estimate and a Run button; nothing is
+    computed before the press, and the result follows the last one."""
+    at = _pasted(shapes_llava_spec, W.caption(W.generate_scene(20000003)), dec="shapes-lm", rew="shapes-lm",
+                 lm=OWN_LM, pi="0", ground="0")
+    assert not at.exception and not _errors(at)
+    assert _gate(at) == "Verifying claims" and not at.dataframe and not every_step_asks
+    _press(at)
+    assert _gate(at) == "Rewriting the caption" and not at.dataframe
+    assert every_step_asks == {"verify_caption": 1}
+    _press(at)
+    assert not _gate(at) and len(at.dataframe[0].value) > 0
+    assert every_step_asks == {"verify_caption": 1, "apply_threshold": 1}
+
+
+def test_upload_steps_wait_for_their_run_buttons(shapes_llava_spec, every_step_asks):
+    """An uploaded image's caption, verification and rewrite (cached by the page itself) ask the same way."""
+    at = app_with_model(shapes_llava_spec, PAGE, query={"src": "upload", "cap": "vlm", "dec": "shapes-lm",
+                                                        "rew": "shapes-lm", "lm": OWN_LM, "pi": "0", "ground": "0"})
+    at.file_uploader(key="cap_upload").set_value(("scene.png", _scene_png(), "image/png")).run()
+    assert not at.exception and not _errors(at)
+    assert _gate(at) == "Captioning" and not every_step_asks
+    assert not [t for t in at.text_area if "generated" in t.label]
+    _press(at)
+    assert _gate(at) == "Verifying claims" and every_step_asks == {"caption_image": 1}
+    assert [t for t in at.text_area if "generated" in t.label]
+    _press(at)
+    assert _gate(at) == "Rewriting the caption" and not at.dataframe
+    assert every_step_asks == {"caption_image": 1, "verify_caption": 1}
+    _press(at)
+    assert not _gate(at) and len(at.dataframe[0].value) > 0
+    assert every_step_asks == {"caption_image": 1, "verify_caption": 1, "apply_threshold": 1}
+    done = dict(every_step_asks)
+    at.slider(key="cap_pi").set_value(0.05).run()  # another rewrite; caption and verification are cached
+    assert _gate(at) in ("", "Rewriting the caption") and every_step_asks["verify_caption"] == 1
+    at.slider(key="cap_pi").set_value(0.0).run()  # a pressed step is not asked about again
+    assert not _gate(at) and len(at.dataframe[0].value) > 0 and every_step_asks == done

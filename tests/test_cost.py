@@ -3,6 +3,7 @@ a view does not start long work on page load."""
 from __future__ import annotations
 
 import os
+import random
 import time
 
 import pytest
@@ -168,3 +169,144 @@ def test_long_work_waits_for_a_click_then_runs(tiny_llama_dir, monkeypatch):
     assert len(at.get("plotly_chart")) >= 3
     # The budget sweep is on demand: a button, not computed with the page.
     assert any(b.label.startswith("Run") for b in at.button)
+
+
+# -- caption correction -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def caption_vlms(model_root):
+    """Two tiny random LLaVAs: one whose vocabulary is Shapes World's (the demo's prompts and verifier)
+    and one with the family's chat template (the generic caption prompt and yes/no question)."""
+    from analysis import tiny_models
+    from analysis.zoo import shapes_world as W
+
+    shapes = tiny_models.save_tiny_llava(model_root / "tiny-llava-shapes-cost", words=list(W.VOCAB))
+    chat = tiny_models.save_tiny("llava", model_root / "tiny-llava-chat-cost")
+    return {name: load_model(ModelSpec("local", str(folder))) for name, folder in
+            (("shapes", shapes), ("chat", chat))}
+
+
+def _no_early_stop(handle, monkeypatch):
+    """Greedy generation runs to max_new_tokens (a random model may otherwise say </s> at once)."""
+    monkeypatch.setattr(handle.model.generation_config, "eos_token_id", None)
+
+
+class DecoderCounter(CallCounter):
+    """CallCounter on a VLM's text decoder, also recording each call's tokens."""
+
+    def __init__(self, handle):
+        self.sizes = []
+        super().__init__(handle.language_model.model)
+
+    def _count(self, module, args, kwargs):
+        before = self.tokens
+        super()._count(module, args, kwargs)
+        self.sizes.append(self.tokens - before)
+
+
+@pytest.mark.parametrize("which", ["shapes", "chat"])
+def test_caption_estimate_is_the_processor_prompt_the_tower_and_max_new_tokens(which, caption_vlms, monkeypatch):
+    from analysis import captions as C
+    from analysis.zoo import shapes_world as W
+
+    handle = caption_vlms[which]
+    image = W.render(W.generate_scene(20000003))
+    _no_early_stop(handle, monkeypatch)
+    work = cost.estimate_work(C.caption_image, handle, None, {"image": image, "max_new_tokens": 7})
+    counter = DecoderCounter(handle)
+    try:
+        C.caption_image(handle, image, max_new_tokens=7)
+    finally:
+        counter.close()
+    assert counter.calls == 7 and work.calls == 7  # the generation count is max_new_tokens
+    assert counter.sizes[0] == work.tokens - 6  # the prefill: the processor's input, image tokens expanded
+    assert work.tokens == counter.tokens
+    vc = handle.model.config.vision_config
+    assert work.patches == (vc.image_size // vc.patch_size) ** 2
+
+
+@pytest.mark.parametrize("which", ["shapes", "chat"])
+def test_verification_estimate_counts_each_row_its_padding_and_the_grounding(which, caption_vlms):
+    """Each claim is one row (the image and its question, left-padded to the batch's longest); grounding
+    adds an Integrated-Gradients batch of ig_steps rows per claim, forward and (input-gradient) backward."""
+    from analysis import captions as C
+    from analysis.zoo import shapes_world as W
+
+    handle = caption_vlms[which]
+    scene = W.generate_scene(20000003)
+    caption = W.caption(scene) + " there is a small green square at the center ."
+    image = W.render(scene)
+    counts = {}
+    for ground in (False, True):
+        params = C.CorrectionParams(caption=caption, decomposer="grammar", rewriter="grammar", ground=ground,
+                                    ig_steps=2)
+        work = cost.estimate_work(C.verify_caption, handle, params, {"image": image})
+        counter = DecoderCounter(handle)
+        try:
+            verification = C.verify_caption(handle, image, params)
+        finally:
+            counter.close()
+        counts[ground] = (work, counter)
+    claims = len(verification.claims)
+    assert claims == len(W.decompose(caption)) >= 10
+    work, counter = counts[False]
+    assert (work.calls, work.tokens) == (counter.calls, counter.tokens) == (1, counter.tokens)
+    assert work.patches == claims * handle.info.image_tokens  # one patch per image token in these towers
+    grounded, ground_counter = counts[True]
+    backward = cost.INPUT_GRADIENT
+    assert grounded.calls - work.calls == backward * (ground_counter.calls - counter.calls) == backward * claims
+    assert grounded.tokens - work.tokens == backward * (ground_counter.tokens - counter.tokens)
+
+
+@pytest.fixture(scope="module")
+def demo_lm():
+    if "shapes-lm" not in zoo_models():
+        pytest.skip("demo model shapes-lm is not built")
+    return load_model(ModelSpec("zoo", "shapes-lm"))
+
+
+def test_decomposer_and_rewriter_are_priced_on_their_own_model(caption_vlms, demo_lm):
+    """The demo LM's decomposition and rewrite are as long as the grammar's answers it was trained to
+    give; their time is the LM's own (its calibration), carried into the VLM's estimate as seconds."""
+    from analysis import captions as C
+    from analysis.zoo import shapes_world as W
+
+    vlm = caption_vlms["shapes"]
+    scene = W.generate_scene(20000003)
+    caption = W.caption(scene)
+    params = C.CorrectionParams(caption=caption, decomposer="shapes-lm", rewriter="shapes-lm", ground=False)
+    lm_params = C.CorrectionParams(**{**vars(params), "decomposer": "grammar"})
+    work = cost.estimate_work(C.verify_caption, vlm, params, {"image": W.render(scene), "lm": demo_lm})
+    without_lm = cost.estimate_work(C.verify_caption, vlm, lm_params, {"image": W.render(scene), "lm": demo_lm})
+    decomposer = C.make_agent("decomposer", "shapes-lm", demo_lm)
+    counter = CallCounter(demo_lm.language_model)
+    try:
+        claims = decomposer.decompose(caption)
+    finally:
+        counter.close()
+    prompt = len(demo_lm.tokenizer(decomposer.prompt(caption), add_special_tokens=False)["input_ids"])
+    assert claims == W.decompose(caption)
+    assert decomposer.new_tokens(caption) == counter.calls  # its answer and </s>, one call each
+    assert counter.tokens == prompt + counter.calls - 1
+    lm_seconds = cost._sequence(prompt, prompt, generate=counter.calls).seconds(cost.calibrate(demo_lm))
+    assert work.seconds_elsewhere == pytest.approx(lm_seconds)
+    assert without_lm.seconds_elsewhere == 0 and (work.calls, work.tokens) == (without_lm.calls, without_lm.tokens)
+
+    # the rewriter's trained task: a caption with an invented object, whose claims an oracle flags
+    wrong = W.caption(W.hallucinate(scene, random.Random(0)))
+    verification = C.Verification(caption=wrong, grid=0, agents={}, claims=[
+        C.ClaimVerdict(c, *((0.9, 0.05) if W.claim_truth(scene, c) else (0.05, 0.9)), 0.0, False)
+        for c in W.decompose(wrong)])
+    rewrite = cost.estimate_work(C.apply_threshold, demo_lm, params, {"verification": verification})
+    counter = CallCounter(demo_lm.language_model)
+    try:
+        result = C.apply_threshold(verification, params, demo_lm)
+    finally:
+        counter.close()
+    assert result.dropped and not result.rewrite_note  # the LM's own rewrite, not the grammar's
+    assert (rewrite.calls, rewrite.tokens) == (counter.calls, counter.tokens)
+    lenient = C.CorrectionParams(**{**vars(params), "pi": 100.0})  # nothing flagged: no rewrite
+    assert cost.estimate_work(C.apply_threshold, demo_lm, lenient, {"verification": verification}).calls == 0
+    grammar = C.CorrectionParams(**{**vars(params), "rewriter": "grammar"})
+    assert cost.estimate_work(C.apply_threshold, demo_lm, grammar, {"verification": verification}).calls == 0

@@ -12,7 +12,7 @@ from analysis.registry import SettingsError
 from components import caption_figures as F
 from components.common import analysis_errors, explain, progress, require_model, set_url_params, url_param
 from components.presets import preset_bar
-from components.runs import cached_run, ready, remember
+from components.runs import cached_run, confirm, ready, remember
 from components.share import share_bar
 
 st.title("Caption correction")
@@ -117,6 +117,7 @@ with right:
                 caption = cached_run("caption", C.caption_scene, captioner, C.SceneCaptionParams(scene_seed=seed),
                                      label="Captioning").text
             else:
+                confirm("caption", C.caption_image, captioner, None, label="Captioning", inputs=image_key, image=image)
                 caption = generate_caption(captioner.spec.label, image_key, captioner, image)
         except (C.CaptionError, ModelLoadError) as exc:
             st.error(f"Could not generate a caption: {exc}")
@@ -190,11 +191,15 @@ with analysis_errors(C.CaptionError):
         if result is None:
             verification = cached_run("verify", C.verify_scene, handle, verify_params, label="Verifying claims",
                                       models=agents)
+            confirm("rewrite", C.apply_threshold, lm, params, label="Rewriting the caption", verification=verification)
             result = correct(lm.spec.label, verification.to_json(), params.to_json(), lm)
             remember("correct", C.correct_scene, handle, params, result, models=agents)
     else:
+        confirm("verify", C.verify_caption, handle, verify_params, label="Verifying claims", models={"lm": lm},
+                inputs=image_key, image=image)
         verification = verify(handle.spec.label, lm.spec.label, image_key, verify_params.to_json(), handle, lm,
                               image)
+        confirm("rewrite", C.apply_threshold, lm, params, label="Rewriting the caption", verification=verification)
         result = correct(lm.spec.label, verification.to_json(), params.to_json(), lm)
 
 # --- views --------------------------------------------------------------------------------------
