@@ -442,7 +442,7 @@ class ShapesLMDecomposer(Decomposer):
 
     def new_tokens(self, caption: str) -> int:
         # trained to answer the grammar's claims joined by ' ; ' (100 % exact on held-out captions)
-        claims = shapes_world().decompose(shapes_text(caption))
+        claims = GrammarDecomposer().decompose(caption)
         return _answer_tokens(self.lm, " ; ".join(claims), self.max_new_tokens) if claims else self.max_new_tokens
 
 
@@ -505,7 +505,7 @@ class ShapesLMRewriter(Rewriter):
 
     def new_tokens(self, caption: str, true_claims: list[str], false_claims: list[str]) -> int:
         # trained to answer the grammar's rewrite (90.5 % exact on held-out captions)
-        if not shapes_world().decompose(shapes_text(caption)):
+        if not GrammarDecomposer().decompose(caption):
             return self.max_new_tokens
         return _answer_tokens(self.lm, GrammarRewriter().rewrite(caption, true_claims, false_claims),
                               self.max_new_tokens)

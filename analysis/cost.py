@@ -493,7 +493,7 @@ def expected_claims(caption: str) -> list[str]:
     from analysis import captions as C
 
     if C.has_shapes_world():
-        claims = C.shapes_world().decompose(C.shapes_text(caption))
+        claims = C.GrammarDecomposer().decompose(caption)
         if claims:
             return claims
     words = caption.split()
