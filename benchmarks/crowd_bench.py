@@ -1,6 +1,6 @@
 """A room full of people: N users open the app at once, right after the server is healthy.
 
-    python benchmarks/crowd_bench.py [--users 1,6] [--repeats 1]
+    python benchmarks/crowd_bench.py [--users 1,6] [--clients browser,protocol] [--label NAME]
 
 One `streamlit run` server per measurement, started fresh; as soon as its health endpoint answers,
 N headless Chromium pages (Debian's chromium, one browser context = one session each, started before
@@ -12,6 +12,12 @@ the ratio N = 6 / N = 1. The six users: two on KV-cache
 eviction (one on the default view, one on other settings), one each on prompt reconstruction,
 attention sharpness, caption correction and SAE-V. Prints a markdown table and writes
 benchmarks/results/crowd_bench.json. tests/test_crowd.py uses the same machinery.
+
+On one 2-core machine the six Chromium renderers take most of the CPU the server needs, which in a
+room would be six laptops' own. `--clients protocol` measures the server's part alone: each user is a
+websocket client that sends what a browser sends on opening its link (Streamlit's BackMsg) and reads
+the page's elements until the script run ends, with the metric values and chart counts a browser
+shows. Both kinds run by default.
 """
 from __future__ import annotations
 
@@ -199,24 +205,121 @@ def measure(n: int, env: dict | None = None) -> dict:
             "exceptions": sum(len(p["exceptions"]) for p in pages)}
 
 
+def protocol_user(base: str, path: str, query: str, go, timeout_s: float = 300) -> dict:
+    """One user without a browser: a websocket client speaking Streamlit's own protocol (the BackMsg
+    a browser sends on opening `path?query`, then the ForwardMsgs until the script run ends). What it
+    times is the server's part alone: in a room each person's browser draws on their own laptop.
+    `go` (a threading.Barrier) is passed when every user is connected; returns perf_counter times."""
+    from streamlit.proto.BackMsg_pb2 import BackMsg
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+    from websockets.sync.client import connect
+
+    url = base.replace("http", "ws", 1) + "/_stcore/stream"
+    elements: dict[tuple, object] = {}
+    with connect(url, subprotocols=["streamlit"], max_size=None, open_timeout=60) as ws:
+        go.wait()
+        msg = BackMsg()
+        msg.rerun_script.query_string = query.lstrip("?")
+        msg.rerun_script.page_name = path
+        ws.send(msg.SerializeToString())
+        sent, deadline = time.perf_counter(), time.perf_counter() + timeout_s
+        while True:
+            fm = ForwardMsg()
+            fm.ParseFromString(ws.recv(timeout=max(0.1, deadline - time.perf_counter())))
+            kind = fm.WhichOneof("type")
+            if kind == "new_session":  # a script run starts: the page is redrawn from scratch
+                elements.clear()
+            elif kind == "delta" and fm.delta.WhichOneof("type") == "new_element":
+                elements[tuple(fm.metadata.delta_path)] = fm.delta.new_element
+            elif kind == "script_finished" and fm.script_finished in (
+                    ForwardMsg.FINISHED_SUCCESSFULLY, ForwardMsg.FINISHED_WITH_COMPILE_ERROR):
+                done = time.perf_counter()
+                break
+    numbers, exceptions, errors, charts = {}, [], [], 0
+    for key in sorted(elements):
+        el = elements[key]
+        which = el.WhichOneof("type")
+        if which == "metric" and not any(w in el.metric.label.lower() for w in TIME_WORDS):
+            numbers[el.metric.label] = el.metric.body
+        elif which == "exception":
+            exceptions.append(f"{el.exception.type}: {el.exception.message}")
+        elif which == "alert" and el.alert.format == el.alert.ERROR:
+            errors.append(el.alert.body)
+        elif which == "plotly_chart":
+            charts += 1
+    return {"page": f"{path}{query}", "sent": sent, "done": done, "exceptions": exceptions,
+            "errors": errors, "charts": charts, "numbers": numbers}
+
+
+def measure_protocol(n: int, env: dict | None = None) -> dict:
+    """N protocol-level users (see protocol_user) open their pages together once the server is healthy."""
+    import threading
+
+    proc, base, healthy_at = start_server(env)
+    go, results, failures = threading.Barrier(n + 1, timeout=120), [None] * n, []
+
+    def user(i: int, path: str, query: str) -> None:
+        try:
+            results[i] = protocol_user(base, path, query, go)
+        except Exception as exc:  # reported in the row, not raised from a thread
+            failures.append(f"{path}{query}: {type(exc).__name__}: {exc}")
+            go.abort()
+
+    try:
+        threads = [threading.Thread(target=user, args=(i, *USERS[i])) for i in range(n)]
+        for t in threads:
+            t.start()
+        try:
+            go.wait()  # every user connected (a websocket opens in milliseconds)
+        except threading.BrokenBarrierError:
+            pass
+        for t in threads:
+            t.join()
+    finally:
+        stop_server(proc)
+    if failures:
+        raise RuntimeError("; ".join(failures))
+    pages = []
+    for r in results:
+        pages.append({**{k: v for k, v in r.items() if k not in ("sent", "done")},
+                      "done_s": round(r["done"] - healthy_at, 2), "run_s": round(r["done"] - r["sent"], 2)})
+    return {"users": n, "clients": "protocol", "all_done_s": max(p["done_s"] for p in pages),
+            "pages": pages, "server_start_s": round(start_server.last_start_s, 1),
+            "exceptions": sum(len(p["exceptions"]) for p in pages)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", default="1,6")
+    parser.add_argument("--clients", default="browser,protocol",
+                        help="browser: headless Chromium pages on this machine; protocol: websocket clients "
+                             "that speak Streamlit's protocol (the server's part alone)")
     parser.add_argument("--label", default="latest")
     args = parser.parse_args()
-    rows = [measure(int(n)) for n in args.users.split(",")]
+    rows = []
+    for clients in args.clients.split(","):
+        for n in args.users.split(","):
+            row = measure(int(n)) if clients == "browser" else measure_protocol(int(n))
+            rows.append({"clients": clients, **row})
     load = os.getloadavg()[0]
-    print(f"\nMachine: {os.cpu_count()} cores, load average {load:.1f}; time from the server's health check "
-          "passing until every page's script run has finished.\n")
-    print("| users | server start → healthy | every first run ended | every page drawn | exceptions | per page (s) |")
+    print(f"\nMachine: {os.cpu_count()} cores, load average {load:.1f}; seconds from the server's health check "
+          "passing. browser: Chromium pages on this machine (script run ended / page drawn); protocol: "
+          "websocket clients, script run ended (the server's part).\n")
+    print("| clients | users | server start → healthy | every page done | exceptions | per page (s) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        per = ", ".join(f"{p['page'].split('?')[0]} {p['first_run_s']:.1f}/{p['done_s']:.1f}" for p in r["pages"])
-        print(f"| {r['users']} | {r['server_start_s']:.1f} s | {r['all_first_runs_s']:.1f} s | {r['all_done_s']:.1f} s "
-              f"| {r['exceptions']} | {per} |")
-    if len(rows) >= 2:
-        print(f"\nratio N = {rows[-1]['users']} / N = {rows[0]['users']}: "
-              f"{rows[-1]['all_done_s'] / rows[0]['all_done_s']:.2f}")
+        if r["clients"] == "browser":
+            done = f"{r['all_first_runs_s']:.1f} / {r['all_done_s']:.1f} s"
+            per = ", ".join(f"{p['page'].split('?')[0]} {p['first_run_s']:.1f}/{p['done_s']:.1f}" for p in r["pages"])
+        else:
+            done = f"{r['all_done_s']:.1f} s"
+            per = ", ".join(f"{p['page'].split('?')[0]} {p['done_s']:.1f}" for p in r["pages"])
+        print(f"| {r['clients']} | {r['users']} | {r['server_start_s']:.1f} s | {done} | {r['exceptions']} | {per} |")
+    for clients in dict.fromkeys(r["clients"] for r in rows):
+        mine = [r for r in rows if r["clients"] == clients]
+        if len(mine) >= 2:
+            print(f"\n{clients}: ratio N = {mine[-1]['users']} / N = {mine[0]['users']}: "
+                  f"{mine[-1]['all_done_s'] / mine[0]['all_done_s']:.2f}")
     previous = json.loads(OUT.read_text()) if OUT.is_file() else {}
     previous[args.label] = {"load": load, "rows": rows, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -66,3 +66,14 @@ def test_crowd_of_sessions_sees_no_exception_and_the_same_numbers(tmp_path):
     for crowd_page, single in zip(together, alone):
         assert not single["exceptions"], single["page"]
         assert crowd_page["numbers"] == single["numbers"], crowd_page["page"]
+    # the benchmark's protocol-level users (websocket clients, no browser) see what a browser shows
+    proc, base, healthy_at = crowd_bench.start_server(env)
+    try:
+        import threading
+        go = threading.Barrier(1)
+        for (path, query), single in zip(USERS[2:4], alone[2:4]):
+            seen = crowd_bench.protocol_user(base, path, query, go)
+            assert not seen["exceptions"] and not seen["errors"], seen["page"]
+            assert seen["numbers"] == single["numbers"] and seen["charts"] == single["charts"], seen["page"]
+    finally:
+        crowd_bench.stop_server(proc)

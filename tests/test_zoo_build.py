@@ -33,7 +33,11 @@ def test_parallel_and_sequential_builds_write_the_same_weights(smoke_zoo, model_
         digest = [hashlib.sha256((folder / name / "model.safetensors").read_bytes()).hexdigest()
                   for folder in (smoke_zoo, out)]
         assert digest[0] == digest[1], name
-        assert json.loads((out / name / "training.json").read_text())["steps"] > 0
+        log = json.loads((out / name / "training.json").read_text())
+        assert log["steps"] > 0
+        # the CPU kind is recorded: the bytes depend on it (MKL / ATen kernels differ between CPUs)
+        assert log["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+        assert log["machine"]["cpu"]
     # the smoke LM's one later phase runs on two threads (the recipe's thread switch), both builds alike
     for folder in (smoke_zoo, out):
         assert json.loads((folder / "shapes-lm" / "training.json").read_text())["phase2"]["threads"] == 2

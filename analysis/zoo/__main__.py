@@ -5,9 +5,9 @@
 
 `build` trains shapes-lm and shapes-vlm (saving shapes-vlm-weak on the way), printing progress.
 Thread counts are fixed by the recipe, not the machine, so the weights do not depend on the core
-count: shapes-vlm trains on one thread, shapes-lm on one thread for its first four phases and two
-after. With two or more cores (`--jobs 2`, the default there) the two models train side by side in
-two processes; shapes-vlm is done about when shapes-lm moves to two threads. `--smoke` is a
+count (they do depend on the kind of CPU: see build_machine): shapes-vlm trains on one thread,
+shapes-lm on one thread for its first four phases and two after. With two or more cores (`--jobs 2`,
+the default there) the two models train side by side in two processes (about 48 min on 2 cores). `--smoke` is a
 seconds-long run with tiny configs that still writes loadable HF folders.
 `--only shapes-vlm-aligned` (experimental, not part of the default build) trains a LLaVA on the
 shapes-lm already in `--out` (train it first): projector-only stage, then LM + projector.
@@ -31,6 +31,27 @@ EXPERIMENTAL = ("shapes-vlm-aligned",)  # built only when named with --only
 
 def _printer(fraction: float, message: str) -> None:
     print(f"[{fraction * 100:5.1f}%] {message}", flush=True)
+
+
+def build_machine() -> dict:
+    """What a build's bytes depend on besides the recipe. Thread counts are fixed by the recipe, but the
+    CPU's kernels are not: MKL and ATen pick code paths by processor (AVX-512 on one machine, AVX2 on
+    another), and their float sums differ in the last bits, which training amplifies. Two builds on the
+    same kind of CPU give the same bytes; builds on different kinds do not (docs/readme_zoo.md)."""
+    import platform
+
+    import torch
+    import transformers
+
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpu": cpu or platform.processor() or platform.machine(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def build(out: Path, only: str | None = None, smoke: bool = False, quiet: bool = False) -> dict:
@@ -57,7 +78,9 @@ def build(out: Path, only: str | None = None, smoke: bool = False, quiet: bool =
         cfg = train.SMOKE_ALIGNED if smoke else train.AlignedVLMConfig()
         phases = train.SMOKE_ALIGNED_PHASES if smoke else train.ALIGNED_VLM_PHASES
         log[only] = train.train_aligned_vlm(cfg, out / only, lm_folder, progress, phases)
+    machine = build_machine()
     for name, entry in log.items():
+        entry["machine"] = machine
         (out / name / "training.json").write_text(json.dumps(entry, indent=2))
     if "shapes-vlm" in log:
         weak = dict(log["shapes-vlm"], steps=log["shapes-vlm"]["weak_step"], note="early checkpoint of shapes-vlm")
