@@ -1,7 +1,7 @@
 """SAE-V benchmark: speed of each build stage and quality of each SAE architecture, with the data
 score s_i under the official SAE-V rule and under our earlier variant (`all-shared`).
 
-    python benchmarks/sae_bench.py [--model zoo:shapes-vlm] [--layer 1] [--steps 1500]
+    python benchmarks/sae_bench.py [--model zoo:shapes-vlm] [--layer 1] [--steps 1500] [--out FILE]
 
 Prints markdown tables and writes benchmarks/results/sae_bench.json. Ratios are against baselines
 measured in the same run: activation collection that stops after layer L vs a full forward, and
@@ -44,6 +44,8 @@ def main() -> int:
     ap.add_argument("--layer", type=int, default=None)
     ap.add_argument("--pairs", type=int, default=300)
     ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sae_bench.json",
+                    help="where to write the JSON (e.g. one file per layer)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.model is None:
@@ -105,7 +107,7 @@ def main() -> int:
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(str(r[c]) for c in cols) + " |")
-    out = ROOT / "benchmarks" / "results" / "sae_bench.json"
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": args.model, "layer": layer, "timings_s": timings, "architectures": rows,
                                "torch_threads": torch.get_num_threads()}, indent=1))

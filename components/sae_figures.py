@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
-from analysis.sae_v import FeatureCard, FeatureStore, InputExplanation, Ranking
+from analysis.sae_v import FeatureCard, FeatureStore, InputExplanation, Ranking, by_kind
 from components.figure_memo import shared_figure
 from components.images import tower_view
 
@@ -74,15 +74,18 @@ def ranking_rows(ranking: Ranking) -> list[dict]:
 
 
 def kind_summary(ranking: Ranking) -> list[dict]:
-    """Mean score and shared-feature count per pair kind (clean, other scene, swapped)."""
+    """Mean score and shared-feature count per pair kind (clean, other scene, swapped), and for each
+    corrupted kind the ROC AUC of s_i against the clean pairs alone."""
     out = []
-    for kind in sorted({r.kind for r in ranking.rows}, key=lambda k: (k != "clean", k)):
+    for kind, stats in by_kind(ranking.rows).items():
         rows = [r for r in ranking.rows if r.kind == kind]
+        auc = stats.get("roc_auc_vs_clean")
         out.append({"kind": kind, "pairs": len(rows),
                     "mean s_i": round(sum(r.score for r in rows) / len(rows), 4),
                     "mean weighted ω": round(sum(r.weighted for r in rows) / len(rows), 4),
                     "mean shared features": round(sum(r.shared for r in rows) / len(rows), 2),
-                    "mean rank": round(sum(r.rank for r in rows) / len(rows), 1)})
+                    "mean rank": stats["mean_rank"],
+                    "ROC AUC vs clean": None if auc is None else round(auc, 3)})
     return out
 
 

@@ -91,7 +91,8 @@ def test_kind_summary_averages_per_kind():
     summary = figs.kind_summary(_ranking([(3.0, False), (1.0, False), (2.0, True)]))
     assert summary[0]["kind"] == "clean" and summary[0]["mean s_i"] == pytest.approx(2.0)
     assert summary[1] == {"kind": "swapped", "pairs": 1, "mean s_i": 2.0, "mean weighted ω": 0.2,
-                          "mean shared features": 1.0, "mean rank": 3.0}
+                          "mean shared features": 1.0, "mean rank": 3.0, "ROC AUC vs clean": 0.5}  # 3 > 2 > 1
+    assert summary[0]["ROC AUC vs clean"] is None
 
 
 def test_ranking_rows_keep_caption_text_and_order():

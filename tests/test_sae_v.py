@@ -301,6 +301,30 @@ def test_ranking_puts_higher_scores_first_and_measures_separation(seed):
     assert ranking.rule == "official" and ranking.threshold == 1.0
 
 
+def test_by_kind_separates_each_corruption_from_the_clean_pairs():
+    """AUC per kind of corruption against the clean pairs only, by counting pairs; mean ranks."""
+    g = torch.Generator().manual_seed(3)
+    kinds = ["clean", "other-scene", "swapped-attribute"] * 14
+    scores = torch.randint(0, 8, (len(kinds),), generator=g).double().tolist()
+    rows = [sae_v.PairScore(pair=i, text="", corrupted=k != "clean", kind=k, score=s, weighted=0.0, shared=0)
+            for i, (k, s) in enumerate(zip(kinds, scores))]
+    rows.sort(key=lambda r: (-r.score, r.pair))
+    for rank, r in enumerate(rows, 1):
+        r.rank = rank
+    out = sae_v.by_kind(rows)
+    assert list(out) == ["clean", "other-scene", "swapped-attribute"]
+    clean = [s for k, s in zip(kinds, scores) if k == "clean"]
+    for kind in ("other-scene", "swapped-attribute"):
+        bad = [s for k, s in zip(kinds, scores) if k == kind]
+        assert out[kind]["roc_auc_vs_clean"] == pytest.approx(mann_whitney_auc(clean, bad), abs=1e-12)
+        assert out[kind]["pairs"] == 14
+    assert "roc_auc_vs_clean" not in out["clean"]
+    ranks = {r.pair: r.rank for r in rows}
+    for kind in out:
+        mine = [ranks[i] for i, k in enumerate(kinds) if k == kind]
+        assert out[kind]["mean_rank"] == pytest.approx(sum(mine) / len(mine), abs=0.05)
+
+
 def test_keep_fraction_reports_precision_and_recall_of_removed_corrupted_pairs():
     rows = [sae_v.PairScore(pair=i, text="", corrupted=c, kind="", score=0.0, weighted=0.0, shared=0, rank=i + 1)
             for i, c in enumerate([False, False, True, False, True, True, False, True])]
@@ -574,6 +598,7 @@ def test_cli_trains_and_prints_json(tiny_llava_dir, tmp_path, capsys):
     assert {"roc_auc", "roc_auc_weighted", "precision", "recall"} <= set(out["ranking"])
     assert out["ranking"]["rule"] == "official" and out["summary"]["score_rule"] == "official"
     assert set(out["ranking"]["keep"]) >= {"precision", "recall", "kept", "removed"}
+    assert "clean" in out["ranking"]["by_kind"]
 
 
 @pytest.mark.parametrize("args", [

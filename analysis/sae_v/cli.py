@@ -9,7 +9,7 @@ from typing import Any
 from analysis import anatomy
 from analysis.registry import SettingsError, check_range
 from analysis.sae_v.build import build, demo_folder, rebuild_store
-from analysis.sae_v.scores import SCORE_RULES, keep_top, rank_dataset, score_rule
+from analysis.sae_v.scores import SCORE_RULES, by_kind, keep_top, rank_dataset, score_rule
 from analysis.sae_v.store import load_store
 from analysis.sae_v.training import load_sae
 from analysis.sae_v.types import (
@@ -95,7 +95,7 @@ def cli(argv: list[str]) -> int:
         out["ranking"] = {"roc_auc": ranking.roc_auc, "roc_auc_weighted": ranking.roc_auc_weighted,
                           "precision": ranking.precision, "recall": ranking.recall, "rule": ranking.rule,
                           "threshold": ranking.threshold, "scored_pairs": sum(r.score != 0 for r in ranking.rows),
-                          "keep": keep_top(ranking.rows, args.keep)}
+                          "keep": keep_top(ranking.rows, args.keep), "by_kind": by_kind(ranking.rows)}
     if args.json:
         print(json.dumps(out, indent=1))
     else:

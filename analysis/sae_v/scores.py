@@ -214,6 +214,21 @@ def roc_auc(positive: list[float], negative: list[float]) -> float | None:
     return float((greater + 0.5 * ties) / (len(positive) * len(negative)))
 
 
+def by_kind(rows: list[PairScore]) -> dict[str, dict]:
+    """Per kind of pair (clean, another scene's caption, swapped attributes, ...): how many, their mean
+    rank, and for each corrupted kind the ROC AUC of s_i against the clean pairs alone (which kind of
+    corruption the score can see)."""
+    clean = [r.score for r in rows if not r.corrupted]
+    out: dict[str, dict] = {}
+    for kind in sorted({r.kind for r in rows}, key=lambda k: (k != "clean", k)):
+        mine = [r for r in rows if r.kind == kind]
+        entry = {"pairs": len(mine), "mean_rank": round(sum(r.rank for r in mine) / len(mine), 1)}
+        if all(r.corrupted for r in mine):
+            entry["roc_auc_vs_clean"] = roc_auc(clean, [r.score for r in mine])
+        out[kind] = entry
+    return out
+
+
 def keep_top(rows: list[PairScore], keep: float) -> dict:
     """Keep the top `keep` share of a ranking (rows best first): how well that removes corrupted pairs.
 
