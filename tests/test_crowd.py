@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -69,8 +70,7 @@ def test_crowd_of_sessions_sees_no_exception_and_the_same_numbers(tmp_path):
     # the benchmark's protocol-level users (websocket clients, no browser) see what a browser shows
     proc, base, healthy_at = crowd_bench.start_server(env)
     try:
-        import threading
-        go = threading.Barrier(1)
+        go = threading.Barrier(1)  # one user at a time: nobody to wait for
         for (path, query), single in zip(USERS[2:4], alone[2:4]):
             seen = crowd_bench.protocol_user(base, path, query, go)
             assert not seen["exceptions"] and not seen["errors"], seen["page"]

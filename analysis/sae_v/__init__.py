@@ -31,8 +31,8 @@ from analysis.sae_v.datasets import (
 from analysis.sae_v.explain import explain_input
 from analysis.registry import SettingsError
 from analysis.sae_v.scores import (
-    SCORE_RULES, AllSharedRule, OfficialRule, ScoreRule, by_kind, cross_modal_weights, keep_top, modality_labels, pair_scores,
-    per_pair_max, rank_dataset, rank_pairs, roc_auc, score_rule, store_weights,
+    SCORE_RULES, AllSharedRule, OfficialRule, ScoreRule, by_kind, cross_modal_weights, keep_top, modality_labels,
+    pair_scores, per_pair_max, rank_dataset, rank_pairs, roc_auc, score_rule, store_weights,
 )
 from analysis.sae_v.store import (
     build_feature_store, concept_in_both, concept_precision, load_store, read_store_json, save_store,

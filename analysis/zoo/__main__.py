@@ -7,8 +7,8 @@
 Thread counts are fixed by the recipe, not the machine, so the weights do not depend on the core
 count (they do depend on the kind of CPU: see build_machine): shapes-vlm trains on one thread,
 shapes-lm on one thread for its first four phases and two after. With two or more cores (`--jobs 2`,
-the default there) the two models train side by side in two processes (about 48 min on 2 cores). `--smoke` is a
-seconds-long run with tiny configs that still writes loadable HF folders.
+the default there) the two models train side by side in two processes (about 48 min on 2 cores).
+`--smoke` is a seconds-long run with tiny configs that still writes loadable HF folders.
 `--only shapes-vlm-aligned` (experimental, not part of the default build) trains a LLaVA on the
 shapes-lm already in `--out` (train it first): projector-only stage, then LM + projector.
 `eval` measures held-out metrics and writes `card.json` + `card.md` next to each model's weights.
