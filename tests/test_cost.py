@@ -310,3 +310,44 @@ def test_decomposer_and_rewriter_are_priced_on_their_own_model(caption_vlms, dem
     assert cost.estimate_work(C.apply_threshold, demo_lm, lenient, {"verification": verification}).calls == 0
     grammar = C.CorrectionParams(**{**vars(params), "rewriter": "grammar"})
     assert cost.estimate_work(C.apply_threshold, demo_lm, grammar, {"verification": verification}).calls == 0
+
+
+def test_a_calibration_slowed_by_a_crowd_is_measured_again_later(tiny_llama, monkeypatch):
+    """A reading taken while the measuring thread got little CPU (a burst of users) stands only for
+    RECALIBRATE_AFTER_S; the next estimate after that measures again and keeps the faster reading of
+    each kind. A reading taken with the CPU to itself stands for good."""
+    key = id(tiny_llama.language_model)
+    now = [1000.0]
+    monkeypatch.setattr(cost, "_clock", lambda: now[0])
+    slow = cost.Throughput(per_call=1.0, per_token=1.0, per_pair=1.0, per_logit=1.0, model="m", per_row=1e-12,
+                           per_call_fixed=1.0, per_patch=1.0)
+    try:
+        cost._calibrated[key] = cost._Calibration(slow, now[0], share=0.1)
+        now[0] += cost.RECALIBRATE_AFTER_S - 1
+        assert cost.calibrate(tiny_llama) is slow  # not yet
+        now[0] += 2
+        fresh = cost.calibrate(tiny_llama)  # measured again (a tiny model: far below a second per call)
+        assert fresh.per_call < 1.0 and fresh.per_token < 1.0 and fresh.per_call_fixed < 1.0
+        assert fresh.per_row == 1e-12  # the earlier reading was the faster one of this kind
+        assert cost._calibrated[key].share >= 0.1
+        cost._calibrated[key] = cost._Calibration(slow, now[0], share=0.9)
+        now[0] += 1e6
+        assert cost.calibrate(tiny_llama) is slow  # an unhurried reading is not measured again
+    finally:
+        cost._calibrated.pop(key, None)
+
+
+def test_calibration_records_the_measuring_thread_s_share_of_a_cpu(tiny_llama, monkeypatch):
+    """The share is the thread's CPU time over wall time during the measurement."""
+    key = id(tiny_llama.language_model)
+    cost._calibrated.pop(key, None)
+    ticks = iter([0.0, 0.25])  # thread_time before and after: 0.25 s of CPU
+    walls = iter([10.0, 11.0])  # perf_counter before and after: 1 s of wall time
+    monkeypatch.setattr(cost, "_measure", lambda handle, repeats: cost.Throughput(1, 1, 1, 1, "m"))
+    monkeypatch.setattr(cost.time, "thread_time", lambda: next(ticks))
+    monkeypatch.setattr(cost.time, "perf_counter", lambda: next(walls))
+    try:
+        cost.calibrate(tiny_llama)
+        assert cost._calibrated[key].share == pytest.approx(0.25)
+    finally:
+        cost._calibrated.pop(key, None)
