@@ -447,7 +447,8 @@ def show_ranking() -> None:
     st.dataframe(figs.kind_summary(ranking), hide_index=True, key="sae_rank_kinds")
     explain("Averages per pair kind: a useful score gives clean pairs a higher mean s_i and a better (lower) "
             "mean rank than corrupted ones. ROC AUC vs clean: the chance that a clean pair outscores a pair of "
-            "that kind (0.5: the score cannot see that corruption; empty for the clean pairs themselves).")
+            "that kind (0.5: the score cannot see that corruption; None on the clean row, the one the others are "
+            "compared with).")
     rows = figs.ranking_rows(ranking)
     st.dataframe(rows, hide_index=True, height=360, key="sae_rank_table")
     st.download_button("Download ranking (CSV)", data=rows_to_csv(rows), file_name="sae-v-ranking.csv",
