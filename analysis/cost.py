@@ -139,7 +139,7 @@ def format_seconds(s: float) -> str:
 # ---------------------------------------------------------------------------------------------
 # Measuring this machine on the loaded model
 
-_calibrated: dict[int, "_Calibration"] = {}
+_calibrated: dict[tuple, "_Calibration"] = {}
 _cal_lock = threading.Lock()
 # A calibration whose thread got less than this share of a CPU (other sessions' work, a burst of
 # users) is slowed by the crowd, not by the model: it stands until RECALIBRATE_AFTER_S have passed,
@@ -161,6 +161,17 @@ def _clock() -> float:
     return time.monotonic()
 
 
+def calibration_key(handle: ModelHandle) -> tuple:
+    """What a calibration is kept under: the model as named and its size, dtype and device, not the
+    Python object. Every load of the same model runs at the same speed, so a reading taken once (at
+    server start, by scripts/serve.py, while the machine is idle) serves the copy the sessions load
+    later, and a model reloaded after the cache dropped it is not measured again."""
+    lm = handle.language_model
+    first = next(lm.parameters(), None)
+    return (handle.spec.label, sum(p.numel() for p in handle.model.parameters()),
+            str(first.dtype) if first is not None else "", str(handle.device))
+
+
 def param_split(handle: ModelHandle) -> tuple[int, int]:
     """(parameters every token goes through, output-head parameters): embedding lookups cost nothing."""
     lm = handle.language_model
@@ -174,11 +185,11 @@ def param_split(handle: ModelHandle) -> tuple[int, int]:
 
 
 def calibrate(handle: ModelHandle, repeats: int = 5) -> Throughput:
-    """Time forwards of one token and of a batch of tokens (median of `repeats`), once per loaded model.
+    """Time forwards of one token and of a batch of tokens (median of `repeats`), once per model (`calibration_key`).
 
     The batch has about 3e8 / parameters tokens (32 to 512): enough that the weights' matmuls, not
     per-call overhead, dominate it, and short (about a second) even for a 0.5 B model."""
-    key = id(handle.language_model)
+    key = calibration_key(handle)
     with _cal_lock:
         known = _calibrated.get(key)
         if known is not None and (known.share >= BUSY_SHARE or _clock() - known.at < RECALIBRATE_AFTER_S):

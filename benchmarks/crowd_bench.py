@@ -1,6 +1,7 @@
 """A room full of people: N users open the app at once, right after the server is healthy.
 
     python benchmarks/crowd_bench.py [--users 1,6] [--clients browser,protocol] [--label NAME]
+                                     [--server-env NAME=VALUE ...]
 
 One `streamlit run` server per measurement, started fresh; as soon as its health endpoint answers,
 N headless Chromium pages (Debian's chromium, one browser context = one session each, started before
@@ -14,7 +15,10 @@ attention sharpness, caption correction and SAE-V. Prints a markdown table and w
 benchmarks/results/crowd_bench.json. tests/test_crowd.py uses the same machinery.
 
 On one 2-core machine the six Chromium renderers take most of the CPU the server needs, which in a
-room would be six laptops' own. `--clients protocol` measures the server's part alone: each user is a
+room would be six laptops' own. Each browser measurement therefore also reports the CPU seconds the
+Chromium processes and the server spent from the moment the pages were opened until the last was drawn,
+and the floor they imply: (browser + server CPU) / cores, the earliest the last page could be done if
+the cores were shared perfectly and nothing waited. `--clients protocol` measures the server's part alone: each user is a
 websocket client that sends what a browser sends on opening its link (Streamlit's BackMsg) and reads
 the page's elements until the script run ends, with the metric values and chart counts a browser
 shows. Both kinds run by default.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import psutil  # with accelerate; pinned in requirements.txt
 import os
 import subprocess
 import sys
@@ -147,6 +152,20 @@ def settle(page, timeout_ms: int, quiet_s: float = 1.0) -> None:
     settle_all([page], timeout_ms, quiet_s)
 
 
+def cpu_seconds(root: psutil.Process, name: str | None = None) -> float:
+    """User + system CPU seconds of `root` and its living descendants (those whose process name contains
+    `name`, when given). Chromium's processes all outlive a measurement, so nothing is lost to exits."""
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            if name is None or name in proc.name():
+                t = proc.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:  # it ended meanwhile
+            pass
+    return total
+
+
 def visit(pages: list, base: str, users: list[tuple[str, str]], healthy_at: float,
           timeout_ms: int = 300_000) -> list[dict]:
     """Every user opens their page at once (browsers already open); wait until all are done."""
@@ -193,16 +212,23 @@ def measure(n: int, env: dict | None = None) -> dict:
         browser, pages_ = _browser_pages(p, n)
         try:
             proc, base, healthy_at = start_server(env)
+            me, server = psutil.Process(), psutil.Process(proc.pid)
             try:
+                browsers0, server0 = cpu_seconds(me, "chrom"), cpu_seconds(server)
                 pages = visit(pages_, base, USERS[:n], healthy_at)
+                # the pages' last quiet second is idle for both, so it adds (almost) nothing here
+                cpu = {"browsers": round(cpu_seconds(me, "chrom") - browsers0, 1),
+                       "server": round(cpu_seconds(server) - server0, 1)}
             finally:
                 stop_server(proc)
         finally:
             browser.close()
+    cores = os.cpu_count() or 1
     return {"users": n, "all_done_s": max(p["done_s"] for p in pages),
             "all_first_runs_s": max(p["first_run_s"] for p in pages), "pages": pages,
             "server_start_s": round(start_server.last_start_s, 1),
-            "exceptions": sum(len(p["exceptions"]) for p in pages)}
+            "exceptions": sum(len(p["exceptions"]) for p in pages),
+            "cpu_s": cpu, "cpu_floor_s": round((cpu["browsers"] + cpu["server"]) / cores, 1)}
 
 
 def protocol_user(base: str, path: str, query: str, go, timeout_s: float = 300) -> dict:
@@ -297,18 +323,28 @@ def main() -> int:
                         help="browser: headless Chromium pages on this machine; protocol: websocket clients "
                              "that speak Streamlit's protocol (the server's part alone)")
     parser.add_argument("--label", default="latest")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set this in the server's environment (repeatable), e.g. OMP_NUM_THREADS=1")
     args = parser.parse_args()
+    env = {}
+    for item in args.server_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            print(f"error: --server-env wants NAME=VALUE, got '{item}'", file=sys.stderr)
+            return 2
+        env[name] = value
     rows = []
     for clients in args.clients.split(","):
         for n in args.users.split(","):
-            row = measure(int(n)) if clients == "browser" else measure_protocol(int(n))
+            row = measure(int(n), env) if clients == "browser" else measure_protocol(int(n), env)
             rows.append({"clients": clients, **row})
     load = os.getloadavg()[0]
     print(f"\nMachine: {os.cpu_count()} cores, load average {load:.1f}; seconds from the server's health check "
           "passing. browser: Chromium pages on this machine (script run ended / page drawn); protocol: "
           "websocket clients, script run ended (the server's part).\n")
-    print("| clients | users | server start → healthy | every page done | exceptions | per page (s) |")
-    print("|---|---|---|---|---|---|")
+    print("| clients | users | server start → healthy | every page done | exceptions | CPU s: browsers + server "
+          "(floor) | per page (s) |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         if r["clients"] == "browser":
             done = f"{r['all_first_runs_s']:.1f} / {r['all_done_s']:.1f} s"
@@ -316,14 +352,17 @@ def main() -> int:
         else:
             done = f"{r['all_done_s']:.1f} s"
             per = ", ".join(f"{p['page'].split('?')[0]} {p['done_s']:.1f}" for p in r["pages"])
-        print(f"| {r['clients']} | {r['users']} | {r['server_start_s']:.1f} s | {done} | {r['exceptions']} | {per} |")
+        cpu = (f"{r['cpu_s']['browsers']:.1f} + {r['cpu_s']['server']:.1f} ({r['cpu_floor_s']:.1f} s)"
+               if "cpu_s" in r else "")
+        print(f"| {r['clients']} | {r['users']} | {r['server_start_s']:.1f} s | {done} | {r['exceptions']} | {cpu} "
+              f"| {per} |")
     for clients in dict.fromkeys(r["clients"] for r in rows):
         mine = [r for r in rows if r["clients"] == clients]
         if len(mine) >= 2:
             print(f"\n{clients}: ratio N = {mine[-1]['users']} / N = {mine[0]['users']}: "
                   f"{mine[-1]['all_done_s'] / mine[0]['all_done_s']:.2f}")
     previous = json.loads(OUT.read_text()) if OUT.is_file() else {}
-    previous[args.label] = {"load": load, "rows": rows, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    previous[args.label] = {"load": load, "server_env": env, "rows": rows, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(previous, indent=2) + "\n")
     return 0

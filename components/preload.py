@@ -92,4 +92,40 @@ def preload() -> float:
     return time.perf_counter() - start
 
 
+def calibrate_zoo() -> dict[str, float]:
+    """Measure this machine's speed on each demo model (analysis/cost.py) while nobody is using it.
+
+    scripts/serve.py calls this before the server listens. Otherwise the first estimate on a model is
+    measured when a page first needs one, and when a room opens the app together that is beside five
+    other script runs: the reading comes out tens of times too slow and a four-second analysis asks
+    for a click (crowd_bench, six users: the shared H2O link showed an estimate instead of results).
+    The readings are kept per model name and size, so they serve the copies the sessions load later.
+    Returns seconds per model (load + measurement); a model that fails to load is skipped here and
+    reports its own error on the page that asks for it."""
+    import threading
+
+    from analysis import cost
+    from analysis.models import ModelSpec, load_model, zoo_models
+
+    seconds: dict[str, float] = {}
+
+    def measure() -> None:
+        for name in zoo_models():
+            start = time.perf_counter()
+            try:
+                cost.calibrate(load_model(ModelSpec("zoo", name)))
+            except Exception:
+                continue
+            seconds[name] = round(time.perf_counter() - start, 2)
+
+    # In a thread of its own, never on the calling (server's main) thread: once the main thread has run
+    # a torch forward, its OpenMP workers stay behind and every later forward in the sessions' script
+    # threads ran about 2.7x slower on the 2-core machine (500 one-token calls of shapes-lm: 0.89 s ->
+    # 2.4 s; the H2O link of crowd_bench alone: 4.9 s -> 13.5 s). From a thread that ends, nothing stays.
+    worker = threading.Thread(target=measure, name="calibrate-zoo")
+    worker.start()
+    worker.join()
+    return seconds
+
+
 SECONDS = preload()

@@ -5,7 +5,9 @@
 `components/preload.py` (which app.py imports first, against import races) takes seconds on a small
 machine. Under plain `streamlit run` the first visitors pay for it: the server reports healthy at
 once and the first script run imports everything. Here the import happens first, in the server's
-own process, so the first page a visitor opens finds every module loaded.
+own process, so the first page a visitor opens finds every module loaded. It also measures this
+machine's speed on each demo model while the machine is idle (`preload.calibrate_zoo`), for the
+pages' cost estimates.
 """
 from __future__ import annotations
 
@@ -15,10 +17,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import components.preload  # noqa: E402,F401  (the same module app.py imports first)
+import components.preload  # noqa: E402  (the same module app.py imports first)
 from streamlit.web import cli as streamlit_cli  # noqa: E402
 
 if __name__ == "__main__":
+    # Each demo model's speed, measured now while the machine is idle (a fraction of a second each):
+    # measured later, inside a crowd's first burst, it reads far too slow (components/preload.py).
+    components.preload.calibrate_zoo()
     # No file watcher: a demo server's sources do not change under it, and watching them is not free.
     # Streamlit (watchdog) watches the folders of every imported module of the app; reading a model or
     # a feature store there queues inotify events, and on overflow it walks the whole tree again.

@@ -2,9 +2,11 @@
 a view does not start long work on page load."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -143,7 +145,7 @@ def test_estimate_is_close_to_the_measured_time(name, spec, tiny_llama, big_voca
     ratios = []
     for fn, params in (JOBS[0], JOBS[3], (inv.reconstruct, attack)):
         fn(handle, params)  # first call: lazy imports and allocations
-        cost._calibrated.pop(id(handle.language_model), None)
+        cost._calibrated.pop(cost.calibration_key(handle), None)
         estimate = cost.estimate(fn, handle, params)
         t0 = time.perf_counter()
         fn(handle, params)
@@ -316,7 +318,7 @@ def test_a_calibration_slowed_by_a_crowd_is_measured_again_later(tiny_llama, mon
     """A reading taken while the measuring thread got little CPU (a burst of users) stands only for
     RECALIBRATE_AFTER_S; the next estimate after that measures again and keeps the faster reading of
     each kind. A reading taken with the CPU to itself stands for good."""
-    key = id(tiny_llama.language_model)
+    key = cost.calibration_key(tiny_llama)
     now = [1000.0]
     monkeypatch.setattr(cost, "_clock", lambda: now[0])
     slow = cost.Throughput(per_call=1.0, per_token=1.0, per_pair=1.0, per_logit=1.0, model="m", per_row=1e-12,
@@ -339,7 +341,7 @@ def test_a_calibration_slowed_by_a_crowd_is_measured_again_later(tiny_llama, mon
 
 def test_calibration_records_the_measuring_thread_s_share_of_a_cpu(tiny_llama, monkeypatch):
     """The share is the thread's CPU time over wall time during the measurement."""
-    key = id(tiny_llama.language_model)
+    key = cost.calibration_key(tiny_llama)
     cost._calibrated.pop(key, None)
     ticks = iter([0.0, 0.25])  # thread_time before and after: 0.25 s of CPU
     walls = iter([10.0, 11.0])  # perf_counter before and after: 1 s of wall time
@@ -351,3 +353,79 @@ def test_calibration_records_the_measuring_thread_s_share_of_a_cpu(tiny_llama, m
         assert cost._calibrated[key].share == pytest.approx(0.25)
     finally:
         cost._calibrated.pop(key, None)
+
+
+def test_a_reading_serves_every_load_of_the_same_model(tiny_llama_dir, monkeypatch):
+    """Calibrations are kept per model (name, size, dtype, device), not per Python object: a reading
+    taken on one load (serve.py's, at server start) is the one a session's own load gets, without
+    measuring again. A different model is measured on its own."""
+    first = load_model(ModelSpec("local", str(tiny_llama_dir)))
+    second = load_model(ModelSpec("local", str(tiny_llama_dir)))
+    assert first.language_model is not second.language_model
+    key = cost.calibration_key(first)
+    cost._calibrated.pop(key, None)
+    try:
+        reading = cost.calibrate(first)
+
+        def measure_again(handle, repeats):
+            raise AssertionError("measured again")
+
+        monkeypatch.setattr(cost, "_measure", measure_again)
+        assert cost.calibrate(second) is reading
+        other = dataclasses.replace(second, spec=ModelSpec("local", str(tiny_llama_dir / "elsewhere")))
+        assert cost.calibration_key(other) != key
+        with pytest.raises(AssertionError, match="measured again"):
+            cost.calibrate(other)
+    finally:
+        cost._calibrated.pop(key, None)
+
+
+def test_server_start_measures_each_demo_model_for_the_sessions(monkeypatch):
+    """scripts/serve.py calls preload.calibrate_zoo() before it listens: afterwards a session's own load
+    of each demo model finds its reading (taken on the idle machine) and measures nothing."""
+    from analysis.models import zoo_models
+    from components import preload
+
+    import threading
+
+    monkeypatch.setattr(cost, "_calibrated", {})
+    measuring_threads = set()
+    real_measure = cost._measure
+
+    def measure(handle, repeats):
+        measuring_threads.add(threading.current_thread())
+        return real_measure(handle, repeats)
+
+    monkeypatch.setattr(cost, "_measure", measure)
+    seconds = preload.calibrate_zoo()
+    assert sorted(seconds) == sorted(zoo_models()) and len(seconds) >= 2
+    # never on the caller's thread (the server's main thread): torch work there leaves OpenMP workers
+    # behind that slowed every later session's forwards 2.7x
+    assert measuring_threads and threading.current_thread() not in measuring_threads
+
+    def measure_again(handle, repeats):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(cost, "_measure", measure_again)
+    for name in zoo_models():
+        handle = load_model(ModelSpec("zoo", name))
+        assert cost.calibrate(handle).per_call > 0
+        assert cost._calibrated[cost.calibration_key(handle)].share > 0
+
+
+def test_serve_measures_the_demo_models_before_the_server_listens(monkeypatch):
+    """scripts/serve.py (the README's command) calls calibrate_zoo() before Streamlit starts."""
+    import runpy
+    import sys as _sys
+
+    from streamlit.web import cli as streamlit_cli
+
+    from components import preload
+
+    calls = []
+    monkeypatch.setattr(preload, "calibrate_zoo", lambda: calls.append("calibrate") or {})
+    monkeypatch.setattr(streamlit_cli, "main", lambda: calls.append("serve") or 0)
+    monkeypatch.setattr(_sys, "argv", ["serve.py"])
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(Path(__file__).resolve().parent.parent / "scripts" / "serve.py"), run_name="__main__")
+    assert calls == ["calibrate", "serve"]

@@ -44,11 +44,16 @@ def _together(users, env):
         crowd_bench.stop_server(proc)
 
 
-def _one_at_a_time(users, env):
-    """A fresh server where each user comes alone, after the previous one has finished."""
+def _one_at_a_time(users, env, protocol_users):
+    """A fresh server where each user comes alone, after the previous one has finished; then the
+    benchmark's protocol-level users (websocket clients, no browser) open `protocol_users` the same
+    way. Returns (browser pages, protocol pages)."""
     proc, base, healthy_at = crowd_bench.start_server(env)
     try:
-        return [crowd_bench.crowd(base, [user], healthy_at)[0] for user in users]
+        pages = [crowd_bench.crowd(base, [user], healthy_at)[0] for user in users]
+        go = threading.Barrier(1)  # one user at a time: nobody to wait for
+        seen = [crowd_bench.protocol_user(base, path, query, go) for path, query in protocol_users]
+        return pages, seen
     finally:
         crowd_bench.stop_server(proc)
 
@@ -62,18 +67,14 @@ def test_crowd_of_sessions_sees_no_exception_and_the_same_numbers(tmp_path):
         assert not page["exceptions"], (page["page"], page["exceptions"])
         assert not page["errors"], (page["page"], page["errors"])
         assert page["charts"] >= 1, page["page"]
-    alone = _one_at_a_time(USERS, env)
+    alone, protocol = _one_at_a_time(USERS, env, USERS[2:4])
     assert all(p["numbers"] for p in together[:3])  # the computed views show metric cards
     for crowd_page, single in zip(together, alone):
         assert not single["exceptions"], single["page"]
         assert crowd_page["numbers"] == single["numbers"], crowd_page["page"]
     # the benchmark's protocol-level users (websocket clients, no browser) see what a browser shows
-    proc, base, healthy_at = crowd_bench.start_server(env)
-    try:
-        go = threading.Barrier(1)  # one user at a time: nobody to wait for
-        for (path, query), single in zip(USERS[2:4], alone[2:4]):
-            seen = crowd_bench.protocol_user(base, path, query, go)
-            assert not seen["exceptions"] and not seen["errors"], seen["page"]
-            assert seen["numbers"] == single["numbers"] and seen["charts"] == single["charts"], seen["page"]
-    finally:
-        crowd_bench.stop_server(proc)
+    assert len(protocol) == 2
+    for seen, single in zip(protocol, alone[2:4]):
+        assert not seen["exceptions"] and not seen["errors"], seen["page"]
+        assert seen["numbers"] and seen["numbers"] == single["numbers"], seen["page"]
+        assert seen["charts"] == single["charts"], seen["page"]
