@@ -18,10 +18,11 @@ On one 2-core machine the six Chromium renderers take most of the CPU the server
 room would be six laptops' own. Each browser measurement therefore also reports the CPU seconds the
 Chromium processes and the server spent from the moment the pages were opened until the last was drawn,
 and the floor they imply: (browser + server CPU) / cores, the earliest the last page could be done if
-the cores were shared perfectly and nothing waited. `--clients protocol` measures the server's part alone: each user is a
-websocket client that sends what a browser sends on opening its link (Streamlit's BackMsg) and reads
-the page's elements until the script run ends, with the metric values and chart counts a browser
-shows. Both kinds run by default.
+the cores were shared perfectly and nothing waited. `--clients protocol` measures the server's part
+alone: each user is a websocket client that sends what a browser sends on opening its link
+(Streamlit's BackMsg) and reads the page's elements until the script run ends, with the metric values
+and chart counts a browser shows. Both kinds run by default. `--server-env OMP_NUM_THREADS=1` starts
+the servers with that setting.
 """
 from __future__ import annotations
 
@@ -362,7 +363,8 @@ def main() -> int:
             print(f"\n{clients}: ratio N = {mine[-1]['users']} / N = {mine[0]['users']}: "
                   f"{mine[-1]['all_done_s'] / mine[0]['all_done_s']:.2f}")
     previous = json.loads(OUT.read_text()) if OUT.is_file() else {}
-    previous[args.label] = {"load": load, "server_env": env, "rows": rows, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    previous[args.label] = {"load": load, "server_env": env, "rows": rows,
+                            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(previous, indent=2) + "\n")
     return 0
