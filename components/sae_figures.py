@@ -78,14 +78,10 @@ def kind_summary(ranking: Ranking) -> list[dict]:
     corrupted kind the ROC AUC of s_i against the clean pairs alone."""
     out = []
     for kind, stats in by_kind(ranking.rows).items():
-        rows = [r for r in ranking.rows if r.kind == kind]
         auc = stats.get("roc_auc_vs_clean")
-        out.append({"kind": kind, "pairs": len(rows),
-                    "mean s_i": round(sum(r.score for r in rows) / len(rows), 4),
-                    "mean weighted ω": round(sum(r.weighted for r in rows) / len(rows), 4),
-                    "mean shared features": round(sum(r.shared for r in rows) / len(rows), 2),
-                    "mean rank": stats["mean_rank"],
-                    "ROC AUC vs clean": None if auc is None else round(auc, 3)})
+        out.append({"kind": kind, "pairs": stats["pairs"], "mean s_i": stats["mean_score"],
+                    "mean weighted ω": stats["mean_weighted"], "mean shared features": stats["mean_shared"],
+                    "mean rank": stats["mean_rank"], "ROC AUC vs clean": None if auc is None else round(auc, 3)})
     return out
 
 

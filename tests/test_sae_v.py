@@ -306,7 +306,7 @@ def test_by_kind_separates_each_corruption_from_the_clean_pairs():
     g = torch.Generator().manual_seed(3)
     kinds = ["clean", "other-scene", "swapped-attribute"] * 14
     scores = torch.randint(0, 8, (len(kinds),), generator=g).double().tolist()
-    rows = [sae_v.PairScore(pair=i, text="", corrupted=k != "clean", kind=k, score=s, weighted=0.0, shared=0)
+    rows = [sae_v.PairScore(pair=i, text="", corrupted=k != "clean", kind=k, score=s, weighted=s / 10, shared=i % 5)
             for i, (k, s) in enumerate(zip(kinds, scores))]
     rows.sort(key=lambda r: (-r.score, r.pair))
     for rank, r in enumerate(rows, 1):
@@ -323,6 +323,10 @@ def test_by_kind_separates_each_corruption_from_the_clean_pairs():
     for kind in out:
         mine = [ranks[i] for i, k in enumerate(kinds) if k == kind]
         assert out[kind]["mean_rank"] == pytest.approx(sum(mine) / len(mine), abs=0.05)
+        mine = [(s, i % 5) for i, (k, s) in enumerate(zip(kinds, scores)) if k == kind]
+        assert out[kind]["mean_score"] == pytest.approx(sum(s for s, _ in mine) / len(mine), abs=1e-4)
+        assert out[kind]["mean_weighted"] == pytest.approx(sum(s / 10 for s, _ in mine) / len(mine), abs=1e-4)
+        assert out[kind]["mean_shared"] == pytest.approx(sum(c for _, c in mine) / len(mine), abs=0.005)
 
 
 def test_keep_fraction_reports_precision_and_recall_of_removed_corrupted_pairs():

@@ -216,13 +216,17 @@ def roc_auc(positive: list[float], negative: list[float]) -> float | None:
 
 def by_kind(rows: list[PairScore]) -> dict[str, dict]:
     """Per kind of pair (clean, another scene's caption, swapped attributes, ...): how many, their mean
-    rank, and for each corrupted kind the ROC AUC of s_i against the clean pairs alone (which kind of
-    corruption the score can see)."""
+    rank, s_i, weighted ω and shared-feature count, and for each corrupted kind the ROC AUC of s_i
+    against the clean pairs alone (which kind of corruption the score can see)."""
     clean = [r.score for r in rows if not r.corrupted]
     out: dict[str, dict] = {}
     for kind in sorted({r.kind for r in rows}, key=lambda k: (k != "clean", k)):
         mine = [r for r in rows if r.kind == kind]
-        entry = {"pairs": len(mine), "mean_rank": round(sum(r.rank for r in mine) / len(mine), 1)}
+        n = len(mine)
+        entry = {"pairs": n, "mean_rank": round(sum(r.rank for r in mine) / n, 1),
+                 "mean_score": round(sum(r.score for r in mine) / n, 4),
+                 "mean_weighted": round(sum(r.weighted for r in mine) / n, 4),
+                 "mean_shared": round(sum(r.shared for r in mine) / n, 2)}
         if all(r.corrupted for r in mine):
             entry["roc_auc_vs_clean"] = roc_auc(clean, [r.score for r in mine])
         out[kind] = entry
