@@ -332,16 +332,24 @@ def _kv_analyze(handle, params, kwargs) -> Work:
 
     total, prefill, start = _kv_shape(handle, params)
     policies = len(kv.POLICIES)
-    runs = policies + (0 if params.policy == "full" else 1)  # full, every policy, the chosen one again
+    runs = policies  # full and every other policy (the chosen one's kept sets come from its run among them)
     main = kv.main_policies()
     texts = len(main) + (0 if params.policy in main else 1)  # generated text: main policies (+ a chosen variant)
     work = Work()
     if params.prompt.strip():  # the reference continuation is generated first
         work.add(**vars(_sequence(start, start, generate=max(2, params.new_tokens))))
     work.add(**vars(_sequence(prefill, total, overhead=HOOK_OVERHEAD)), times=runs)
-    work.add(**vars(_sequence(prefill, start, overhead=HOOK_OVERHEAD, generate=max(2, params.new_tokens))),
-             times=texts)
+    # each text continues its policy's own run from `start` (a fork): only the generated tokens are new
+    work.add(**vars(_continuation(start, max(2, params.new_tokens), overhead=HOOK_OVERHEAD)), times=texts)
     return work
+
+
+def _continuation(start: int, generate: int, *, overhead: float = 1.0) -> Work:
+    """`generate` greedy tokens continued from a cache that has read `start` tokens: the first comes with
+    the forward that read the last of them, each further one costs a call."""
+    steps = max(0, generate - 1)
+    return Work(calls=steps, tokens=steps, attended=steps * start + steps * (steps + 1) / 2,
+                overhead=steps * (overhead - 1))
 
 
 @estimator("analysis.kv_eviction:budget_sweep")

@@ -17,6 +17,7 @@ the prefill-only SnapKV/PyramidKV variants grow after the prefill. Sliding-windo
 """
 from __future__ import annotations
 
+import copy
 import random
 import time
 from dataclasses import dataclass, field
@@ -135,6 +136,7 @@ class Trace:
     step_time: list[float]  # [decode step] seconds
     attention: list[list[torch.Tensor]] | None = None  # [decode step][layer] -> (H_q, T) last-query row
     cache: object = None  # the final DynamicCache (for inspection in tests)
+    forked: list[int] | None = None  # tokens[:fork_at] + the greedy continuation from there (see run_policy)
 
 
 def _new_cache(lm: torch.nn.Module):
@@ -166,9 +168,16 @@ def evictable_layers(handle: ModelHandle) -> list[int]:
 
 
 def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: Policy, *,
-               generate: int = 0, record_attention: bool = False, progress: Progress | None = None) -> Trace:
+               generate: int = 0, record_attention: bool = False, progress: Progress | None = None,
+               fork_at: int | None = None, fork_generate: int = 0) -> Trace:
     """Prefill tokens[:prompt_len], decode the rest of `tokens` one at a time (teacher forcing), then
-    `generate` more tokens greedily. Batch 1."""
+    `generate` more tokens greedily. Batch 1.
+
+    With `fork_at` (prompt_len <= fork_at < len(tokens), `fork_generate` >= 1), the run also keeps the
+    cache and the policy's state as they are once tokens[:fork_at] have been read and, after the
+    teacher-forced pass, continues from there greedily: Trace.forked holds the same tokens as
+    run_policy(handle, tokens[:fork_at], prompt_len, policy, generate=fork_generate).tokens (the same
+    forwards on the same inputs), without reading the shared prefix a second time."""
     lm = handle.language_model
     modules = attention_modules(lm)
     layers = evictable_layers(handle)
@@ -176,6 +185,10 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
     n_heads, n_kv = handle.info.heads, handle.info.kv_heads
     states: dict[int, LayerState] = {}
     cache = _new_cache(lm)
+    box = {"cache": cache}  # the cache the hooks evict from: the fork's own copy while it continues
+    if fork_at is not None and not (prompt_len <= fork_at < len(tokens) and fork_generate >= 1):
+        fork_at = None  # nothing to share: the caller runs the continuation on its own
+    fork: dict = {}
     phase = {"now": "prefill"}
     step_pos = {"start": 0}  # original position of the first token of the current forward
     attention_log: list[torch.Tensor | None] = [None] * len(modules)
@@ -190,7 +203,7 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
             attn = output[1]
             if attn is None:
                 raise KvEvictionError("The attention module returned no probabilities (eager attention is required).")
-            cached = cache.layers[layer]
+            cached = box["cache"].layers[layer]
             q = attn.shape[2]
             new_pos = torch.arange(step_pos["start"], step_pos["start"] + q, device=attn.device)
             state = states.get(layer)
@@ -224,6 +237,13 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
         logits.append(out.logits[0, -1].float())
         prefill_kept = [states[i].positions[0].cpu() if i in states else None for i in range(len(modules))]
         phase["now"] = "decode"
+
+        def keep_fork(pos: int) -> None:  # tokens[:pos] read: the continuation starts from here
+            if pos == fork_at:
+                fork.update(cache=copy.deepcopy(box["cache"]), states=copy.deepcopy(states),
+                            first=int(logits[-1].argmax()))
+
+        keep_fork(prompt_len)
         target_len = len(seq) + generate
         if len(seq) == prompt_len and generate:
             seq.append(int(logits[-1].argmax()))
@@ -247,10 +267,23 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
             if progress:
                 done = pos + 1 - prompt_len
                 progress(done / max(1, target_len - 1 - prompt_len), f"{policy.label}: step {done}")
+            keep_fork(pos + 1)
+        forked = None
+        if fork:  # the continuation, on the state kept at fork_at (the teacher-forced pass is done)
+            box["cache"] = fork["cache"]
+            states.clear()
+            states.update(fork["states"])
+            forked = list(tokens[:fork_at]) + [fork["first"]]
+            for pos in range(fork_at, fork_at + fork_generate - 1):
+                p.checkpoint()
+                step_pos["start"] = pos
+                out = lm(input_ids=torch.tensor([[forked[pos]]], device=device),
+                         position_ids=torch.tensor([[pos]], device=device), cache=box["cache"], use_cache=True)
+                forked.append(int(out.logits[0, -1].argmax()))
     n_pred = len(seq) - prompt_len
     return Trace(tokens=seq, prompt_len=prompt_len, logits=torch.stack(logits[:n_pred]).cpu(), kept=kept,
                  prefill_kept=prefill_kept, cache_len=cache_len, cache_bytes=cache_bytes, analytic_bytes=analytic,
-                 step_time=step_time, attention=attn_rows if record_attention else None, cache=cache)
+                 step_time=step_time, attention=attn_rows if record_attention else None, cache=cache, forked=forked)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,16 +537,31 @@ def check_params(handle: ModelHandle, params: KvParams, task: KvTask) -> Policy:
     return policy
 
 
-def _policy_runs(handle, task, params, names, full, layers, progress, share=(0.0, 1.0)) -> list[PolicyRun]:
+def _policy_runs(handle, task, params, names, full, layers, progress, share=(0.0, 1.0),
+                 keep: str | None = None, texts: tuple[str, ...] = ()) -> tuple[list[PolicyRun], Trace | None, dict]:
+    """Each named policy run and compared with the full cache; also the trace of policy `keep`, and for
+    the policies in `texts` their generated continuation (forked from the same run: see run_policy)."""
     groups = handle.info.heads // handle.info.kv_heads
-    runs = []
+    start, generate = text_start(task), max(2, params.new_tokens)
+    runs, kept, forked = [], None, {}
     for i, name in enumerate(names):
         pol = make_policy(params, name)
         if progress:
             progress(share[0] + (share[1] - share[0]) * i / len(names), f"{pol.label} ...")
-        trace = full if name == "full" else run_policy(handle, task.tokens, task.prefill_len, pol)
+        trace = full if name == "full" else run_policy(
+            handle, task.tokens, task.prefill_len, pol, fork_at=start if name in texts else None,
+            fork_generate=generate)
         runs.append(compare(full, trace, task, pol, layers, groups))
-    return runs
+        if name == keep:
+            kept = trace
+        if name in texts and trace.forked is not None:
+            forked[name] = trace.forked
+    return runs, kept, forked
+
+
+def text_start(task: KvTask) -> int:
+    """Where the generated-text comparison starts: the first answer, or the end of a custom prompt."""
+    return task.answer_positions[0] if task.answer_positions else task.context_len
 
 
 def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = None) -> KvResult:
@@ -521,14 +569,23 @@ def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = N
     layers = evictable_layers(handle)
     task = build_task(handle, params)
     policy = check_params(handle, params, task)
-    full = run_policy(handle, task.tokens, task.prefill_len, FullCache(), record_attention=True)
     names = ["full"] + [n for n in POLICIES if n != "full"]
-    runs = _policy_runs(handle, task, params, names, full, layers, progress, (0.0, 0.7))
-    chosen = full if policy.name == "full" else run_policy(handle, task.tokens, task.prefill_len, policy)
+    text_names = [n for n in names if n in main_policies() or n == policy.name]  # variants: only when chosen
+    # Each policy that shows generated text continues from its own run once the prompt is read (a fork:
+    # the same forwards as a separate run over the prompt, without reading it twice).
+    full = run_policy(handle, task.tokens, task.prefill_len, FullCache(), record_attention=True,
+                      fork_at=text_start(task), fork_generate=max(2, params.new_tokens))
+    # the chosen policy's kept sets come from its own run among them (make_policy(params) is the same
+    # policy with the same settings; runs are deterministic), not from a second run
+    runs, chosen, forked = _policy_runs(handle, task, params, names, full, layers, progress, (0.0, 0.9),
+                                        keep=policy.name, texts=tuple(text_names))
+    if full.forked is not None:
+        forked["full"] = full.forked
+    if chosen is None:  # a policy outside the comparison (none today): run it on its own
+        chosen = run_policy(handle, task.tokens, task.prefill_len, policy)
     kept = [[[step[layer][h].tolist() for step in chosen.kept] for h in range(handle.info.kv_heads)]
             for layer in layers]
-    text_names = [n for n in names if n in main_policies() or n == policy.name]  # variants: only when chosen
-    texts = generate_texts(handle, params, task, text_names, progress)
+    texts = generate_texts(handle, params, task, text_names, progress, forked=forked)
     if progress:
         progress(1.0, "done")
     return KvResult(
@@ -539,16 +596,22 @@ def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = N
     )
 
 
-def generate_texts(handle, params, task, names, progress=None) -> list[GeneratedText]:
-    """Greedy continuation under each policy, after the context and the first question."""
-    start = task.answer_positions[0] if task.answer_positions else task.context_len
+def generate_texts(handle, params, task, names, progress=None, forked: dict | None = None) -> list[GeneratedText]:
+    """Greedy continuation under each policy, after the context and the first question. `forked`: the
+    continuations already generated by the policies' own runs (run_policy's fork), by policy name."""
+    start = text_start(task)
+    forked = forked or {}
     out, reference = [], None
     for i, name in enumerate(names):
-        if progress:
-            progress(0.7 + 0.3 * i / len(names), f"generating ({name}) ...")
         pol = make_policy(params, name)
-        trace = run_policy(handle, task.tokens[:start], task.prefill_len, pol, generate=max(2, params.new_tokens))
-        new = trace.tokens[start:]
+        if name in forked:
+            tokens = forked[name]
+        else:
+            if progress:
+                progress(0.9 + 0.1 * i / len(names), f"generating ({name}) ...")
+            tokens = run_policy(handle, task.tokens[:start], task.prefill_len, pol,
+                                generate=max(2, params.new_tokens)).tokens
+        new = tokens[start:]
         eos = handle.tokenizer.eos_token_id
         if eos is not None and eos in new:  # show the answer, not the padding of end-of-text tokens after it
             new = new[:new.index(eos)]

@@ -503,3 +503,23 @@ def test_generated_text_stops_at_end_of_text():
         assert handle.tokenizer.eos_token not in t.tokens and "</s>" not in t.text
         assert len(t.matches_full) <= len(t.tokens)
     assert all(full.matches_full)
+
+
+@pytest.mark.parametrize("policy", list(kv.POLICIES))
+def test_forked_continuation_equals_a_separate_run_over_the_prompt(tiny_llama, policy):
+    """run_policy's fork (used by analyze for each policy's generated text) gives exactly the tokens of a
+    separate run that reads only tokens[:fork_at] and then generates: forked at the end of the prefill,
+    inside the decode and at the last token; the teacher-forced pass itself is unchanged by forking."""
+    tokens = _tokens(PROMPT + STEPS + 8, seed=5)
+    pol = kv.make_policy(_params(policy))
+    plain = kv.run_policy(tiny_llama, tokens, PROMPT, pol)
+    assert plain.forked is None
+    for fork_at in (PROMPT, PROMPT + 5, len(tokens) - 1):
+        trace = kv.run_policy(tiny_llama, tokens, PROMPT, pol, fork_at=fork_at, fork_generate=7)
+        alone = kv.run_policy(tiny_llama, tokens[:fork_at], PROMPT, pol, generate=7)
+        assert trace.forked == alone.tokens and len(trace.forked) == fork_at + 7, fork_at
+        assert trace.tokens == plain.tokens and torch.equal(trace.logits, plain.logits)
+        assert [[None if t is None else t.tolist() for t in step] for step in trace.kept] == \
+            [[None if t is None else t.tolist() for t in step] for step in plain.kept]
+    # nothing to share (the fork would start after the last token): no fork, the caller runs it alone
+    assert kv.run_policy(tiny_llama, tokens, PROMPT, pol, fork_at=len(tokens), fork_generate=3).forked is None
