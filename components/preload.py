@@ -119,9 +119,9 @@ def calibrate_zoo() -> dict[str, float]:
             seconds[name] = round(time.perf_counter() - start, 2)
 
     # In a thread of its own, never on the calling (server's main) thread: once the main thread has run
-    # a torch forward, its OpenMP workers stay behind and every later forward in the sessions' script
-    # threads ran about 2.7x slower on the 2-core machine (500 one-token calls of shapes-lm: 0.89 s ->
-    # 2.4 s; the H2O link of crowd_bench alone: 4.9 s -> 13.5 s). From a thread that ends, nothing stays.
+    # a torch forward (and owns an OpenMP team), every later forward in the sessions' script threads
+    # ran about 2.7x slower on the 2-core machine (500 one-token calls of shapes-lm: 0.89 s -> 2.4 s;
+    # the H2O link of crowd_bench alone: 4.9 s -> 13.5 s). A thread that has ended leaves no such effect.
     worker = threading.Thread(target=measure, name="calibrate-zoo")
     worker.start()
     worker.join()
