@@ -166,10 +166,7 @@ def calibration_key(handle: ModelHandle) -> tuple:
     Python object. Every load of the same model runs at the same speed, so a reading taken once (at
     server start, by scripts/serve.py, while the machine is idle) serves the copy the sessions load
     later, and a model reloaded after the cache dropped it is not measured again."""
-    lm = handle.language_model
-    first = next(lm.parameters(), None)
-    return (handle.spec.label, sum(p.numel() for p in handle.model.parameters()),
-            str(first.dtype) if first is not None else "", str(handle.device))
+    return handle.spec.label, handle.info.parameters, handle.info.dtype, str(handle.device)
 
 
 def param_split(handle: ModelHandle) -> tuple[int, int]:

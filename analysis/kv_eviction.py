@@ -575,14 +575,13 @@ def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = N
     # the same forwards as a separate run over the prompt, without reading it twice).
     full = run_policy(handle, task.tokens, task.prefill_len, FullCache(), record_attention=True,
                       fork_at=text_start(task), fork_generate=max(2, params.new_tokens))
-    # the chosen policy's kept sets come from its own run among them (make_policy(params) is the same
-    # policy with the same settings; runs are deterministic), not from a second run
+    # the chosen policy's kept sets come from its own run among them (check_params accepts only the
+    # registered policies, all in `names`; make_policy(params) is the same policy with the same
+    # settings, and runs are deterministic), not from a second run
     runs, chosen, forked = _policy_runs(handle, task, params, names, full, layers, progress, (0.0, 0.9),
                                         keep=policy.name, texts=tuple(text_names))
     if full.forked is not None:
         forked["full"] = full.forked
-    if chosen is None:  # a policy outside the comparison (none today): run it on its own
-        chosen = run_policy(handle, task.tokens, task.prefill_len, policy)
     kept = [[[step[layer][h].tolist() for step in chosen.kept] for h in range(handle.info.kv_heads)]
             for layer in layers]
     texts = generate_texts(handle, params, task, text_names, progress, forked=forked)

@@ -5,11 +5,12 @@
 "Cold" is what the first user meets on a freshly started server: each panel runs in a fresh Python
 interpreter that has done what the server does before it reports healthy (Streamlit, and
 scripts/serve.py's import of components/preload.py and its measurement of the demo models' speed;
-timed separately as "imports") and nothing else: no model kept loaded, no result computed. Timed: the whole app script plus the switch to the panel with
-its default settings on the panel's default demo model — model load, analysis (or precomputed
-lookup) and figures included. "Warm" is a rerun of the same session right after
-(Streamlit's caches and the panel's results warm). The median of `--repeats` fresh interpreters is
-reported. Prints a markdown table and writes benchmarks/results/cold_bench.json.
+timed separately as "imports") and nothing else: no model kept loaded, no result computed. Timed: the
+whole app script plus the switch to the panel with its default settings on the panel's default demo
+model — model load, analysis (or precomputed lookup) and figures included. "Warm" is a rerun of the
+same session right after (Streamlit's caches and the panel's results warm). The median of
+`--repeats` fresh interpreters is reported. Prints a markdown table and writes
+benchmarks/results/cold_bench.json.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def one(page: str, model: str, threads: int) -> dict:
     try:
         import components.preload  # (what scripts/serve.py does before listening: these imports, then
         components.preload.calibrate_zoo()  # this machine's speed on each demo model, in a thread)
-    except (ImportError, AttributeError):
+    except ImportError:
         pass
     imports = time.perf_counter() - t_imports
     t0 = time.perf_counter()

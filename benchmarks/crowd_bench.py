@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import psutil  # with accelerate; pinned in requirements.txt
 import os
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+import psutil  # pinned in requirements.txt
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
