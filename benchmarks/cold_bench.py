@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 OUT = ROOT / "benchmarks" / "results" / "cold_bench.json"
 
 # url path -> (page file, default model of the panel)
@@ -74,14 +75,9 @@ def one(page: str, model: str, threads: int) -> dict:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from analysis.zoo.__main__ import cpu_name
+
+    cpu = cpu_name()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, load average {load:.1f}"
 

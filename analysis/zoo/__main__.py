@@ -33,15 +33,9 @@ def _printer(fraction: float, message: str) -> None:
     print(f"[{fraction * 100:5.1f}%] {message}", flush=True)
 
 
-def build_machine() -> dict:
-    """What a build's bytes depend on besides the recipe. Thread counts are fixed by the recipe, but the
-    CPU's kernels are not: MKL and ATen pick code paths by processor (AVX-512 on one machine, AVX2 on
-    another), and their float sums differ in the last bits, which training amplifies. Two builds on the
-    same kind of CPU give the same bytes; builds on different kinds do not (docs/readme_zoo.md)."""
+def cpu_name() -> str:
+    """The processor's model name (/proc/cpuinfo), else what `platform` knows of it."""
     import platform
-
-    import torch
-    import transformers
 
     cpu = ""
     try:
@@ -49,7 +43,18 @@ def build_machine() -> dict:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    return {"cpu": cpu or platform.processor() or platform.machine(),
+    return cpu or platform.processor() or platform.machine()
+
+
+def build_machine() -> dict:
+    """What a build's bytes depend on besides the recipe. Thread counts are fixed by the recipe, but the
+    CPU's kernels are not: MKL and ATen pick code paths by processor (AVX-512 on one machine, AVX2 on
+    another), and their float sums differ in the last bits, which training amplifies. Two builds on the
+    same kind of CPU give the same bytes; builds on different kinds do not (docs/readme_zoo.md)."""
+    import torch
+    import transformers
+
+    return {"cpu": cpu_name(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "torch": torch.__version__, "transformers": transformers.__version__}
 
