@@ -24,6 +24,36 @@ def test_kept_matrix_marks_exactly_the_kept_positions(result):
                 assert len(kept) == 20
 
 
+
+def test_retained_heatmap_sends_the_kept_cells_once_and_each_token_once(result):
+    """The cells travel as one binary float32 array (NaN = not read yet) and each column's token as its
+    x category; with a hover text per cell the default view's figure was 452 KB."""
+    import dataclasses
+    import html
+    import json
+    import math
+
+    import numpy as np
+    import plotly.io as pio
+
+    for layer_index, head in [(0, 0), (len(result.layers) - 1, result.kv_heads - 1)]:
+        fig = F.retained_heatmap(result, layer_index, head)
+        cells = fig.data[0]
+        assert isinstance(cells.z, np.ndarray) and cells.z.dtype == np.float32 and cells.customdata is None
+        for step, row in enumerate(cells.z):
+            newest = result.task.prefill_len + step
+            kept = set(result.kept[layer_index][head][step])
+            for j, v in enumerate(row):
+                assert (math.isnan(v) if j > newest else v == (1.0 if j in kept else 0.0)), (step, j)
+        assert list(cells.x) == [f"{j} · {html.escape(t, quote=False)}" for j, t in enumerate(result.token_text)]
+        spec = json.loads(pio.to_json(fig, validate=False))
+        assert "bdata" in spec["data"][0]["z"]  # binary, not a list of numbers
+        n_tokens = sum(len(t) for t in result.token_text)
+        assert len(pio.to_json(fig, validate=False)) < 20_000 + 8 * cells.z.size + 4 * n_tokens
+    # a token is escaped before Plotly's label markup reads it
+    odd = dataclasses.replace(result, token_text=["<b>x</b>"] + list(result.token_text[1:]))
+    assert F.retained_heatmap(odd, 0, 0).data[0].x[0] == "0 · &lt;b&gt;x&lt;/b&gt;"
+
 def test_figures_have_titles_and_axis_titles(result):
     sweep = kv.SweepResult(model="m", context=48, full_accuracy=0.5, points=[
         kv.SweepPoint(policy="h2o", share=s, budget=int(48 * s), accuracy=s, mean_kl=1 - s, agreement=s, recall=s)
