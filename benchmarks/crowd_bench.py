@@ -96,14 +96,16 @@ def page_numbers(page) -> dict[str, str]:
     return out
 
 
-# Each page watches itself (a timer in the page, installed before Streamlit's code runs) and keeps when
-# its state last changed; Python reads that twice a second, one call per page. The measurement used to
-# ask each page over the DevTools protocol every 50 ms (five locator counts): with six idle pages that
-# took 0.7 of the two cores (Chromium 5.4-6.5, Playwright's driver 3.2, Python 1.6 CPU s in 15 s), on
-# the cores it was measuring. Now 0.07 (0.7-0.8 + 0.2 + 0.1 CPU s; 0.4-0.5 of it the pages' timers).
+# Each page watches itself (installed before Streamlit's code runs): after every change to its DOM it
+# notes whether its state changed, and when. Python reads that twice a second, one call per page. The
+# measurement used to ask each page over the DevTools protocol every 50 ms (five locator counts): with
+# six idle pages that took 0.7 of the two cores (Chromium 5.4-6.5, Playwright's driver 3.2, Python 1.6
+# CPU s in 15 s), on the cores it was measuring. Now about 0.05. (A timer in the page instead of the
+# observer ran late: Chromium puts timers behind a loading page's other work, so pages read as done
+# about 0.8 s after their last element appeared.)
 WATCH = """(() => {
   const w = window.__crowdWatch = {state: null, since: null, firstIdle: null};
-  setInterval(() => {
+  const look = () => {
     const app = document.querySelector("[data-testid='stApp']");
     const idle = !!app && app.getAttribute("data-test-script-state") === "notRunning"
                  && document.querySelector("h1") !== null;
@@ -114,7 +116,9 @@ WATCH = """(() => {
       state = document.querySelectorAll("[data-testid='stMetric']").length + "/"
               + document.querySelectorAll("[data-testid='stPlotlyChart']").length;
     if (state !== w.state) { w.state = state; w.since = now; }
-  }, 100);
+  };
+  new MutationObserver(look).observe(document, {subtree: true, childList: true, attributes: true,
+                                                attributeFilter: ["data-test-script-state"]});
 })();"""
 _READ = "() => window.__crowdWatch ? [window.__crowdWatch.state, window.__crowdWatch.since, " \
         "window.__crowdWatch.firstIdle, Date.now()] : null"
