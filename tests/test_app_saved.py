@@ -25,9 +25,28 @@ def store_path(tmp_path, monkeypatch):
     return path
 
 
-def test_share_bar_saves_analysis(store_path):
+def open_share_bar(key: str = "share_demo") -> AppTest:
+    """The demo page with its share bar opened (as a click on it does: the expander's state, then a rerun)."""
+    at = AppTest.from_string(SHARE_PAGE, default_timeout=30)
+    at.session_state[f"{key}_open"] = True
+    at.run()
+    return at
+
+
+def test_share_bar_is_filled_only_while_open(store_path):
+    """Closed (as every page opens), the bar sends nothing to draw: no link box, downloads or form."""
     at = AppTest.from_string(SHARE_PAGE, default_timeout=30)
     at.run()
+    assert not at.exception and len(at.expander) == 1
+    assert not at.code and not at.text_input and not at.get("download_button") and not at.button
+    at = open_share_bar()
+    assert not at.exception
+    assert len(at.code) == 1  # the link box
+    assert len(at.get("download_button")) == 3 and at.text_input(key="share_demo_title").value == "Demo <b>analysis</b>"
+
+
+def test_share_bar_saves_analysis(store_path):
+    at = open_share_bar()
     assert not at.exception
     at.text_input(key="share_demo_title").set_value("My saved demo")
     at.text_area(key="share_demo_note").set_value("look at bar b")
@@ -43,13 +62,12 @@ def test_share_bar_saves_analysis(store_path):
 
 
 def test_save_confirmation_is_shown_outside_the_closed_expander_with_the_title_escaped(store_path):
-    at = AppTest.from_string(SHARE_PAGE, default_timeout=30)
-    at.run()
+    at = open_share_bar()
     at.text_input(key="share_demo_title").set_value("<script>alert(1)</script> *bold* [x](javascript:1)")
     at.button[0].click().run()
     assert not at.exception
     saved_id = AnalysisStore(store_path).list()[0].id
-    assert not at.expander[0].success  # the expander closes on the rerun: the notice must not be in it
+    assert not at.expander[0].success  # below the bar, where it is seen whether the bar is open or not
     notice = [s.value for s in at.success]
     assert len(notice) == 1 and f"saved-analyses?id={saved_id}" in notice[0]
     assert "<script>" not in notice[0] and "*bold*" not in notice[0] and "](" not in notice[0]

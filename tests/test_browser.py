@@ -56,3 +56,22 @@ def test_page_renders_in_browser(browser_page, url_path, panel):
     if panel is not None and panel.page != "saved_analyses.py" and zoo_models():
         # every panel shows at least one chart on the default demo model
         assert page.locator("[data-testid='stPlotlyChart']").count() >= 1
+
+
+def test_share_bar_opens_and_saves_in_browser(browser_page):
+    """The share bar is drawn empty and filled when clicked (a rerun); Save says so below it, and the
+    bar stays open."""
+    base, page = browser_page
+    page.goto(f"{base}/attention-sharpness")
+    screenshot.wait_rendered(page)
+    bar = page.locator("[data-testid='stExpander']").filter(has_text="Share, save and export")
+    assert bar.count() == 1 and page.locator("[data-testid='stCode']").count() == 0
+    bar.locator("summary").click()
+    page.locator("[data-testid='stCode']").first.wait_for(timeout=60_000)
+    assert "attention-sharpness" in page.locator("[data-testid='stCode']").first.inner_text()
+    page.get_by_label("Title").fill("browser save <i>check</i>")
+    page.get_by_role("button", name="Save").click()
+    notice = page.locator("[data-testid='stAlertContentSuccess']").filter(has_text="saved-analyses?id=")
+    notice.wait_for(timeout=60_000)
+    assert "<i>" in notice.inner_text()  # shown as typed, not as markup
+    assert page.locator("[data-testid='stCode']").count() == 1  # the bar is still open
