@@ -316,11 +316,10 @@ def _kv_shape(handle: ModelHandle, params) -> tuple[int, int, int]:
 
     if params.prompt.strip():
         n = len(handle.tokenizer(params.prompt, add_special_tokens=True)["input_ids"])
-        total = n + max(2, params.new_tokens)
+        total = n + params.generated
         return total, max(1, round(params.prefill * n)), n
     task = kv.build_task(handle, params)
-    start = task.answer_positions[0] if task.answer_positions else task.context_len
-    return len(task.tokens), task.prefill_len, start
+    return len(task.tokens), task.prefill_len, kv.text_start(task)
 
 
 @estimator("analysis.kv_eviction:analyze")
@@ -334,10 +333,10 @@ def _kv_analyze(handle, params, kwargs) -> Work:
     texts = len(main) + (0 if params.policy in main else 1)  # generated text: main policies (+ a chosen variant)
     work = Work()
     if params.prompt.strip():  # the reference continuation is generated first
-        work.add(**vars(_sequence(start, start, generate=max(2, params.new_tokens))))
+        work.add(**vars(_sequence(start, start, generate=params.generated)))
     work.add(**vars(_sequence(prefill, total, overhead=HOOK_OVERHEAD)), times=runs)
     # each text continues its policy's own run from `start` (a fork): only the generated tokens are new
-    work.add(**vars(_continuation(start, max(2, params.new_tokens), overhead=HOOK_OVERHEAD)), times=texts)
+    work.add(**vars(_continuation(start, params.generated, overhead=HOOK_OVERHEAD)), times=texts)
     return work
 
 

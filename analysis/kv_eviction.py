@@ -73,6 +73,11 @@ class KvParams(Result):
     def settings(self) -> dict:
         return {k: v for k, v in self.to_dict().items() if k not in ("policy",)}
 
+    @property
+    def generated(self) -> int:
+        """Tokens each policy generates for the text comparison (and after a custom prompt): at least two."""
+        return max(2, self.new_tokens)
+
 
 PARAM_LIMITS = {  # the task's own numeric settings: (label, low, high, integer)
     "context": ("Context length", 8, 100_000, True),
@@ -379,8 +384,8 @@ def build_task(handle: ModelHandle, params: KvParams, seed: int | None = None) -
         ids = tok(params.prompt, add_special_tokens=True)["input_ids"]
         if len(ids) < 2:
             raise KvEvictionError("The prompt is too short: it needs at least two tokens.")
-        _check_length(handle, len(ids) + 2 * max(2, params.new_tokens))
-        full = run_policy(handle, ids, len(ids), FullCache(), generate=max(2, params.new_tokens))
+        _check_length(handle, len(ids) + 2 * params.generated)
+        full = run_policy(handle, ids, len(ids), FullCache(), generate=params.generated)
         task = _with_questions(ids, [], params.prefill, "custom prompt")
         task.tokens = full.tokens
         return task
@@ -542,7 +547,7 @@ def _policy_runs(handle, task, params, names, full, layers, progress, share=(0.0
     """Each named policy run and compared with the full cache; also the trace of policy `keep`, and for
     the policies in `texts` their generated continuation (forked from the same run: see run_policy)."""
     groups = handle.info.heads // handle.info.kv_heads
-    start, generate = text_start(task), max(2, params.new_tokens)
+    start, generate = text_start(task), params.generated
     runs, kept, forked = [], None, {}
     for i, name in enumerate(names):
         pol = make_policy(params, name)
@@ -574,7 +579,7 @@ def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = N
     # Each policy that shows generated text continues from its own run once the prompt is read (a fork:
     # the same forwards as a separate run over the prompt, without reading it twice).
     full = run_policy(handle, task.tokens, task.prefill_len, FullCache(), record_attention=True,
-                      fork_at=text_start(task), fork_generate=max(2, params.new_tokens))
+                      fork_at=text_start(task), fork_generate=params.generated)
     # the chosen policy's kept sets come from its own run among them (check_params accepts only the
     # registered policies, all in `names`; make_policy(params) is the same policy with the same
     # settings, and runs are deterministic), not from a second run
@@ -609,7 +614,7 @@ def generate_texts(handle, params, task, names, progress=None, forked: dict | No
             if progress:
                 progress(0.9 + 0.1 * i / len(names), f"generating ({name}) ...")
             tokens = run_policy(handle, task.tokens[:start], task.prefill_len, pol,
-                                generate=max(2, params.new_tokens)).tokens
+                                generate=params.generated).tokens
         new = tokens[start:]
         eos = handle.tokenizer.eos_token_id
         if eos is not None and eos in new:  # show the answer, not the padding of end-of-text tokens after it
