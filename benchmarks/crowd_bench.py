@@ -118,7 +118,8 @@ WATCH = """(() => {
     if (state !== w.state) { w.state = state; w.since = now; }
   };
   new MutationObserver(look).observe(document, {subtree: true, childList: true, attributes: true,
-                                                attributeFilter: ["data-test-script-state"]});
+                                                attributeFilter: ["data-test-script-state", "data-testid"]});
+  look();
 })();"""
 _READ = "() => window.__crowdWatch ? [window.__crowdWatch.state, window.__crowdWatch.since, " \
         "window.__crowdWatch.firstIdle, Date.now()] : null"
@@ -139,10 +140,13 @@ def _settle_all(pages: list, timeout_ms: int, quiet_s: float = 1.0) -> list[tupl
     A page is drawn when its script is not running, its title is there and no element is still a
     placeholder (Streamlit shows skeletons until a lazily loaded component, Plotly's on first use, has
     arrived: seconds on a busy machine); "notRunning" alone is also shown before the first run. The
-    page's own clock (Date.now) and time.time() are the same clock here."""
+    quiet time counts from this call at the earliest, so a rerun that an action just before it causes
+    is waited for. A page made without the watcher (not by `new_page`) gets it now. The page's own
+    clock (Date.now) and time.time() are the same clock here."""
     from playwright.sync_api import Error
 
     epoch = time.time() - time.perf_counter()  # perf_counter + epoch = Unix time
+    called_ms = time.time() * 1000
     deadline = time.perf_counter() + timeout_ms / 1000
     done: list[tuple[float, float] | None] = [None] * len(pages)
     while any(d is None for d in done):
@@ -158,9 +162,10 @@ def _settle_all(pages: list, timeout_ms: int, quiet_s: float = 1.0) -> list[tupl
                     raise
                 continue
             if seen is None:
+                page.evaluate(WATCH)
                 continue
             state, since, first_idle, now = seen
-            if state is not None and now - since >= quiet_s * 1000:
+            if state is not None and now - max(since, called_ms) >= quiet_s * 1000:
                 done[i] = (since / 1000 - epoch, min(first_idle, since) / 1000 - epoch)
         time.sleep(0.5)  # the times come from the pages' clocks; this only decides when to stop
     return done  # type: ignore[return-value]
@@ -206,10 +211,14 @@ def visit(pages: list, base: str, users: list[tuple[str, str]], healthy_at: floa
 
 def _browser_pages(p, n: int) -> tuple:
     browser = p.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
-    contexts = [browser.new_context(viewport={"width": 1400, "height": 900}) for _ in range(n)]
-    for context in contexts:
-        context.add_init_script(WATCH)
-    return browser, [context.new_page() for context in contexts]
+    return browser, [new_page(browser) for _ in range(n)]
+
+
+def new_page(browser):
+    """A page in a browser context of its own (one user's session) that watches itself for `settle_all`."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.add_init_script(WATCH)
+    return context.new_page()
 
 
 def crowd(base: str, users: list[tuple[str, str]], healthy_at: float, timeout_ms: int = 300_000) -> list[dict]:

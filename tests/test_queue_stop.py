@@ -51,8 +51,7 @@ def test_a_waiting_user_sees_the_queue_and_stop_ends_a_long_run(tmp_path):
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=crowd_bench.screenshot.CHROMIUM_ARGS)
-            a = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
-            b = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+            a, b = crowd_bench.new_page(browser), crowd_bench.new_page(browser)
 
             a.goto(f"{base}/{LONG}", wait_until="commit")
             stop = a.get_by_role("button", name=re.compile(r"(^|\s)Stop$"))
