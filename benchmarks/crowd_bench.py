@@ -128,8 +128,8 @@ _READ = "() => window.__crowdWatch ? [window.__crowdWatch.state, window.__crowdW
 def settle_all(pages: list, timeout_ms: int, quiet_s: float = 1.0) -> list[float]:
     """Watch every page at once; for each, the moment (perf_counter) its script run ended for good:
     from then on it stayed idle, with the same cards and charts, for `quiet_s` (a rerun that a widget
-    or a finished queue triggers starts within that time). Pages come from `_browser_pages` (they
-    carry the watcher)."""
+    or a finished queue triggers starts within that time). Pages made by `new_page` carry the watcher
+    from their first script on; any other page gets it at the first look."""
     return [d for d, _ in _settle_all(pages, timeout_ms, quiet_s)]
 
 
@@ -157,12 +157,12 @@ def _settle_all(pages: list, timeout_ms: int, quiet_s: float = 1.0) -> list[tupl
                 continue
             try:
                 seen = page.evaluate(_READ)
+                if seen is None:  # a page made without the watcher: it watches from now on
+                    page.evaluate(WATCH)
+                    continue
             except Error as err:  # the page is navigating: its context is being replaced
                 if "context" not in str(err).lower() and "navigat" not in str(err).lower():
                     raise
-                continue
-            if seen is None:
-                page.evaluate(WATCH)
                 continue
             state, since, first_idle, now = seen
             if state is not None and now - max(since, called_ms) >= quiet_s * 1000:

@@ -55,8 +55,9 @@ def share_bar(panel: str, *, title: str, params: dict, result: Any, model: str,
     key = key or f"share_{panel}"
     slug = _slug(title)
     url = current_url()
-    # Filled only while open: its link box, download buttons and form cost every page's browser about
-    # 0.3 CPU s to draw, for a section most visitors never open (opening it reruns the page: ~0.05 s).
+    # Filled only while open: its link box (a syntax highlighter), download buttons and form cost every
+    # page's browser 0.1-0.65 CPU s to draw, for a section most visitors never open (opening it reruns
+    # the page: about 0.05 s, results being cached).
     bar = st.expander(":material/share: Share, save and export", key=f"{key}_open", on_change="rerun")
     if bar.open:
         with bar:
