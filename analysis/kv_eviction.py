@@ -577,7 +577,8 @@ def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = N
     names = ["full"] + [n for n in POLICIES if n != "full"]
     text_names = [n for n in names if n in main_policies() or n == policy.name]  # variants: only when chosen
     # Each policy that shows generated text continues from its own run once the prompt is read (a fork:
-    # the same forwards as a separate run over the prompt, without reading it twice).
+    # the same forwards as a separate run over the prompt, without reading it twice); the full cache's
+    # run is this one, which _policy_runs reuses for "full".
     full = run_policy(handle, task.tokens, task.prefill_len, FullCache(), record_attention=True,
                       fork_at=text_start(task), fork_generate=params.generated)
     # the chosen policy's kept sets come from its own run among them (check_params accepts only the
@@ -585,8 +586,6 @@ def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = N
     # settings, and runs are deterministic), not from a second run
     runs, chosen, forked = _policy_runs(handle, task, params, names, full, layers, progress, (0.0, 0.9),
                                         keep=policy.name, texts=tuple(text_names))
-    if full.forked is not None:
-        forked["full"] = full.forked
     kept = [[[step[layer][h].tolist() for step in chosen.kept] for h in range(handle.info.kv_heads)]
             for layer in layers]
     texts = generate_texts(handle, params, task, text_names, progress, forked=forked)
