@@ -79,3 +79,25 @@ def test_tables_have_a_row_per_policy(result):
     answers = F.answer_rows(result)
     assert len(answers) == len(result.task.answer_positions)
     assert all(set(r) >= {"asked key", "true value", "Full cache"} for r in answers)
+
+
+def test_long_per_step_lines_drop_their_markers_and_the_memory_chart_marks_few_analytic_steps(result):
+    """A marker is one SVG element in the browser: the default view drew about 900 on each of these two
+    charts. Short lines keep a marker per point; long ones are plain lines; the analytic size is marked
+    on about a dozen evenly spaced steps, each at its own step with its own value, the last included."""
+    import dataclasses
+
+    short = F.step_metric_figure(result, "kl")
+    assert all(t.mode == "lines+markers" for t in short.data)  # 6 steps
+    steps = F.MARKERS_UP_TO + 40
+    runs = [dataclasses.replace(r, kl=[0.01 * i for i in range(steps)],
+                                cache_bytes=[1024 * (i + 1) for i in range(steps)],
+                                analytic_bytes=[2048 * (i + 1) for i in range(steps)]) for r in result.runs]
+    long = dataclasses.replace(result, runs=runs)
+    assert all(t.mode == "lines" and len(t.y) == steps for t in F.step_metric_figure(long, "kl").data)
+    memory = F.memory_figure(long)
+    for measured, analytic in zip(memory.data[::2], memory.data[1::2]):
+        assert measured.mode == "lines" and len(measured.y) == steps
+        assert analytic.mode == "markers" and len(analytic.x) <= min(F.ANALYTIC_MARKS + 1, 20)
+        assert analytic.x[0] == 0 and analytic.x[-1] == steps - 1 and list(analytic.x) == sorted(set(analytic.x))
+        assert list(analytic.y) == [2.0 * (i + 1) for i in analytic.x]
