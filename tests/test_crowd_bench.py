@@ -83,3 +83,14 @@ def test_settle_dates_a_page_by_its_last_change_and_waits_for_quiet_from_the_cal
             assert time.perf_counter() - called >= 1.0
         finally:
             browser.close()
+
+
+def test_browser_floor_rejects_a_bad_repeat_count_with_one_error_line():
+    """benchmarks/browser_floor.py: a bad argument is one `error:` line and exit status 2, before any
+    browser or server starts."""
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, str(root / "benchmarks" / "browser_floor.py"), "--repeats", "0"],
+                         capture_output=True, text=True, timeout=120, cwd=root)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == ["error: --repeats must be at least 1"]
+    assert run.stdout == ""
