@@ -13,6 +13,9 @@ from components.figure_memo import shared_figure
 SOFTMAX_COLOUR = "#636efa"
 ADAPTIVE_COLOUR = "#ef553b"
 REFERENCE = dict(color="grey", dash="dot")
+# one colour per fixed temperature of the lemma figure, the same on both of its panels (left to
+# Plotly's colour cycle, each panel's entropy curve took the next trace's colour, not its own)
+THETA_COLOURS = ["#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#e377c2"]
 N_COLOURS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#b5de2b", "#fde725", "#f89540", "#cc4778", "#7e03a8"]
 
 
@@ -29,8 +32,13 @@ def lemma_figure(result: LemmaResult) -> go.Figure:
     """p_max and entropy vs n for each θ and the adaptive rule, with 1/n and ln n references."""
     ns = result.params.ns
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Weight on the maximum", "Entropy of the weights"))
+    fixed = 0
     for curve in result.curves:
-        style = dict(color=ADAPTIVE_COLOUR, width=3) if curve.label.startswith("adaptive") else {}
+        if curve.label.startswith("adaptive"):
+            style = dict(color=ADAPTIVE_COLOUR, width=3)
+        else:
+            style = dict(color=THETA_COLOURS[fixed % len(THETA_COLOURS)])
+            fixed += 1
         fig.add_scatter(x=ns, y=curve.p_max, name=curve.label, legendgroup=curve.label, line=style,
                         row=1, col=1)
         fig.add_scatter(x=ns, y=curve.entropy, name=curve.label, legendgroup=curve.label, line=style,

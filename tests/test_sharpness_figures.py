@@ -52,3 +52,15 @@ def test_heatmap_shows_softmax_and_adaptive_on_one_scale(sweep):
     heat = [tr for tr in fig.data if tr.type == "heatmap"]
     assert len(heat) == 2 and all((tr.zmin, tr.zmax) == (0, 1) for tr in heat)
     assert [list(r) for r in heat[0].z] == sweep.points[1].run("softmax").without_sink.entropy_norm
+
+
+def test_lemma_figure_gives_each_curve_one_colour_on_both_panels():
+    """Each temperature's p_max (left) and entropy (right) share the colour its legend entry shows, and
+    no two curves share one (left to Plotly's colour cycle, the right panel took the next trace's)."""
+    fig = F.lemma_figure(S.lemma_demo())
+    colours: dict[str, set] = {}
+    for tr in fig.data:
+        if tr.legendgroup:
+            colours.setdefault(tr.legendgroup, set()).add(tr.line.color)
+    assert len(colours) >= 3 and all(len(c) == 1 and None not in c for c in colours.values())
+    assert len({next(iter(c)) for c in colours.values()}) == len(colours)
