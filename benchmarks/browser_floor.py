@@ -19,7 +19,6 @@ can go below. Writes benchmarks/results/browser_floor.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -122,12 +121,8 @@ def main() -> int:
     print(f"\nFloor of {n} co-located browsers on {cores} cores (browser CPU / cores, before any server work):\n")
     for name, s in floors.items():
         print(f"- {name}: {s:.1f} s")
-    previous = json.loads(OUT.read_text()) if OUT.is_file() else {}
-    previous[args.label] = {"machine": machine(), "cores": cores, "repeats": args.repeats, "rows": rows,
-                            "floors_s": {k: round(v, 2) for k, v in floors.items()},
-                            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(previous, indent=2) + "\n")
+    cb.save_labelled(OUT, args.label, {"machine": machine(), "cores": cores, "repeats": args.repeats, "rows": rows,
+                                       "floors_s": {k: round(v, 2) for k, v in floors.items()}})
     return 0
 
 

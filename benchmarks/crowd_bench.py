@@ -391,12 +391,16 @@ def main() -> int:
         if len(mine) >= 2:
             print(f"\n{clients}: ratio N = {mine[-1]['users']} / N = {mine[0]['users']}: "
                   f"{mine[-1]['all_done_s'] / mine[0]['all_done_s']:.2f}")
-    previous = json.loads(OUT.read_text()) if OUT.is_file() else {}
-    previous[args.label] = {"load": load, "server_env": env, "rows": rows,
-                            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(previous, indent=2) + "\n")
+    save_labelled(OUT, args.label, {"load": load, "server_env": env, "rows": rows})
     return 0
+
+
+def save_labelled(path: Path, label: str, record: dict) -> None:
+    """Store `record` (with the time) under `label` in the JSON file at `path`, keeping other labels."""
+    previous = json.loads(path.read_text()) if path.is_file() else {}
+    previous[label] = {**record, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(previous, indent=2) + "\n")
 
 
 if __name__ == "__main__":

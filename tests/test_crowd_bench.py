@@ -94,3 +94,15 @@ def test_browser_floor_rejects_a_bad_repeat_count_with_one_error_line():
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == ["error: --repeats must be at least 1"]
     assert run.stdout == ""
+
+
+def test_save_labelled_keeps_other_labels_and_replaces_its_own(tmp_path):
+    out = tmp_path / "results" / "bench.json"
+    crowd_bench.save_labelled(out, "a", {"x": 1})
+    crowd_bench.save_labelled(out, "b", {"x": 2})
+    crowd_bench.save_labelled(out, "a", {"x": 3})
+    import json
+
+    stored = json.loads(out.read_text())
+    assert sorted(stored) == ["a", "b"] and stored["a"]["x"] == 3 and stored["b"]["x"] == 2
+    assert all(v["when"].endswith("Z") for v in stored.values())
