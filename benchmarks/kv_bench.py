@@ -39,13 +39,13 @@ def gpt2_small_random() -> ModelHandle:
 
 
 def plain_decode_times(handle: ModelHandle, tokens: list[int], prompt: int) -> list[float]:
-    """Full-cache eager decoding with no hooks at all: the baseline."""
+    """Full-cache eager decoding with no hooks at all: the baseline (in inference mode, as the runner)."""
     from transformers import DynamicCache
 
     lm = handle.language_model
     cache = DynamicCache(config=lm.config)
     times = []
-    with handle.session():
+    with handle.session(), torch.inference_mode():
         lm(input_ids=torch.tensor([tokens[:prompt]]), position_ids=torch.arange(prompt)[None], cache=cache,
            use_cache=True, logits_to_keep=1)
         for pos in range(prompt, len(tokens) - 1):
