@@ -23,8 +23,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -47,15 +45,8 @@ def start_floor_app() -> tuple[subprocess.Popen, str]:
                              "--server.port", str(port), "--server.address", "127.0.0.1",
                              "--server.headless", "true"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the floor app did not start within 120 s")
+    screenshot.wait_healthy(proc, port, timeout_s=120, poll_s=0.1, what="the floor app")
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def page_cpu(browser, url: str, repeats: int) -> list[float]:

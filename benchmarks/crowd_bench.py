@@ -32,7 +32,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil  # pinned in requirements.txt
@@ -65,16 +64,10 @@ def start_server(env: dict | None = None) -> tuple[subprocess.Popen, str, float]
            "--server.address", "127.0.0.1", "--server.headless", "true"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    started, deadline = time.perf_counter(), time.time() + 180
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
-            start_server.last_start_s = time.perf_counter() - started
-            return proc, f"http://127.0.0.1:{port}", time.perf_counter()
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the app did not start within 180 s")
+    started = time.perf_counter()
+    screenshot.wait_healthy(proc, port, timeout_s=180, poll_s=0.1)
+    start_server.last_start_s = time.perf_counter() - started
+    return proc, f"http://127.0.0.1:{port}", time.perf_counter()
 
 
 def stop_server(proc: subprocess.Popen) -> None:

@@ -65,6 +65,7 @@ def retained_heatmap(result: KvResult, layer_index: int, head: int) -> go.Figure
     z = np.array(kept_matrix(result, layer_index, head), dtype=np.float32)  # None -> NaN
     n = len(result.task.tokens)
     labels = position_labels(result.token_text)
+    tick = _tick_step(n)
     fig = go.Figure(go.Heatmap(
         z=z, x=labels, y=np.arange(len(z), dtype=np.int32), zmin=0, zmax=1,
         colorscale=[[0.0, "#f1f1f1"], [0.5, "#f1f1f1"], [0.5, "#1f4e8c"], [1.0, "#1f4e8c"]],
@@ -92,7 +93,7 @@ def retained_heatmap(result: KvResult, layer_index: int, head: int) -> go.Figure
         title=f"{label}: cached tokens per decode step (layer {result.layers[layer_index]}, KV head {head})"
               "<br><sup>dark = kept, light = evicted, blank = not read yet, ▲ = needle (key, value)</sup>",
         xaxis_title="original token position (tokens)", yaxis_title="decode step",
-        xaxis=dict(tickmode="array", tickvals=labels[::_tick_step(n)], ticktext=list(range(0, n, _tick_step(n)))),
+        xaxis=dict(tickmode="array", tickvals=labels[::tick], ticktext=list(range(0, n, tick))),
         yaxis_autorange="reversed", height=max(360, 4 * len(z) + 200), margin=dict(t=90, r=80),
         legend=dict(orientation="h", y=-0.2),
     )

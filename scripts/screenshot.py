@@ -34,15 +34,23 @@ def start_app(port: int, env: dict | None = None) -> subprocess.Popen:
            "--server.address", "127.0.0.1", "--server.headless", "true"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 90
+    wait_healthy(proc, port, timeout_s=90, poll_s=0.5)
+    return proc
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, *, timeout_s: float, poll_s: float,
+                 what: str = "the app") -> None:
+    """Return once the Streamlit server `proc` on `port` answers its health check; kill it and raise
+    if that takes longer than `timeout_s`."""
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
-            return proc
+            return
         except OSError:
-            time.sleep(0.5)
+            time.sleep(poll_s)
     proc.kill()
-    raise RuntimeError("the app did not start within 90 s")
+    raise RuntimeError(f"{what} did not start within {timeout_s:g} s")
 
 
 def wait_rendered(page, timeout_ms: int = 180_000) -> None:
