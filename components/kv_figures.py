@@ -164,7 +164,9 @@ def memory_figure(result: KvResult) -> go.Figure:
                                  name=f"{r.label} (2·layers·H_kv·d·T·bytes)", showlegend=False,
                                  marker=dict(color=colour, size=4, symbol="x")))
     fig.update_layout(title="KV-cache memory over decode steps (lines measured, × analytic)",
-                      xaxis_title="decode step", yaxis_title="cache size (KiB)", height=360)
+                      xaxis_title="decode step", yaxis_title="cache size (KiB)", height=460,
+                      # ten policies: a side legend at this height scrolls and hides the last ones
+                      legend=dict(orientation="h", yanchor="top", y=-0.25, x=0))
     return fig
 
 
