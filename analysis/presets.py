@@ -132,6 +132,13 @@ PRESETS: list[Preset] = [
            "the image and sinks (mean rank far below the clean pairs'), while a caption with two attributes "
            "swapped uses the same words and ranks like a clean one.",
            "zoo:shapes-vlm", {**SAE_BASE, "view": "ranking", "rule": "official", "thr": "1.0", "keep": "0.5"}),
+    Preset("sae-features", "ranking-normalised", "s_i as a share (a labelled variant)",
+           "Not the paper's rule: the same ω, but s_i divided by the ω of every feature active on either side. "
+           "The official sum counts, so a long caption of another scene can outscore a one-object scene's own "
+           "caption; as a share, captions of another scene sink below almost every clean pair (the kind "
+           "table's ROC AUC). Swaps stay near chance: only features that bind attributes to objects could "
+           "see them.",
+           "zoo:shapes-vlm", {**SAE_BASE, "view": "ranking", "rule": "normalised", "thr": "1.0", "keep": "0.5"}),
 ]
 
 

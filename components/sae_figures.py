@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
-from analysis.sae_v import FeatureCard, FeatureStore, InputExplanation, Ranking, by_kind
+from analysis.sae_v import FeatureCard, FeatureStore, InputExplanation, Ranking, by_kind, score_label
 from components.figure_memo import shared_figure
 from components.images import tower_view
 
@@ -176,7 +176,7 @@ def score_distribution_figure(ranking: Ranking) -> go.Figure:
     subtitle = f"<br><sup>ROC AUC clean vs corrupted = {auc:.3f}</sup>" if auc is not None else ""
     fig.update_layout(
         barmode="overlay", title="Cross-modal score per image–caption pair" + subtitle,
-        xaxis_title="s_i = Σ ω over shared features" if ranking.by == "sum"
+        xaxis_title=score_label(ranking.rule) if ranking.by == "sum"
         else "activation-weighted mean ω over shared features",
         yaxis_title="pairs (count)", height=360, margin=dict(l=10, r=10, t=60, b=50), legend_title="pair kind",
     )

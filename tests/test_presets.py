@@ -168,6 +168,13 @@ def _ranking_other_scene(at):
     assert abs(swapped - clean) < 30, kinds  # a swap ranks like a clean pair
 
 
+def _ranking_normalised(at):
+    kinds = {r["kind"]: r for r in _frame(at, "ROC AUC vs clean").to_dict("records")}
+    assert kinds["other_scene"]["ROC AUC vs clean"] >= 0.95, kinds  # "sink below almost every clean pair"
+    assert kinds["swapped"]["ROC AUC vs clean"] < 0.65, kinds  # "swaps stay near chance"
+    assert str(_metric(at, "Features with ω").value).isdigit()  # "the same ω": the store's count is shown
+
+
 CHECKS = {
     ("attention-sharpness", "dispersion"): _dispersion,
     ("attention-sharpness", "adaptive-temperature"): _adaptive,
@@ -184,6 +191,7 @@ CHECKS = {
     ("sae-features", "cross-modal-list"): _cross_modal_list,
     ("sae-features", "cross-modal-feature"): _cross_modal_feature,
     ("sae-features", "ranking-other-scene"): _ranking_other_scene,
+    ("sae-features", "ranking-normalised"): _ranking_normalised,
 }
 
 

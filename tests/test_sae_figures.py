@@ -175,3 +175,14 @@ def test_shared_features_count_only_those_with_omega_above_the_threshold():
                                     text_max={0: 2.0, 1: 3.0, 2: 0.5}, image_max={0: 1.5, 1: 3.0, 2: 4.0})
     shared, counted = figs.shared_features(result, store, active_above=1.0)
     assert shared == [0, 2, 1] and counted == [0]
+
+
+def test_score_axis_says_which_s_i_the_rule_computes():
+    def axis(rule):
+        ranking = _ranking([(0.9, False), (0.2, True)])
+        ranking.rule = rule
+        return figs.score_distribution_figure(ranking).layout.xaxis.title.text
+
+    assert axis("official") == "s_i = Σ ω over shared features"
+    assert "÷" in axis("normalised")
+    assert axis("a-rule-since-unregistered") == axis("official")

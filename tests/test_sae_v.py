@@ -188,6 +188,52 @@ def test_official_pair_scores_match_the_official_scripts_on_random_codes(seed):
     assert loose.tolist() != pytest.approx(ref, abs=1e-3)
 
 
+def normalised_score_reference(codes, modality, pair, n_pairs, omega, active_above=1.0):
+    """The labelled `normalised` variant from its definition: the official numerator (sum of omega over
+    features with an omega active on a text and an image token of the pair) over the sum of |omega| of
+    the features with an omega active on a text *or* an image token; 0 when nothing is active."""
+    rows = codes.double().tolist()
+    out = []
+    for p in range(n_pairs):
+        text_union, image_union = set(), set()
+        for r in range(len(rows)):
+            if int(pair[r]) == p:
+                hits = {f for f, v in enumerate(rows[r]) if v > active_above and f in omega}
+                (text_union if int(modality[r]) == TEXT else image_union).update(hits)
+        top = sum(omega[f] for f in text_union & image_union)
+        bottom = sum(abs(omega[f]) for f in text_union | image_union)
+        out.append(top / bottom if bottom > 0 else 0.0)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_normalised_variant_divides_the_official_sum_by_the_omega_active_on_either_side(seed):
+    acts, codes, modality, pair, n_pairs = random_sparse(seed)
+    # a pair whose caption alone has a feature with an omega, and one with nothing active at all
+    caption0 = (pair == 0) & (modality == TEXT)
+    codes[caption0, 0] += torch.linspace(3.0, 3.5, int(caption0.sum()))  # distinct: no ties in the top 30
+    codes[pair == n_pairs - 1] = 0.0
+    # and a text-only feature (weak on every caption token, so its top 30 are all text: no omega),
+    # strongly active on pair 1's caption: it must not enter the denominator
+    text = modality == TEXT
+    extra = torch.zeros(len(modality))
+    extra[text] = torch.linspace(0.2, 0.6, int(text.sum()))
+    extra[(pair == 1) & text] += 2.0
+    codes = torch.cat([codes, extra[:, None]], dim=1)
+    omega_ref = official_omega_reference(acts, codes, modality)
+    assert codes.shape[1] - 1 not in omega_ref
+    ref = normalised_score_reference(codes, modality, pair, n_pairs, omega_ref)
+    rule = sae_v.scores.score_rule("normalised")
+    omega, has = rule.weights(acts, codes, modality)
+    assert {f for f in range(codes.shape[1]) if has[f]} == set(omega_ref)  # the official omega
+    score, _, _ = rule.pair_scores(codes, modality, pair, omega, n_pairs, rule.cooccur_threshold, has)
+    assert score.tolist() == pytest.approx(ref, abs=1e-5)
+    assert score[-1] == 0.0 and 0 < len({round(v, 4) for v in ref}) > 2
+    official = official_score_reference(codes, modality, pair, n_pairs, omega_ref)
+    assert score.tolist() != pytest.approx(official, abs=1e-3)
+    assert "Variant" in sae_v.SCORE_RULES.label("normalised") and sae_v.score_rule(None).name == "official"
+
+
 def test_omega_needs_five_text_and_five_image_tokens_among_the_top_thirty():
     # feature 0: 25 strong text tokens and 5 weaker image tokens -> in its top 30: 25 text + 5 image
     # feature 1: 26 strong text tokens and 5 weaker image tokens -> 26 text + 4 image: no omega

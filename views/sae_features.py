@@ -394,11 +394,12 @@ def show_ranking() -> None:
     rules = sae_v.SCORE_RULES
     stored_rule = store.params.score_rule if store.params is not None else "official"
     c1, c2, c3 = st.columns([2, 3, 2])
-    by = c1.radio("Score", ["sum", "weighted"], horizontal=True, key="sae_rank_by",
-                  index=["sum", "weighted"].index(url_param("by", "sum", str, ["sum", "weighted"])),
-                  format_func={"sum": "s_i = Σ ω (SAE-V)", "weighted": "activation-weighted mean ω"}.get)
     rule = c2.selectbox("Score rule", rules.names(), key="sae_rank_rule", format_func=rules.label,
                         index=rules.names().index(url_param("rule", stored_rule, str, rules.names())))
+    s_i = sae_v.score_label(rule)
+    by = c1.radio("Score", ["sum", "weighted"], horizontal=True, key="sae_rank_by",
+                  index=["sum", "weighted"].index(url_param("by", "sum", str, ["sum", "weighted"])),
+                  format_func={"sum": s_i, "weighted": "activation-weighted mean ω"}.get)
     default_thr = sae_v.score_rule(rule).cooccur_threshold
     threshold = c3.slider("Active above", 0.0, 2.0, url_param("thr", default_thr, float, lo=0.0, hi=2.0), 0.05,
                           key=f"sae_rank_thr_{rule}",
@@ -410,13 +411,16 @@ def show_ranking() -> None:
     fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
     cols[0].metric("ROC AUC (s_i)", fmt(ranking.roc_auc))
     cols[1].metric("ROC AUC (weighted)", fmt(ranking.roc_auc_weighted))
-    cols[2].metric("Features with ω", sum(f.omega != 0 for f in store.features) if rule == stored_rule else "—")
+    same_omega = type(sae_v.score_rule(rule)).weights is type(sae_v.score_rule(stored_rule)).weights
+    cols[2].metric("Features with ω", sum(f.omega != 0 for f in store.features) if same_omega else "—")
     cols[3].metric("Pairs with s_i > 0", f"{sum(r.score != 0 for r in ranking.rows)} / {len(ranking.rows)}")
     explain("Each held-out image–caption pair is scored by the features active on both one of its caption tokens "
             "and one of its image patches. Official SAE-V rule: only features with at least 5 text and 5 image "
             "tokens among their 30 strongest have a cross-modal weight ω, a feature counts as active above 1, "
-            "and s_i sums ω over the shared features that have one. The variant gives every feature that fires "
-            "in both modalities an ω and sums over all shared features (our earlier reading, not the paper's). "
+            "and s_i sums ω over the shared features that have one. Two labelled variants, not the paper's: "
+            "*all-shared* gives every feature that fires in both modalities an ω and sums over all shared "
+            "features (our earlier reading); *normalised* divides the official sum by the |ω| of the features "
+            "active on either side, so a one-object scene is not outscored by a long caption of another scene. "
             "ROC AUC is the chance that a clean pair outscores a corrupted one.")
 
     keep = st.slider("Keep the top share of pairs by score", 0.05, 1.0,

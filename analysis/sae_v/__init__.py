@@ -31,8 +31,9 @@ from analysis.sae_v.datasets import (
 from analysis.sae_v.explain import explain_input
 from analysis.registry import SettingsError
 from analysis.sae_v.scores import (
-    SCORE_RULES, AllSharedRule, OfficialRule, ScoreRule, by_kind, cross_modal_weights, keep_top, modality_labels,
-    pair_scores, per_pair_max, rank_dataset, rank_pairs, roc_auc, score_rule, store_weights,
+    SCORE_RULES, AllSharedRule, NormalisedRule, OfficialRule, ScoreRule, by_kind, cross_modal_weights, keep_top,
+    modality_labels, pair_scores, per_pair_max, rank_dataset, rank_pairs, roc_auc, score_label, score_rule,
+    store_weights,
 )
 from analysis.sae_v.store import (
     build_feature_store, concept_in_both, concept_precision, load_store, read_store_json, save_store,
@@ -50,9 +51,11 @@ __all__ = [
     "available_saes", "build", "build_folder", "demo_folder", "is_stale", "model_fingerprint", "rebuild_store", "cli",
     "DATASETS", "Dataset", "dataset_for", "NoiseDataset", "ShapesDataset", "default_dataset", "image_token", "make_pairs",
     "register_dataset", "explain_input",
-    "SettingsError", "SCORE_RULES", "AllSharedRule", "OfficialRule", "ScoreRule", "by_kind", "cross_modal_weights",
+    "SettingsError", "SCORE_RULES", "AllSharedRule", "NormalisedRule", "OfficialRule", "ScoreRule", "by_kind",
+    "cross_modal_weights",
     "keep_top",
-    "modality_labels", "pair_scores", "per_pair_max", "rank_dataset", "rank_pairs", "roc_auc", "score_rule",
+    "modality_labels", "pair_scores", "per_pair_max", "rank_dataset", "rank_pairs", "roc_auc", "score_label",
+    "score_rule",
     "store_weights",
     "build_feature_store", "concept_in_both", "concept_precision", "load_store", "read_store_json", "save_store",
     "encode", "load_sae", "reconstruction_metrics", "save_sae", "train_sae",

@@ -1,6 +1,6 @@
 """SAE-V scores: modality labels, cross-modal weights omega_k, pair scores s_i, ROC AUC and ranking.
 
-Two score rules, each a registered class (`SCORE_RULES`) holding its own settings:
+Three score rules, each a registered class (`SCORE_RULES`) holding its own settings:
 
 - `official` (default): the SAE-V scripts' definitions. A feature gets a cross-modal weight omega_k
   only when at least 5 of its 30 strongest activating tokens are text and at least 5 are image;
@@ -10,6 +10,11 @@ Two score rules, each a registered class (`SCORE_RULES`) holding its own setting
   *and have an omega*. Sources: docs/readme_sae.md.
 - `all-shared` (our earlier variant, kept to compare): omega_k for every feature that fires at
   least once in each modality (top 5 of each that fire), s_i over every shared feature (> 0).
+- `normalised` (a labelled variant, not the paper's): the official omega_k, and s_i divided by the
+  |omega| of every feature with an omega that is active on the pair's caption *or* its image (a
+  weighted Jaccard of the two sides' feature sets). The official sum grows with how many concepts a
+  pair has, so a one-object scene's true caption can score below another scene's four-object
+  caption; the ratio asks what share of what either side says the other side confirms.
 """
 from __future__ import annotations
 
@@ -106,6 +111,7 @@ class ScoreRule(Method):
 
     name: ClassVar[str] = ""
     label: ClassVar[str] = ""
+    score_label: ClassVar[str] = "s_i = Σ ω over shared features"  # what s_i is, for axes and buttons
     top: int = 30  # modality count over a feature's strongest `top` tokens ...
     minimum: int = 5  # ... needs at least `minimum` of each modality (official rule only)
     omega_top: int = 5  # omega_k: top-`omega_top` text x top-`omega_top` image residuals
@@ -121,6 +127,12 @@ class ScoreRule(Method):
                 threshold: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
         """(omega per feature, 0 where it has none; bool mask of the features that have one)."""
         raise NotImplementedError
+
+    def pair_scores(self, codes: torch.Tensor, modality: torch.Tensor, pair: torch.Tensor, omega: torch.Tensor,
+                    n_pairs: int, threshold: float,
+                    has_omega: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(s_i, activation-weighted mean omega, shared-feature count) per pair: the official sum."""
+        return pair_scores(codes, modality, pair, omega, n_pairs, threshold, has_omega)
 
 
 @SCORE_RULES.register
@@ -157,11 +169,37 @@ class AllSharedRule(ScoreRule):
         return omega, fires[0] & fires[1]
 
 
+@SCORE_RULES.register
+@dataclass
+class NormalisedRule(OfficialRule):
+    name: ClassVar[str] = "normalised"
+    label: ClassVar[str] = "Variant: official ω; s_i ÷ Σ|ω| active on either side (weighted Jaccard)"
+    colour: ClassVar[str] = "#00897b"
+    score_label: ClassVar[str] = "s_i = Σ ω shared ÷ Σ|ω| on either side"
+    summary: ClassVar[str] = ("Not the paper's: the official omega, and s_i divided by the |omega| of the features "
+                              "with an omega active (> 1) on the caption or on the image, so a pair is scored by the "
+                              "share of what either side shows that the other confirms, not by how much it shows.")
+
+    def pair_scores(self, codes, modality, pair, omega, n_pairs, threshold, has_omega=None):
+        score, weighted, shared = pair_scores(codes, modality, pair, omega, n_pairs, threshold, has_omega)
+        either = (per_pair_max(codes, modality, pair, n_pairs, TEXT) > threshold) \
+            | (per_pair_max(codes, modality, pair, n_pairs, IMAGE) > threshold)
+        if has_omega is not None:
+            either &= has_omega.bool()[None, :]
+        mass = (either.float() * omega.abs()).sum(1)
+        return torch.where(mass > 0, score / mass.clamp_min(1e-12), torch.zeros_like(score)), weighted, shared
+
+
 def score_rule(rule: "ScoreRule | str | None" = None) -> ScoreRule:
     """A rule instance from an instance, a registered name, or None (the official rule)."""
     if isinstance(rule, ScoreRule):
         return rule
     return SCORE_RULES.create(rule or OfficialRule.name)
+
+
+def score_label(rule_name: str) -> str:
+    """How a rule's s_i reads on an axis; the plain sum's wording for a rule no longer registered."""
+    return SCORE_RULES.get(rule_name).score_label if rule_name in SCORE_RULES else ScoreRule.score_label
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +307,7 @@ def rank_pairs(store_or_meta: SaeMeta, omega: torch.Tensor, codes: torch.Tensor,
     if has_omega is None:
         has_omega = omega != 0
     n = len(pairs.pairs)
-    score, weighted, shared = pair_scores(codes, acts.modality, acts.pair, omega, n, threshold, has_omega)
+    score, weighted, shared = rule.pair_scores(codes, acts.modality, acts.pair, omega, n, threshold, has_omega)
     rows = [PairScore(pair=i, text=p.text, corrupted=p.corrupted, kind=p.kind, score=round(float(score[i]), 4),
                       weighted=round(float(weighted[i]), 4), shared=int(shared[i]))
             for i, p in enumerate(pairs.pairs)]

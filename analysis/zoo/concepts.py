@@ -83,3 +83,25 @@ def patch_concepts(image_seed: int | None, grid: int) -> list[set]:
             obj = by_cell.get(int(cy // (size / 3)) * 3 + int(cx // (size / 3)))
             out.append(set() if obj is None else object_concepts(obj))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Ground-truth codes: what a perfect dictionary could fire on each side of an image-caption pair
+
+
+def caption_code(text: str, binding: bool = False) -> set:
+    """The concepts a caption states (per attribute: "colour:red", ...), or with `binding` the
+    objects it describes, one frozenset of all the attributes its sentence states per object (the
+    set on the word before each "." )."""
+    tokens = text.split()
+    per_word = text_concepts(tokens)
+    if not binding:
+        return set().union(*per_word) if per_word else set()
+    return {frozenset(per_word[i - 1]) for i, word in enumerate(tokens) if word == "." and i and per_word[i - 1]}
+
+
+def scene_code(scene, binding: bool = False) -> set:
+    """The concepts an image shows, per attribute or (`binding`) per object, from its scene."""
+    if binding:
+        return {frozenset(object_concepts(o)) for o in scene.objects}
+    return set().union(*(object_concepts(o) for o in scene.objects)) if scene.objects else set()

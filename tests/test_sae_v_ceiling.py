@@ -1,0 +1,103 @@
+"""benchmarks/sae_v_ceiling.py and the ground-truth codes it scores (analysis.zoo.concepts)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.zoo import concepts
+from analysis.zoo import shapes_world as sw
+
+ROOT = Path(__file__).resolve().parent.parent
+SENTENCE = re.compile(r"there is a (\w+) (\w+) (\w+) at the ([a-z ]+?) \.")
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("sae_v_ceiling", ROOT / "benchmarks" / "sae_v_ceiling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def parsed_objects(text: str) -> set:
+    """Independent reading of a caption: one (size, colour, shape, position) per sentence."""
+    return {tuple(m.groups()) for m in SENTENCE.finditer(text)}
+
+
+def scene_objects(scene) -> set:
+    return {(o.size, o.colour, o.shape, o.position) for o in scene.objects}
+
+
+def reference_scores(pair) -> dict:
+    text, image = parsed_objects(pair.caption), scene_objects(pair.scene)
+    attrs = lambda objs: {(i, v) for o in objs for i, v in enumerate(o)}  # noqa: E731
+    both, either = attrs(text) & attrs(image), attrs(text) | attrs(image)
+    return {"per attribute, official sum": len(both),
+            "per attribute, normalised": len(both) / len(either),
+            "per object (binding), official sum": len(text & image),
+            "per object (binding), normalised": len(text & image) / len(text | image)}
+
+
+def brute_auc(clean, bad):
+    return sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in clean for b in bad) / (len(clean) * len(bad))
+
+
+def two_objects():
+    return sw.Scene(objects=[sw.Obj("circle", "red", "large", 0), sw.Obj("square", "blue", "small", 8)], seed=0)
+
+
+def test_ground_truth_codes_per_attribute_and_per_object():
+    scene = two_objects()
+    text = sw.caption(scene)
+    attributes = {"colour:red", "colour:blue", "shape:circle", "shape:square", "size:large", "size:small",
+                  "position:top left", "position:bottom right"}
+    assert concepts.caption_code(text) == concepts.scene_code(scene) == attributes
+    objects = {frozenset({"colour:red", "shape:circle", "size:large", "position:top left"}),
+               frozenset({"colour:blue", "shape:square", "size:small", "position:bottom right"})}
+    assert concepts.caption_code(text, binding=True) == concepts.scene_code(scene, binding=True) == objects
+
+
+def test_a_colour_swap_is_invisible_to_attributes_and_visible_to_objects():
+    scene = two_objects()
+    swapped = sw.Scene(objects=[sw.Obj("circle", "blue", "large", 0), sw.Obj("square", "red", "small", 8)], seed=0)
+    text = sw.caption(swapped)
+    assert concepts.caption_code(text) == concepts.scene_code(scene)
+    assert not concepts.caption_code(text, binding=True) & concepts.scene_code(scene, binding=True)
+
+
+def test_ceiling_matches_an_independent_reading_of_the_captions():
+    pairs = sw.corrupted_pairs(20_003, 30)
+    rows = bench().ceiling(pairs)
+    refs = [reference_scores(p) for p in pairs]
+    for name in refs[0]:
+        clean = [r[name] for r, p in zip(refs, pairs) if p.kind == "clean"]
+        for kind in ("other_scene", "swapped"):
+            bad = [r[name] for r, p in zip(refs, pairs) if p.kind == kind]
+            assert rows[name][kind] == pytest.approx(brute_auc(clean, bad), abs=1e-4), (name, kind)
+        bad = [r[name] for r, p in zip(refs, pairs) if p.kind != "clean"]
+        assert rows[name]["all"] == pytest.approx(brute_auc(clean, bad), abs=1e-4), name
+    # the tuned weights can only match or beat equal weights (1 is on the grid)
+    best = rows["per attribute, official sum, best kind weights"]
+    assert best["all"] >= rows["per attribute, official sum"]["all"]
+    assert set(best["weights"]) == {"colour", "shape", "size", "position"}
+
+
+def test_cli_writes_its_json_and_rejects_bad_seeds_with_one_error_line(tmp_path):
+    out = tmp_path / "ceiling.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sae_v_ceiling.py"), "--seeds", "4",
+                          "--pairs", "24", "--no-sae", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    record = json.loads(out.read_text())
+    assert record["pairs_per_pool"] == 24 and list(record["pools"]) == ["4"] and "demo_sae" not in record
+    assert "| per object (binding), official sum |" in run.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sae_v_ceiling.py"), "--seeds", "two"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == ["error: --seeds takes non-negative integers separated by commas, "
+                                               "got 'two'"]
