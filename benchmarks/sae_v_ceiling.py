@@ -18,7 +18,12 @@ third another scene's caption, a third swapped attributes; an SAE built with `--
 pool 2 S + 2, so pool 2 is the demo SAE's own). For
 the per-attribute sum it also searches weights per attribute kind (colour, shape, size, position;
 each in 0-4, tuned on the pool it is scored on, so an optimistic bound). With the demo SAE
-(`analysis/zoo/sae/shapes-vlm/layer1`) it adds the measured AUCs of both rules on its own pool.
+(`analysis/zoo/sae/shapes-vlm/layer1`) it adds the measured AUCs of both rules on its own pool,
+and asks the model why its SAE has no per-object features: how much of the layer-1 residual at the
+tokens that hold a whole object (the caption word before each "." and the image token of each
+object's cell) a *sum* of one vector per attribute value explains, and whether pairwise attribute
+interactions or one mean vector per whole object explain more (R² on held-out tokens: a least-squares
+fit on the first half of 600 clean validation-split pairs, scored on the second half).
 
 Prints a markdown table and writes benchmarks/results/sae_v_ceiling.json.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import json
 import os
 import sys
@@ -85,6 +91,76 @@ def ceiling(pairs) -> dict:
     return rows
 
 
+ATTRIBUTE_VALUES = ([f"size:{v}" for v in sw.SIZES] + [f"colour:{v}" for v in sw.COLOURS]
+                    + [f"shape:{v}" for v in sw.SHAPES] + [f"position:{v}" for v in sw.POSITIONS])
+
+
+def design(objects: list[frozenset], interactions: bool) -> list[list[float]]:
+    """Rows of a least-squares design: intercept, one indicator per attribute value, and with
+    `interactions` one indicator per pair of values of two different attribute kinds."""
+    pairs = [(a, b) for a, b in itertools.combinations(ATTRIBUTE_VALUES, 2) if a.split(":")[0] != b.split(":")[0]]
+    rows = []
+    for obj in objects:
+        row = [1.0] + [float(v in obj) for v in ATTRIBUTE_VALUES]
+        if interactions:
+            row += [float(a in obj and b in obj) for a, b in pairs]
+        rows.append(row)
+    return rows
+
+
+def held_out_r2(vectors, objects: list[frozenset]) -> dict:
+    """R² on the second half of `vectors` (N, d) of three codes fitted on the first half: a sum of
+    attribute vectors, the same plus pairwise interactions (both ridge 1e-3 least squares), and one mean
+    vector per whole object (only held-out objects seen in the first half count)."""
+    import torch
+
+    y = torch.as_tensor(vectors, dtype=torch.float64)
+    half = len(objects) // 2
+    total = lambda rows, centre: float(((y[rows] - centre) ** 2).sum())  # noqa: E731
+    centre = y[:half].mean(0)
+    out = {}
+    for name, interactions in (("sum_of_attributes", False), ("with_pairwise_interactions", True)):
+        x = torch.tensor(design(objects, interactions), dtype=torch.float64)
+        fit = torch.linalg.solve(x[:half].T @ x[:half] + 1e-3 * torch.eye(x.shape[1], dtype=torch.float64),
+                                 x[:half].T @ y[:half])
+        residual = float(((y[half:] - x[half:] @ fit) ** 2).sum())
+        out[name] = round(1 - residual / total(slice(half, None), centre), 4)
+    groups: dict[frozenset, list[int]] = {}
+    for i in range(half):
+        groups.setdefault(objects[i], []).append(i)
+    means = {obj: y[rows].mean(0) for obj, rows in groups.items()}
+    seen = [i for i in range(half, len(objects)) if objects[i] in means]
+    residual = sum(float(((y[i] - means[objects[i]]) ** 2).sum()) for i in seen)
+    out["one_mean_per_object"] = round(1 - residual / total(seen, centre), 4) if seen else math.nan
+    out["tokens_fit_scored"] = [half, len(objects) - half]
+    return out
+
+
+def object_token_code(handle, layer: int, n_pairs: int = 600) -> dict:
+    """Layer-`layer` residuals at the tokens that hold one whole object, per modality: held_out_r2."""
+    from analysis.sae_v import IMAGE, TEXT, collect_activations, make_pairs
+
+    pairs = make_pairs(handle, "shapes", n_pairs, seed=1)  # clean validation-split pairs
+    acts = collect_activations(handle, pairs, layer)
+    words = [concepts.text_concepts(t) for t in acts.tokens]
+    patches = [concepts.patch_concepts(p.image_seed, acts.grid) for p in pairs.pairs]
+    found = {TEXT: ([], []), IMAGE: ([], [])}
+    for row, (p, i, mod) in enumerate(zip(acts.pair.tolist(), acts.index.tolist(), acts.modality.tolist())):
+        if mod == TEXT:
+            tokens = acts.tokens[p]
+            whole = i + 1 < len(tokens) and tokens[i + 1] == "." and len(words[p][i]) == 4
+            obj = frozenset(words[p][i])
+        else:
+            obj = frozenset(patches[p][i])
+            whole = len(obj) == 4
+        if whole:
+            found[mod][0].append(row)
+            found[mod][1].append(obj)
+    return {name: held_out_r2(acts.acts[rows], objects)
+            for name, (rows, objects) in (("caption word before '.'", found[TEXT]),
+                                          ("object's image token", found[IMAGE]))}
+
+
 def demo_sae() -> dict:
     """The demo SAE's AUCs on its own evaluation pool, under the official and normalised rules."""
     from analysis.models import ModelSpec, load_model
@@ -94,13 +170,13 @@ def demo_sae() -> dict:
     handle = load_model(ModelSpec.parse("zoo:shapes-vlm"))
     store = load_store(folder)
     sae, meta = load_sae(folder)
-    out = {}
+    out = {"rules": {}, "pool_seed": store.pairs.seed}
     for rule in ("official", "normalised"):
         ranking = rank_dataset(handle, sae, meta, store, store.pairs, rule=rule)
         per_kind = by_kind(ranking.rows)
-        out[f"demo SAE, {rule}"] = {"all": round(ranking.roc_auc, 4),
-                                    **{k: round(per_kind[k]["roc_auc_vs_clean"], 4) for k in KINDS}}
-    out["pool_seed"] = store.pairs.seed
+        out["rules"][f"demo SAE, {rule}"] = {"all": round(ranking.roc_auc, 4),
+                                             **{k: round(per_kind[k]["roc_auc_vs_clean"], 4) for k in KINDS}}
+    out["object_tokens_r2"] = object_token_code(handle, meta.layer)
     return out
 
 
@@ -144,11 +220,17 @@ def main(argv: list[str] | None = None) -> int:
         cells = [" / ".join(f"{pools[s][name][k]:.2f}" for k in ("all",) + KINDS) for s in seeds]
         print(f"| {name} | {' | '.join(cells)} |")
     demo = record.get("demo_sae", {})
-    for name, row in demo.items():
-        if isinstance(row, dict):
-            cells = [" / ".join(f"{row[k]:.2f}" for k in ("all",) + KINDS) if s == demo["pool_seed"] else "–"
-                     for s in seeds]
-            print(f"| {name} (its own pool, {demo['pool_seed']}) | {' | '.join(cells)} |")
+    for name, row in demo.get("rules", {}).items():
+        cells = [" / ".join(f"{row[k]:.2f}" for k in ("all",) + KINDS) if s == demo["pool_seed"] else "–"
+                 for s in seeds]
+        print(f"| {name} (its own pool, {demo['pool_seed']}) | {' | '.join(cells)} |")
+    if "object_tokens_r2" in demo:
+        print("\n| layer-1 residual at | tokens (fit / scored) | R², sum of attribute vectors | + pairwise "
+              "interactions | one mean per whole object |\n|---|---|---|---|---|")
+        for where, r2 in demo["object_tokens_r2"].items():
+            print(f"| {where} | {r2['tokens_fit_scored'][0]} / {r2['tokens_fit_scored'][1]} | "
+                  f"{r2['sum_of_attributes']:.3f} | {r2['with_pairwise_interactions']:.3f} | "
+                  f"{r2['one_mean_per_object']:.3f} |")
     print(f"({record['seconds']} s; written to {args.out})")
     return 0
 

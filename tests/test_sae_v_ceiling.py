@@ -101,3 +101,37 @@ def test_cli_writes_its_json_and_rejects_bad_seeds_with_one_error_line(tmp_path)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == ["error: --seeds takes non-negative integers separated by commas, "
                                                "got 'two'"]
+
+
+def _objects(n, seed):
+    import random
+
+    rng = random.Random(seed)
+    return [frozenset({f"size:{rng.choice(sw.SIZES)}", f"colour:{rng.choice(sw.COLOURS)}",
+                       f"shape:{rng.choice(sw.SHAPES[:2])}", f"position:{rng.choice(sw.POSITIONS[:2])}"})
+            for _ in range(n)]
+
+
+def test_held_out_r2_tells_an_additive_code_from_a_binding_one():
+    import numpy as np
+
+    module = bench()
+    rng = np.random.default_rng(0)
+    objects = _objects(800, 1)  # 2 sizes x 4 colours x 2 shapes x 2 positions = 32 kinds of object
+    values = sorted({v for o in objects for v in o})
+    direction = {v: rng.normal(size=16) for v in values}
+    offset = 5.0 * np.ones(16)  # a shared offset: R² must be about the variance around the mean
+    additive = offset + np.stack([sum(direction[v] for v in o) for o in objects]) + 0.1 * rng.normal(size=(800, 16))
+    r2 = module.held_out_r2(additive, objects)
+    # independent reference: numpy's least squares on indicator columns, fitted on the first half
+    x = np.array([[1.0] + [float(v in o) for v in values] for o in objects])
+    fit = np.linalg.lstsq(x[:400], additive[:400], rcond=None)[0]
+    centre = additive[:400].mean(0)
+    expected = 1 - ((additive[400:] - x[400:] @ fit) ** 2).sum() / ((additive[400:] - centre) ** 2).sum()
+    assert r2["sum_of_attributes"] == pytest.approx(expected, abs=1e-3) and expected > 0.95
+    assert r2["tokens_fit_scored"] == [400, 400]
+    # a binding code: one unrelated vector per whole object; a sum of attributes cannot fit it
+    kinds = {o: rng.normal(size=16) for o in set(objects)}
+    bound = np.stack([kinds[o] for o in objects]) + 0.1 * rng.normal(size=(800, 16))
+    r2 = module.held_out_r2(bound, objects)
+    assert r2["one_mean_per_object"] > 0.95 > r2["with_pairwise_interactions"] > r2["sum_of_attributes"] + 0.05
