@@ -12,9 +12,10 @@ Shapes World, where we know which pairs are corrupted:
    >= 5 image tokens among their top 30, s_i summing ω over those features active (> 1) on both a
    text and an image token of the pair). No corruption label is used for the ranking.
 3. Fine-tune the same starting checkpoint on (a) the whole pool, (b) the top 50 % by s_i, (c) a
-   random 50 %, (d) the clean pairs only (oracle). Every condition trains for the same number of
-   epochs over its own subset (so (a) takes twice the steps of (b)/(c), as in the paper: less data,
-   less compute). A pair yields two training rows: its caption (the caption prompt), and one
+   random 50 %, (d) the clean pairs only (oracle), and (e) the top 50 % by the labelled `normalised`
+   variant of s_i (the same ω; s_i divided by the |ω| active on either side; not the paper's rule).
+   Every condition trains for the same number of epochs over its own subset (so (a) takes twice
+   the steps of (b)/(c), as in the paper: less data, less compute). A pair yields two training rows: its caption (the caption prompt), and one
    yes/no question answered as the *caption* says (half true, half false claims about the scene the
    caption describes): instruction data generated from captions, so a wrong caption teaches wrong
    answers.
@@ -49,7 +50,7 @@ from analysis.zoo import cards  # noqa: E402
 from analysis.zoo import shapes_world as sw  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "sae_v_filtering.json"
-CONDITIONS = ("whole_pool", "top_half_by_s_i", "random_half", "clean_only_oracle")
+CONDITIONS = ("whole_pool", "top_half_by_s_i", "random_half", "clean_only_oracle", "top_half_by_normalised_s_i")
 POOL_BASE = 10_500_000  # validation-split scenes, disjoint from the SAE's own train/eval pairs
 OTHER_BASE = 10_700_000  # scenes whose captions are given to other-scene pairs
 
@@ -112,9 +113,16 @@ def score_pool(model_name: str, layer: int, pool: list[dict]) -> dict:
     omega, defined = rule.weights(acts.acts, codes, acts.modality)
     score, _, shared = sae_v.pair_scores(codes, acts.modality, acts.pair, omega, len(pool),
                                          threshold=rule.cooccur_threshold, has_omega=defined)
-    clean = [float(s) for s, p in zip(score, pool) if not p["corrupted"]]
-    bad = [float(s) for s, p in zip(score, pool) if p["corrupted"]]
-    return {"scores": [float(s) for s in score], "roc_auc": sae_v.roc_auc(clean, bad),
+    variant = sae_v.score_rule("normalised")  # same omega; s_i as a share (labelled variant)
+    share, _, _ = variant.pair_scores(codes, acts.modality, acts.pair, omega, len(pool), variant.cooccur_threshold,
+                                      defined)
+
+    def auc(values):
+        return sae_v.roc_auc([float(s) for s, p in zip(values, pool) if not p["corrupted"]],
+                             [float(s) for s, p in zip(values, pool) if p["corrupted"]])
+
+    return {"scores": [float(s) for s in score], "roc_auc": auc(score),
+            "normalised_scores": [float(s) for s in share], "normalised_roc_auc": auc(share),
             "cross_modal_features": int(defined.sum()), "rule": rule.label,
             "cooccur_threshold": rule.cooccur_threshold, "stale": sae_v.is_stale(handle, meta),
             "sae": str(folder.relative_to(ROOT)), "path": handle.path}
@@ -228,16 +236,23 @@ def evaluate(model, processor, yes_no_scenes: int, caption_scenes: int) -> dict:
 # The experiment
 
 
-def subsets(pool: list[dict], scores: list[float], keep: float, seed: int) -> dict[str, list[dict]]:
+def subsets(pool: list[dict], scores: list[float], keep: float, seed: int,
+            normalised: list[float] | None = None) -> dict[str, list[dict]]:
     n_keep = round(len(pool) * keep)
-    by_score = sorted(range(len(pool)), key=lambda i: (-scores[i], i))[:n_keep]
+
+    def top(values):
+        return [pool[i] for i in sorted(sorted(range(len(pool)), key=lambda i: (-values[i], i))[:n_keep])]
+
     rng = random.Random(f"filtering-random-{seed}")
-    return {
+    out = {
         "whole_pool": list(pool),
-        "top_half_by_s_i": [pool[i] for i in sorted(by_score)],
+        "top_half_by_s_i": top(scores),
         "random_half": [pool[i] for i in sorted(rng.sample(range(len(pool)), n_keep))],
         "clean_only_oracle": [p for p in pool if not p["corrupted"]],
     }
+    if normalised is not None:
+        out["top_half_by_normalised_s_i"] = top(normalised)
+    return out
 
 
 def _spread(xs: list[float]) -> dict:
@@ -292,7 +307,7 @@ def run(args) -> dict:
     conditions: dict[str, dict] = {}
     timings = {}
     for seed in range(args.seeds):
-        subs = subsets(pool, scores, args.keep, seed)
+        subs = subsets(pool, scores, args.keep, seed, ranked["normalised_scores"])
         for name in CONDITIONS:
             t = time.time()
             model, processor, steps = fine_tune(ranked["path"], subs[name], args.epochs, args.batch, args.lr, seed)
@@ -327,7 +342,10 @@ def run(args) -> dict:
                  "kinds": {k: sum(p["kind"] == k for p in pool) for k in ("clean", "other_scene", "swapped")},
                  "scenes": f"validation split from {POOL_BASE}", "s_i_roc_auc_clean_vs_corrupted": ranked["roc_auc"],
                  "keep_fraction": args.keep, **ranking_stats(scores, flags, [p["kind"] for p in pool], args.keep),
-                 "s_i": [round(s, 4) for s in scores], "corrupted_flags": flags},
+                 "s_i": [round(s, 4) for s in scores], "corrupted_flags": flags,
+                 "normalised_s_i": {"roc_auc_clean_vs_corrupted": ranked["normalised_roc_auc"],
+                                    **ranking_stats(ranked["normalised_scores"], flags, [p["kind"] for p in pool],
+                                                    args.keep)}},
         "training": {"epochs": args.epochs, "batch_pairs": args.batch, "rows_per_pair": 2, "lr": args.lr,
                      "trained": "language model + projector (vision tower frozen)", "seeds": args.seeds,
                      "budget": "same epochs per condition (whole pool: twice the steps of a half)"},

@@ -247,6 +247,7 @@ FILTERING_LABELS = {
     "top_half_by_s_i": "top share by s_i (SAE-V)",
     "random_half": "random share",
     "clean_only_oracle": "clean pairs only (oracle)",
+    "top_half_by_normalised_s_i": "top share by normalised s_i (variant)",
 }
 FILTERING_METRICS = {"yes_no": "yes/no accuracy", "factuality": "caption factuality", "coverage": "caption coverage"}
 
@@ -306,7 +307,7 @@ def filtering_figure(results: dict) -> go.Figure:
     fig = go.Figure()
     names = list(results["conditions"])
     colours = {"whole_pool": "#616161", "top_half_by_s_i": "#7b1fa2", "random_half": "#ef6c00",
-               "clean_only_oracle": "#2e7d32"}
+               "clean_only_oracle": "#2e7d32", "top_half_by_normalised_s_i": "#00897b"}
     for name in names:
         entry = results["conditions"][name]
         stats = [_mean_std(entry, m) for m in FILTERING_METRICS]

@@ -142,6 +142,10 @@ def test_ranking_view_shows_the_filtering_experiment_or_says_it_has_not_run(tiny
     else:
         table = _frame(at, "condition")
         assert "top share by s_i (SAE-V)" in set(table["condition"])
+        if "top_half_by_normalised_s_i" in results["conditions"]:  # the labelled variant's row and AUC
+            assert "top share by normalised s_i (variant)" in set(table["condition"])
+            auc = results["pool"]["normalised_s_i"]["roc_auc_clean_vs_corrupted"]
+            assert any(f"normalised variant with {auc:.3f}" in c.value for c in at.caption)
 
 
 def test_text_only_model_on_image_view_gives_a_clear_message(tiny_llama_dir):

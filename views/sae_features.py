@@ -487,6 +487,9 @@ def show_filtering_experiment() -> None:
         bits.append(f"a pool of {pool['pairs']} pairs, {pool.get('corrupted', '?')} of them corrupted")
     if isinstance(pool.get("s_i_roc_auc_clean_vs_corrupted"), (int, float)):
         bits.append(f"s_i separates them with ROC AUC {pool['s_i_roc_auc_clean_vs_corrupted']:.3f}")
+    variant = pool.get("normalised_s_i") or {}
+    if isinstance(variant.get("roc_auc_clean_vs_corrupted"), (int, float)):
+        bits.append(f"the labelled normalised variant with {variant['roc_auc_clean_vs_corrupted']:.3f}")
     if "top_half_beats_random_half_yes_no" in verdict:
         bits.append("the top share by s_i " + ("beats" if verdict["top_half_beats_random_half_yes_no"]
                                                else "does not beat") + " a random share on yes/no accuracy")
