@@ -82,12 +82,13 @@ def preset_bar(panel: str, widget_prefix: str) -> P.Preset | None:
     current = active(panel)
     if linked is not None and current is None and st.query_params.get("preset"):
         del st.query_params["preset"]  # the user moved a control away from the preset
-    cols = st.columns([1.1] + [2] * len(presets), vertical_alignment="center")
-    cols[0].markdown(":material/slideshow: **Presets**")
-    for col, preset in zip(cols[1:], presets):
+    # one wrapping row of buttons as wide as their titles: equal columns cut four titles to "How many fe..."
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="center", gap="small")
+    row.markdown(":material/slideshow: **Presets**", width="content")
+    for preset in presets:
         chosen = current is not None and current.name == preset.name
-        if col.button(preset.title, key=f"preset_{panel}_{preset.name}", help=preset.finding,
-                      type="primary" if chosen else "secondary", use_container_width=True):
+        if row.button(preset.title, key=f"preset_{panel}_{preset.name}", help=preset.finding,
+                      type="primary" if chosen else "secondary", width="content"):
             apply(preset, widget_prefix)
     if current is not None:
         st.info(f"**{current.title}.** {current.finding}", icon=":material/slideshow:")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis import presets
 from components.registry import PANELS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +57,21 @@ def test_page_renders_in_browser(browser_page, url_path, panel):
     if panel is not None and panel.page != "saved_analyses.py" and zoo_models():
         # every panel shows at least one chart on the default demo model
         assert page.locator("[data-testid='stPlotlyChart']").count() >= 1
+    # whole text, not cut to an ellipsis: [text (after any icon), cut?] of every visible element found
+    shown = """s => [...document.querySelectorAll(s)].filter(e => e.getClientRects().length > 0)
+        .map(e => [e.innerText.trim().split("\\n").pop(),
+                   [...e.querySelectorAll('*')].some(c => c.scrollWidth > c.clientWidth + 1)])"""
+    if panel is None:  # the home page's tour: every preset's link shows its whole title
+        links = page.evaluate(shown, "[data-testid='stPageLink']")
+        titles = {t for t, _ in links}
+        assert all(p.title in titles for p in presets.PRESETS), titles
+        assert [t for t, cut in links if cut] == []
+    else:
+        # a presenter reads each preset's whole title: none is cut to an ellipsis
+        # (Streamlit also keeps a hidden twin of each button: only visible ones count)
+        buttons = page.evaluate(shown, "[class*='st-key-preset_'] button")
+        assert sorted(t for t, _ in buttons) == sorted(p.title for p in presets.for_panel(url_path))
+        assert [t for t, cut in buttons if cut] == []
 
 
 def test_share_bar_opens_and_saves_in_browser(browser_page):
