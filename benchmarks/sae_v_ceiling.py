@@ -19,8 +19,8 @@ pool 2 S + 2, so pool 2 is the demo SAE's own). For
 the per-attribute sum it also searches weights per attribute kind (colour, shape, size, position;
 each in 0-4, tuned on the pool it is scored on, so an optimistic bound). With the demo SAE
 (`analysis/zoo/sae/shapes-vlm/layer1`) it adds the measured AUCs of both rules on its own pool,
-and asks the model why its SAE has no per-object features: how much of the layer-1 residual at the
-tokens that hold a whole object (the caption word before each "." and the image token of each
+and asks the model why its SAE has no per-object features: how much of the residual (after each
+layer, the SAE's layer 1 among them) at the tokens that hold a whole object (the caption word before each "." and the image token of each
 object's cell) a *sum* of one vector per attribute value explains, and whether pairwise attribute
 interactions or one mean vector per whole object explain more (R² on held-out tokens: a least-squares
 fit on the first half of 600 clean validation-split pairs, scored on the second half).
@@ -176,7 +176,11 @@ def demo_sae() -> dict:
         per_kind = by_kind(ranking.rows)
         out["rules"][f"demo SAE, {rule}"] = {"all": round(ranking.roc_auc, 4),
                                              **{k: round(per_kind[k]["roc_auc_vs_clean"], 4) for k in KINDS}}
-    out["object_tokens_r2"] = object_token_code(handle, meta.layer)
+    from analysis import anatomy
+
+    layers = anatomy.n_layers(handle.model)
+    out["sae_layer"] = meta.layer
+    out["object_tokens_r2"] = {str(layer): object_token_code(handle, layer) for layer in range(layers)}
     return out
 
 
@@ -225,12 +229,13 @@ def main(argv: list[str] | None = None) -> int:
                  for s in seeds]
         print(f"| {name} (its own pool, {demo['pool_seed']}) | {' | '.join(cells)} |")
     if "object_tokens_r2" in demo:
-        print("\n| layer-1 residual at | tokens (fit / scored) | R², sum of attribute vectors | + pairwise "
-              "interactions | one mean per whole object |\n|---|---|---|---|---|")
-        for where, r2 in demo["object_tokens_r2"].items():
-            print(f"| {where} | {r2['tokens_fit_scored'][0]} / {r2['tokens_fit_scored'][1]} | "
-                  f"{r2['sum_of_attributes']:.3f} | {r2['with_pairwise_interactions']:.3f} | "
-                  f"{r2['one_mean_per_object']:.3f} |")
+        print("\n| residual after layer | at | tokens (fit / scored) | R², sum of attribute vectors | + pairwise "
+              "interactions | one mean per whole object |\n|---|---|---|---|---|---|")
+        for layer, rows in demo["object_tokens_r2"].items():
+            for where, r2 in rows.items():
+                print(f"| {layer} | {where} | {r2['tokens_fit_scored'][0]} / {r2['tokens_fit_scored'][1]} | "
+                      f"{r2['sum_of_attributes']:.3f} | {r2['with_pairwise_interactions']:.3f} | "
+                      f"{r2['one_mean_per_object']:.3f} |")
     print(f"({record['seconds']} s; written to {args.out})")
     return 0
 
