@@ -26,6 +26,12 @@ def require_model(*kinds: str, panel: str) -> ModelHandle:
     return handle
 
 
+def metric_row() -> Any:
+    """A row for `st.metric` cards that wraps whole cards onto the next line when the page is narrow
+    (a 1024-px projector) rather than cutting their labels and values to an ellipsis, as equal columns do."""
+    return st.container(horizontal=True, wrap=True, gap="medium")
+
+
 def explain(text: str) -> None:
     """The short 'what am I looking at' note under a view."""
     st.caption(f":material/info: **What am I looking at?** {text}")

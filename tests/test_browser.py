@@ -57,21 +57,35 @@ def test_page_renders_in_browser(browser_page, url_path, panel):
     if panel is not None and panel.page != "saved_analyses.py" and zoo_models():
         # every panel shows at least one chart on the default demo model
         assert page.locator("[data-testid='stPlotlyChart']").count() >= 1
-    # whole text, not cut to an ellipsis: [text (after any icon), cut?] of every visible element found
-    shown = """s => [...document.querySelectorAll(s)].filter(e => e.getClientRects().length > 0)
-        .map(e => [e.innerText.trim().split("\\n").pop(),
-                   [...e.querySelectorAll('*')].some(c => c.scrollWidth > c.clientWidth + 1)])"""
-    if panel is None:  # the home page's tour: every preset's link shows its whole title
-        links = page.evaluate(shown, "[data-testid='stPageLink']")
+    # a presenter reads whole titles and numbers, on a wide screen and on a 1024-px projector
+    for width in (1400, 1024):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_timeout(300)  # reflow only: resizing does not rerun the script
+        assert_nothing_cut(page, url_path, panel)
+    page.set_viewport_size({"width": 1400, "height": 900})
+
+
+# [text (after any icon), cut?] of every visible element a selector finds: cut when the element or
+# one inside it is narrower than its text (Streamlit also keeps a hidden twin of each button)
+SHOWN = """s => [...document.querySelectorAll(s)].filter(e => e.getClientRects().length > 0)
+    .map(e => [e.innerText.trim().split("\\n").pop(),
+               [e, ...e.querySelectorAll('*')].some(c => c.scrollWidth > c.clientWidth + 1)])"""
+
+
+def assert_nothing_cut(page, url_path, panel):
+    """Preset titles (the home page's tour links or a panel's preset buttons) and every metric's label
+    and value are shown whole, not cut to an ellipsis."""
+    if panel is None:
+        links = page.evaluate(SHOWN, "[data-testid='stPageLink']")
         titles = {t for t, _ in links}
         assert all(p.title in titles for p in presets.PRESETS), titles
         assert [t for t, cut in links if cut] == []
     else:
-        # a presenter reads each preset's whole title: none is cut to an ellipsis
-        # (Streamlit also keeps a hidden twin of each button: only visible ones count)
-        buttons = page.evaluate(shown, "[class*='st-key-preset_'] button")
+        buttons = page.evaluate(SHOWN, "[class*='st-key-preset_'] button")
         assert sorted(t for t, _ in buttons) == sorted(p.title for p in presets.for_panel(url_path))
         assert [t for t, cut in buttons if cut] == []
+    metrics = page.evaluate(SHOWN, "[data-testid='stMetricLabel'], [data-testid='stMetricValue']")
+    assert [t for t, cut in metrics if cut] == []
 
 
 def test_share_bar_opens_and_saves_in_browser(browser_page):

@@ -6,8 +6,8 @@ import streamlit as st
 from analysis import sharpness as S
 from analysis.cost import default_for
 from components import sharpness_figures as F
-from components.common import (analysis_errors, explain, require_model, set_url_params, show_error, url_list,
-                               url_param)
+from components.common import (analysis_errors, explain, metric_row, require_model, set_url_params, show_error,
+                               url_list, url_param)
 from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
@@ -130,15 +130,13 @@ else:
         soft = pres.softmax if sink else pres.softmax_no_sink
         temp = pres.tempered if sink else pres.tempered_no_sink
         label = pres.params.rule.label
-        cols = st.columns(5)
-        for col, (name, field, fmt) in zip(cols, [("Entropy (nats)", "entropy", "{:.3f}"),
-                                                   ("H / ln n", "entropy_norm", "{:.3f}"),
-                                                   ("Max weight", "max_weight", "{:.3f}"),
-                                                   ("Target weight", "target_weight", "{:.3f}"),
-                                                   ("Logit spread δ", "spread", "{:.2f}")]):
+        row = metric_row()
+        for name, field, fmt in (("Entropy (nats)", "entropy", "{:.3f}"), ("H / ln n", "entropy_norm", "{:.3f}"),
+                                 ("Max weight", "max_weight", "{:.3f}"), ("Target weight", "target_weight", "{:.3f}"),
+                                 ("Logit spread δ", "spread", "{:.2f}")):
             after = getattr(temp, field)[layer][head]
             before = getattr(soft, field)[layer][head]
-            col.metric(f"{name}, {label}", fmt.format(after), delta=fmt.format(after - before),
+            row.metric(f"{name}, {label}", fmt.format(after), delta=fmt.format(after - before),
                        delta_color="off", help=f"softmax: {fmt.format(before)}")
         st.caption(f"Next token: softmax → `{pres.next_token_softmax}`, {label} → `{pres.next_token_tempered}`. "
                    f"β applied at layer {layer}, head {head}: {temp.beta[layer][head]:.3f}.")

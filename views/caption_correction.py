@@ -10,7 +10,7 @@ from analysis import captions as C
 from analysis.models import ModelLoadError, ModelSpec, load_model, zoo_models
 from analysis.registry import SettingsError
 from components import caption_figures as F
-from components.common import analysis_errors, explain, progress, require_model, set_url_params, url_param
+from components.common import analysis_errors, explain, metric_row, progress, require_model, set_url_params, url_param
 from components.presets import preset_bar
 from components.runs import cached_run, confirm, ready, remember
 from components.share import share_bar
@@ -215,12 +215,12 @@ explain("The caption you checked, with the words the rewriter removed struck thr
         "words it added in green. A faithful rewrite only removes.")
 
 if result.before and result.after:
-    cols = st.columns(3)
-    cols[0].metric("Factuality", f"{result.after.factuality:.2f}",
+    row = metric_row()
+    row.metric("Factuality", f"{result.after.factuality:.2f}",
                    f"{result.after.factuality - result.before.factuality:+.2f}")
-    cols[1].metric("Coverage", f"{result.after.coverage:.2f}",
+    row.metric("Coverage", f"{result.after.coverage:.2f}",
                    f"{result.after.coverage - result.before.coverage:+.2f}")
-    cols[2].metric("CHAIR_i", f"{result.after.chair_i:.2f}",
+    row.metric("CHAIR_i", f"{result.after.chair_i:.2f}",
                    f"{result.after.chair_i - result.before.chair_i:+.2f}", delta_color="inverse")
     st.plotly_chart(F.metrics_figure(result.before, result.after), key="cap_metrics")
     explain("Factuality: share of the caption's claims that are true in the scene. Coverage: share of "

@@ -6,7 +6,7 @@ import streamlit as st
 from analysis import kv_eviction as kv
 from analysis.cost import default_for
 from components import kv_figures as F
-from components.common import analysis_errors, explain, require_model, set_url_params, url_param
+from components.common import analysis_errors, explain, metric_row, require_model, set_url_params, url_param
 from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
@@ -106,15 +106,15 @@ st.caption(f"{task.source}: context {task.context_len} tokens ({task.prefill_len
            f"read token by token), then {len(task.tokens) - task.context_len} question/answer tokens · budget "
            f"{params.budget} = {params.budget / task.context_len:.0%} of the context · "
            f"{len(result.layers)} evictable layers × {result.kv_heads} KV heads")
-m1, m2, m3, m4, m5 = st.columns(5)
-m1.metric("Key-value accuracy", "n/a" if chosen.accuracy is None else f"{chosen.accuracy:.0%}",
-          None if chosen.accuracy is None or result.full_accuracy is None
-          else f"{chosen.accuracy - result.full_accuracy:+.0%} vs full")
-m2.metric("Mean KL vs full (nats)", f"{chosen.mean_kl:.4f}")
-m3.metric("Top-1 agreement", f"{chosen.agreement:.0%}")
-m4.metric("Attention recall", f"{chosen.mean_recall:.1%}")
-m5.metric("Cache at last step", f"{chosen.cache_bytes[-1] / 1024:.1f} KiB" if chosen.cache_bytes else "—",
-          f"{chosen.cache_len[-1]:g} entries/head" if chosen.cache_len else None, delta_color="off")
+row = metric_row()
+row.metric("Key-value accuracy", "n/a" if chosen.accuracy is None else f"{chosen.accuracy:.0%}",
+           None if chosen.accuracy is None or result.full_accuracy is None
+           else f"{chosen.accuracy - result.full_accuracy:+.0%} vs full")
+row.metric("Mean KL vs full (nats)", f"{chosen.mean_kl:.4f}")
+row.metric("Top-1 agreement", f"{chosen.agreement:.0%}")
+row.metric("Attention recall", f"{chosen.mean_recall:.1%}")
+row.metric("Cache at last step", f"{chosen.cache_bytes[-1] / 1024:.1f} KiB" if chosen.cache_bytes else "—",
+           f"{chosen.cache_len[-1]:g} entries/head" if chosen.cache_len else None, delta_color="off")
 
 # --- retained-token heatmap --------------------------------------------------------------------
 

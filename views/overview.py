@@ -46,7 +46,8 @@ for panel in PANELS:
     with st.container(border=True):
         st.markdown(f"{panel.title} · *{panel.paper}*" if panel.paper else panel.title)
         for preset in presets:
-            left, right = st.columns([2, 3], vertical_alignment="center")  # room for a whole title
-            left.page_link(f"views/{panel.page}", label=preset.title, icon=":material/slideshow:",
-                           query_params=preset.query())
-            right.caption(preset.finding)
+            # the finding under its link, not beside it: a title in a side column is cut at 1024 px
+            with st.container(gap=None):
+                st.page_link(f"views/{panel.page}", label=preset.title, icon=":material/slideshow:",
+                             query_params=preset.query())
+                st.caption(preset.finding)

@@ -7,7 +7,7 @@ from analysis import inversion as inv
 from analysis.registry import SettingsError
 from analysis.tasks import tasks_for
 from components import inversion_figures as F
-from components.common import analysis_errors, explain, require_model, set_url_params, show_error, url_param
+from components.common import analysis_errors, explain, metric_row, require_model, set_url_params, show_error, url_param
 from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
@@ -115,12 +115,12 @@ with analysis_errors(inv.InversionError):
 st.subheader("Original vs recovered")
 with analysis_errors(inv.InversionError):
     result = cached_run("attack", inv.reconstruct, handle, params, label="Reconstructing")
-m1, m2, m3, m4 = st.columns(4)
-m1.metric("Tokens recovered", f"{result.accuracy:.0%}", help=f"{sum(t.correct for t in result.tokens)} of {len(ids)}")
-m2.metric("Candidates scored", f"{result.evaluations:,}",
-          help=f"Exhaustive search scores {len(ids) * result.vocab_size:,} (vocabulary × positions).")
-m3.metric("Fewer than exhaustive", f"{len(ids) * result.vocab_size / max(result.evaluations, 1):,.0f}×")
-m4.metric("Time", f"{result.seconds:.2f} s")
+row = metric_row()
+row.metric("Tokens recovered", f"{result.accuracy:.0%}", help=f"{sum(t.correct for t in result.tokens)} of {len(ids)}")
+row.metric("Candidates scored", f"{result.evaluations:,}",
+           help=f"Exhaustive search scores {len(ids) * result.vocab_size:,} (vocabulary × positions).")
+row.metric("Fewer than exhaustive", f"{len(ids) * result.vocab_size / max(result.evaluations, 1):,.0f}×")
+row.metric("Time", f"{result.seconds:.2f} s")
 st.html(F.tokens_html(result))
 explain(
     f"Each box is one position: the original token (grey) over the token the attacker recovered from the "
@@ -185,7 +185,7 @@ small = len(ids) * result.vocab_size <= 60_000
 measure = len(ids) if small else 1
 speed = None
 timing = st.toggle("Time exhaustive search", value=url_param("exhaustive", int(small), int) == 1, key="inv_speed_on",
-                   help=f"Exhaustive search scores all {result.vocab_size:,} tokens per position. For a large "
+                    help=f"Exhaustive search scores all {result.vocab_size:,} tokens per position. For a large "
                         "vocabulary it runs on the first position only and its time is extrapolated.")
 set_url_params(exhaustive=int(timing))
 if timing:

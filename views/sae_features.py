@@ -10,7 +10,7 @@ from analysis import sae_v
 from analysis.models import ModelSpec, zoo_models
 from analysis.export import rows_to_csv
 from components import sae_figures as figs
-from components.common import explain, progress, require_model, set_url_params, url_param
+from components.common import explain, metric_row, progress, require_model, set_url_params, url_param
 from components.model_picker import try_load
 from components.presets import preset_bar
 
@@ -130,13 +130,13 @@ set_url_params(sae=folder.name, view=view)
 
 def show_list() -> None:
     summary = store.summary()
-    cols = st.columns(6)
-    cols[0].metric("Variance explained", f"{meta.fve:.3f}")
-    cols[1].metric("L0 (active / token)", f"{meta.l0:.1f}")
-    cols[2].metric("Dead features", f"{meta.dead} / {n_features}")
-    cols[3].metric("Cross-modal", summary["cross_modal"])
-    cols[4].metric("Text-only / image-only", f"{summary['text_only']} / {summary['image_only']}")
-    cols[5].metric("Concept ≥ 0.9 in both", summary["concept_both_ge_0.9"])
+    row = metric_row()
+    row.metric("Variance explained", f"{meta.fve:.3f}")
+    row.metric("L0 (active / token)", f"{meta.l0:.1f}")
+    row.metric("Dead features", f"{meta.dead} / {n_features}")
+    row.metric("Cross-modal", summary["cross_modal"])
+    row.metric("Text-only / image-only", f"{summary['text_only']} / {summary['image_only']}")
+    row.metric("Concept ≥ 0.9 in both", summary["concept_both_ge_0.9"])
     explain(f"An SAE with {n_features} features on layer {meta.layer} of {meta.model}, measured on "
             f"{len(store.pairs.pairs)} held-out image–caption pairs ({store.pairs.dataset}). Variance explained "
             "is 1 − ‖x − x̂‖² / ‖x − mean‖²; L0 is the mean number of active features per token; dead features "
@@ -186,12 +186,12 @@ def show_feature() -> None:
     set_url_params(feature=index)
     card = store.features[index]
     st.subheader(f"Feature {index} · {card.label}")
-    cols = st.columns(5)
-    cols[0].metric("ω (cross-modal weight)", f"{card.omega:.3f}")
-    cols[1].metric("Density", f"{card.density:.2%}")
-    cols[2].metric("Text / image density %", f"{100 * card.density_text:.1f} / {100 * card.density_image:.1f}")
-    cols[3].metric("Top-30 tokens: text / image", f"{card.n_text_top} / {card.n_image_top}")
-    cols[4].metric("Max activation", f"{card.max_act:.2f}")
+    row = metric_row()
+    row.metric("ω (cross-modal weight)", f"{card.omega:.3f}")
+    row.metric("Density", f"{card.density:.2%}")
+    row.metric("Text / image density %", f"{100 * card.density_text:.1f} / {100 * card.density_image:.1f}")
+    row.metric("Top-30 tokens: text / image", f"{card.n_text_top} / {card.n_image_top}")
+    row.metric("Max activation", f"{card.max_act:.2f}")
     concept_bits = []
     for name, c in (("text", card.concept_text), ("image", card.concept_image), ("both", card.concept_both)):
         if c is not None and c.precision >= 0.5:
@@ -407,13 +407,13 @@ def show_ranking() -> None:
                                "for this rule).")
     set_url_params(by=by, thr=threshold, rule=rule)
     ranking = ranking_cached(str(folder), stamp, handle.spec.label, by, float(threshold), rule)
-    cols = st.columns(4)
+    row = metric_row()
     fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
-    cols[0].metric("ROC AUC (s_i)", fmt(ranking.roc_auc))
-    cols[1].metric("ROC AUC (weighted)", fmt(ranking.roc_auc_weighted))
+    row.metric("ROC AUC (s_i)", fmt(ranking.roc_auc))
+    row.metric("ROC AUC (weighted)", fmt(ranking.roc_auc_weighted))
     same_omega = type(sae_v.score_rule(rule)).weights is type(sae_v.score_rule(stored_rule)).weights
-    cols[2].metric("Features with ω", sum(f.omega != 0 for f in store.features) if same_omega else "—")
-    cols[3].metric("Pairs with s_i > 0", f"{sum(r.score != 0 for r in ranking.rows)} / {len(ranking.rows)}")
+    row.metric("Features with ω", sum(f.omega != 0 for f in store.features) if same_omega else "—")
+    row.metric("Pairs with s_i > 0", f"{sum(r.score != 0 for r in ranking.rows)} / {len(ranking.rows)}")
     explain("Each held-out image–caption pair is scored by the features active on both one of its caption tokens "
             "and one of its image patches. Official SAE-V rule: only features with at least 5 text and 5 image "
             "tokens among their 30 strongest have a cross-modal weight ω, a feature counts as active above 1, "
@@ -428,12 +428,12 @@ def show_ranking() -> None:
     set_url_params(keep=keep)
     kept = figs.keep_summary(ranking, keep)
     base = sum(r.corrupted for r in ranking.rows) / max(len(ranking.rows), 1)
-    cols = st.columns(4)
-    cols[0].metric("Pairs kept / removed", f"{kept['kept']} / {kept['removed']}")
-    cols[1].metric("Precision: corrupted among removed", fmt(kept["precision"]),
+    row = metric_row()
+    row.metric("Pairs kept / removed", f"{kept['kept']} / {kept['removed']}")
+    row.metric("Precision: corrupted among removed", fmt(kept["precision"]),
                    help=f"Removing pairs at random would give {base:.3f}.")
-    cols[2].metric("Recall: corrupted pairs removed", fmt(kept["recall"]))
-    cols[3].metric("Clean share of what is kept", fmt(kept["clean_share_kept"]),
+    row.metric("Recall: corrupted pairs removed", fmt(kept["recall"]))
+    row.metric("Clean share of what is kept", fmt(kept["clean_share_kept"]),
                    help=f"{1 - base:.3f} in the whole set.")
     keep_fig = figs.keep_curve_figure(ranking, keep)
     st.plotly_chart(keep_fig, key="sae_rank_keep_curve")
