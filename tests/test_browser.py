@@ -73,8 +73,8 @@ SHOWN = """s => [...document.querySelectorAll(s)].filter(e => e.getClientRects()
 
 
 def assert_nothing_cut(page, url_path, panel):
-    """Preset titles (the home page's tour links or a panel's preset buttons) and every metric's label
-    and value are shown whole, not cut to an ellipsis."""
+    """Preset titles (the home page's tour links or a panel's preset buttons), every metric's label and
+    value and every select box's value are shown whole, not cut to an ellipsis."""
     if panel is None:
         links = page.evaluate(SHOWN, "[data-testid='stPageLink']")
         titles = {t for t, _ in links}
@@ -86,6 +86,9 @@ def assert_nothing_cut(page, url_path, panel):
         assert [t for t, cut in buttons if cut] == []
     metrics = page.evaluate(SHOWN, "[data-testid='stMetricLabel'], [data-testid='stMetricValue']")
     assert [t for t, cut in metrics if cut] == []
+    # a select box shows its whole value (equal columns once left the layer and head boxes empty)
+    selects = page.evaluate(SHOWN, "[data-testid='stSelectbox']")  # [its label, value cut?]
+    assert [t for t, cut in selects if cut] == []
 
 
 def test_share_bar_opens_and_saves_in_browser(browser_page):

@@ -57,25 +57,30 @@ def rule_of(choice: str, layers: list[int] | None) -> S.Temperature:
 # --- controls (mirrored to the URL) ------------------------------------------------------------
 
 with st.container(border=True):
-    c1, c2, c3, c4, c5, c6 = st.columns([3, 1.2, 2, 0.9, 0.9, 1.8])
-    ns = c1.multiselect("Item counts n", N_CHOICES, default=url_list("ns", S.DEFAULT_NS, N_CHOICES), key="sh_ns",
-                        help="How many numbers the max-retrieval prompts list.")
-    samples = c2.number_input("Prompts per n", 1, 512,
-                              url_param("samples", default_for(handle, 32, 4), int, lo=1, hi=512),
-                              key="sh_samples")
-    theta = c3.select_slider("Temperature θ", THETA_CHOICES, value=url_param("theta", "adaptive", str, THETA_CHOICES),
-                             key="sh_theta", help="θ < 1 sharpens, θ > 1 flattens; 'adaptive' is the paper's rule.")
-    layer = c4.selectbox("Layer", list(range(info.layers)), index=url_param("layer", 0, int, list(range(info.layers))),
-                         key="sh_layer")
-    head = c5.selectbox("Head", list(range(info.heads)), index=url_param("head", 0, int, list(range(info.heads))),
-                        key="sh_head")
-    sink = c6.toggle("Count first token", value=url_param("sink", "1", str, ["0", "1"]) == "1", key="sh_sink",
-                     help="Off: drop the first (attention-sink) token and renormalise before measuring.")
     all_layers = list(range(info.layers))
+    lists = st.columns(2)
+    ns = lists[0].multiselect("Item counts n", N_CHOICES, default=url_list("ns", S.DEFAULT_NS, N_CHOICES),
+                              key="sh_ns", help="How many numbers the max-retrieval prompts list.")
     tl_default = [] if url_param("tlayers", "", str) == "none" else url_list("tlayers", all_layers, all_layers)
-    tlayers = st.multiselect("Apply the temperature in layers", all_layers, default=tl_default, key="sh_tlayers",
-                             help="θ and adaptive θ act in these layers only; the others keep plain softmax. "
-                                  "The paper applies it everywhere.")
+    tlayers = lists[1].multiselect("Apply the temperature in layers", all_layers, default=tl_default, key="sh_tlayers",
+                                   help="θ and adaptive θ act in these layers only; the others keep plain softmax. "
+                                        "The paper applies it everywhere.")
+    # fixed-width controls that wrap whole on a narrow screen (equal columns emptied the layer and head
+    # boxes and cut the toggle's label at 1024 px)
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom", gap="medium")
+    samples = row.number_input("Prompts per n", 1, 512,
+                               url_param("samples", default_for(handle, 32, 4), int, lo=1, hi=512),
+                               key="sh_samples", width=120)
+    theta = row.select_slider("Temperature θ", THETA_CHOICES, value=url_param("theta", "adaptive", str, THETA_CHOICES),
+                              key="sh_theta", help="θ < 1 sharpens, θ > 1 flattens; 'adaptive' is the paper's rule.",
+                              width=220)
+    layer = row.selectbox("Layer", all_layers, index=url_param("layer", 0, int, all_layers), key="sh_layer",
+                          width=90)
+    head = row.selectbox("Head", list(range(info.heads)), index=url_param("head", 0, int, list(range(info.heads))),
+                         key="sh_head", width=90)
+    sink = row.toggle("Count first token", value=url_param("sink", "1", str, ["0", "1"]) == "1", key="sh_sink",
+                      help="Off: drop the first (attention-sink) token and renormalise before measuring.",
+                      width="content")
 set_url_params(ns=sorted(ns), samples=samples, theta=theta, layer=layer, head=head, sink=int(sink),
                tlayers=sorted(tlayers) or "none")
 only = None if sorted(tlayers) == all_layers else sorted(tlayers)

@@ -30,6 +30,7 @@ zoo = zoo_models()
 WEAK = "shapes-vlm-weak"
 OWN_LM = "the VLM's own language model"
 SEED_MAX = 2**31 - 1
+AGENT_WIDTH = 200  # px: the longest agent label and "zoo:shapes-lm" whole
 
 
 # Two at once: the weak captioner and the decomposer/rewriter LM are both used on every run.
@@ -96,7 +97,7 @@ with left:
     except C.CaptionError as exc:
         st.error(f"Cannot use this upload: {exc}")
         st.stop()
-    st.image(image, caption=f"Scene {seed}" if seed is not None else "Uploaded image", width=256)
+    st.image(image, caption=f"Scene {seed}" if seed is not None else "Uploaded image", width="stretch")
     if seed is not None:
         with st.expander("Ground truth of this scene"):
             st.write(world.caption(world.generate_scene(seed)))
@@ -141,25 +142,28 @@ with right:
         st.error(f"{exc} Showing π = {C.DEFAULT_PI} instead.")
         url_pi = C.DEFAULT_PI
     with st.expander("Agents and threshold", expanded=True):
-        c1, c2, c3, c4 = st.columns(4)
-        lm_choice = c1.selectbox("Decomposer/rewriter model", lm_choices, key="cap_lm",
-                                 index=lm_choices.index(url_param("lm", lm_default, choices=lm_choices)))
-        decomposer = c2.selectbox("Decomposer", decomposers, key="cap_dec", format_func=labelled(C.DECOMPOSERS),
-                                  index=decomposers.index(url_param("dec", "auto", choices=decomposers)))
-        verifier = c3.selectbox("Verifier (the loaded VLM)", verifiers, key="cap_ver",
-                                format_func=labelled(C.VERIFIERS),
-                                index=verifiers.index(url_param("ver", "auto", choices=verifiers)))
-        rewriter = c4.selectbox("Rewriter", rewriters, key="cap_rew", format_func=labelled(C.REWRITERS),
-                                index=rewriters.index(url_param("rew", "auto", choices=rewriters)))
+        # fixed-width fields that wrap whole: equal columns cut their values ("zoo:shapes-l…") and, at
+        # 1024 px, their labels mid-word
+        row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+        lm_choice = row.selectbox("Decomposer/rewriter model", lm_choices, key="cap_lm", width=AGENT_WIDTH,
+                                  index=lm_choices.index(url_param("lm", lm_default, choices=lm_choices)))
+        decomposer = row.selectbox("Decomposer", decomposers, key="cap_dec", format_func=labelled(C.DECOMPOSERS),
+                                   width=AGENT_WIDTH,
+                                   index=decomposers.index(url_param("dec", "auto", choices=decomposers)))
+        verifier = row.selectbox("Verifier (the loaded VLM)", verifiers, key="cap_ver",
+                                 format_func=labelled(C.VERIFIERS), width=AGENT_WIDTH,
+                                 index=verifiers.index(url_param("ver", "auto", choices=verifiers)))
+        rewriter = row.selectbox("Rewriter", rewriters, key="cap_rew", format_func=labelled(C.REWRITERS),
+                                 width=AGENT_WIDTH, index=rewriters.index(url_param("rew", "auto", choices=rewriters)))
         ground_default = "1" if handle.info.parameters < 50_000_000 else "0"
-        p1, p2 = st.columns([2, 1])
-        pi = p1.slider("Threshold π (nats): drop a claim when H(u) > π", 0.0, 10.0, key="cap_pi",
-                       value=min(url_pi, 10.0), step=0.05)
-        form = p2.radio("p_True / p_False in H", forms, format_func=C.PROBABILITY_FORMS.label, key="cap_prob",
-                        index=forms.index(url_param("prob", C.DEFAULT_PROBABILITIES, choices=forms)),
-                        help="Raw: the next-token probabilities of yes and no, as CapMAS defines H. "
-                             "Renormalised: p_T / (p_T + p_F), the answer among yes and no only — it ignores "
-                             "probability that went to other tokens.")
+        row = st.container(horizontal=True, wrap=True)
+        pi = row.slider("Threshold π (nats): drop a claim when H(u) > π", 0.0, 10.0, key="cap_pi",
+                        value=min(url_pi, 10.0), step=0.05, width=300)
+        form = row.radio("p_True / p_False in H", forms, format_func=C.PROBABILITY_FORMS.label, key="cap_prob",
+                         width=220, index=forms.index(url_param("prob", C.DEFAULT_PROBABILITIES, choices=forms)),
+                         help="Raw: the next-token probabilities of yes and no, as CapMAS defines H. "
+                              "Renormalised: p_T / (p_T + p_F), the answer among yes and no only — it ignores "
+                              "probability that went to other tokens.")
         ground = st.checkbox("Ground each answer in the image (Captum Integrated Gradients)", key="cap_ground",
                              value=url_param("ground", ground_default, choices=["0", "1"]) == "1",
                              help="Integrated Gradients costs about 8 forward/backward passes per claim; "

@@ -37,6 +37,7 @@ def setting_default(f):
 
 
 # Every policy's own settings, from its class (analysis/kv/policies.py): label, range and help live there.
+SETTING_WIDTH = 135  # px: six fit in a row at 1400 px, three at 1024; long labels take two lines
 settings_fields = list({f.name: f for cls in kv.POLICIES.values() for f in kv.setting_fields(cls)}.values())
 
 # The link's raw values go through the same validation as the CLI (kv.validate_params), so a bad link gets
@@ -58,29 +59,36 @@ with st.container(border=True):
                              key="kv_budget", help="Cache entries kept per layer and KV head.")
     st.caption("Each policy's own settings")
     settings = {}
-    for col, f in zip(st.columns(max(1, len(settings_fields))), settings_fields):
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")  # whole fields wrap when narrow
+    for f in settings_fields:
         meta, default = f.metadata, setting_default(f)
         if meta.get("choices"):
             choices = list(meta["choices"])
-            settings[f.name] = col.selectbox(meta["label"], choices, key=f"kv_{f.name}", help=meta.get("help"),
-                                             index=choices.index(url_param(f.name, default, choices=choices)))
+            settings[f.name] = row.selectbox(meta["label"], choices, key=f"kv_{f.name}", help=meta.get("help"),
+                                             index=choices.index(url_param(f.name, default, choices=choices)),
+                                             width=SETTING_WIDTH)
         else:
             cast = type(default)
             lo, hi = cast(meta.get("low", 0)), cast(meta.get("high", 10**6))
-            settings[f.name] = cast(col.number_input(
+            settings[f.name] = cast(row.number_input(
                 meta["label"], lo, hi, url_param(f.name, default, cast, lo=lo, hi=hi), step=cast(meta.get("step", 1)),
-                key=f"kv_{f.name}", help=meta.get("help"), format="%.2f" if cast is float else "%d"))
-    c6, c7, c8, c9, c10 = st.columns([1.2, 1.2, 1, 1, 1])
-    context = c6.number_input("Context (tokens)", 16, 4096,
-                              url_param("context", default_for(handle, defaults.context, 64), int, lo=16, hi=4096),
-                              step=32, key="kv_context", help="Length of the key-value context.")
-    prefill = c7.slider("Prefilled share", 0.05, 1.0, url_param("prefill", defaults.prefill, float, lo=0.05, hi=1.0),
-                        step=0.05, key="kv_prefill", help="Share of the context read in one forward pass; the rest "
-                                                          "is read token by token, with eviction after every token.")
-    pairs = c8.number_input("Needles", 1, 8, url_param("pairs", defaults.pairs, int, lo=1, hi=8), key="kv_pairs")
-    queries = c9.number_input("Questions", 1, 8, url_param("queries", defaults.queries, int, lo=1, hi=8),
-                              key="kv_queries", help="Needles asked after the context (shapes-lm was trained on one).")
-    seed = c10.number_input("Example seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="kv_seed")
+                key=f"kv_{f.name}", help=meta.get("help"), format="%.2f" if cast is float else "%d",
+                width=SETTING_WIDTH))
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+    context = row.number_input("Context (tokens)", 16, 4096,
+                               url_param("context", default_for(handle, defaults.context, 64), int, lo=16, hi=4096),
+                               step=32, key="kv_context", help="Length of the key-value context.", width=SETTING_WIDTH)
+    prefill = row.slider("Prefilled share", 0.05, 1.0, url_param("prefill", defaults.prefill, float, lo=0.05, hi=1.0),
+                         step=0.05, key="kv_prefill", width=2 * SETTING_WIDTH,
+                         help="Share of the context read in one forward pass; the rest is read token by token, "
+                              "with eviction after every token.")
+    pairs = row.number_input("Needles", 1, 8, url_param("pairs", defaults.pairs, int, lo=1, hi=8), key="kv_pairs",
+                             width=SETTING_WIDTH)
+    queries = row.number_input("Questions", 1, 8, url_param("queries", defaults.queries, int, lo=1, hi=8),
+                               key="kv_queries", help="Needles asked after the context (shapes-lm was trained on one).",
+                               width=SETTING_WIDTH)
+    seed = row.number_input("Example seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="kv_seed",
+                            width=SETTING_WIDTH)
     prompt = st.text_input("Your own prompt (optional)", url_param("prompt", "", str), key="kv_prompt",
                            help="Leave empty for the key-value recall task. With a prompt, the full cache's "
                                 "greedy continuation is the reference every policy is scored on.")

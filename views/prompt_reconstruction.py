@@ -76,26 +76,29 @@ url_bits = checked("bits", 4, int, lambda v: inv.Quantise(bits=v))
 with st.container(border=True):
     prompt = st.text_input("Prompt (the secret the attacker tries to recover)",
                            url_param("prompt", default_prompt(), str), key="inv_prompt", max_chars=2000)
-    c1, c2, c3, c4 = st.columns([1, 1.6, 1.4, 1.6])
-    layer = c1.number_input(f"Layer L (0–{n_layers})", 0, n_layers, raw_layer, key="inv_layer",
-                            help="0 = token embeddings; k = residual stream after decoder block k.")
-    perm = c2.selectbox("Permutation defence", permutations, format_func=inv.defence_label,
-                        index=permutations.index(url_param("perm", "none", choices=permutations)),
-                        key="inv_perm")
-    perturb = c3.selectbox("Perturbation", perturbations, format_func=inv.defence_label,
-                           index=perturbations.index(url_param("perturb", "none", choices=perturbations)),
-                           key="inv_perturb")
-    order = c4.selectbox("Proposal order", orders, format_func=lambda o: inv.ORDERS[o].label,
-                         index=orders.index(url_param("order", "hybrid", choices=orders)), key="inv_order",
-                         help="Which candidates are tried first. Every order ends with the rest of the "
-                              "vocabulary, and the distance check decides, so the order changes only the cost.")
-    c5, c6, c7 = st.columns([1, 1, 1])
-    noise = c5.number_input("Noise σ (× state std)", 0.0, 100.0, min(url_noise, 100.0),
-                            step=0.1, key="inv_noise", disabled=perturb != "gaussian_noise")
-    bits = c6.number_input("Quantisation bits", 1, 32, url_bits, key="inv_bits",
-                           disabled=perturb != "quantise")
-    seed = c7.number_input("Defence seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="inv_seed",
-                           help="Seeds the permutations and the noise.")
+    # fixed-width fields that wrap whole on a narrow screen; each select box is wide enough for its
+    # longest option (equal columns cut "model + embedding proposals, then gradient inversion")
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+    layer = row.number_input(f"Layer L (0–{n_layers})", 0, n_layers, raw_layer, key="inv_layer", width=130,
+                             help="0 = token embeddings; k = residual stream after decoder block k.")
+    perm = row.selectbox("Permutation defence", permutations, format_func=inv.defence_label,
+                         index=permutations.index(url_param("perm", "none", choices=permutations)),
+                         key="inv_perm", width=300)
+    perturb = row.selectbox("Perturbation", perturbations, format_func=inv.defence_label,
+                            index=perturbations.index(url_param("perturb", "none", choices=perturbations)),
+                            key="inv_perturb", width=180)
+    seed = row.number_input("Defence seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="inv_seed",
+                            help="Seeds the permutations and the noise.", width=140)
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+    order = row.selectbox("Proposal order", orders, format_func=lambda o: inv.ORDERS[o].label,
+                          index=orders.index(url_param("order", "hybrid", choices=orders)), key="inv_order",
+                          width=440,
+                          help="Which candidates are tried first. Every order ends with the rest of the "
+                               "vocabulary, and the distance check decides, so the order changes only the cost.")
+    noise = row.number_input("Noise σ (× state std)", 0.0, 100.0, min(url_noise, 100.0), width=160,
+                             step=0.1, key="inv_noise", disabled=perturb != "gaussian_noise")
+    bits = row.number_input("Quantisation bits", 1, 32, url_bits, key="inv_bits", width=140,
+                            disabled=perturb != "quantise")
 
 set_url_params(prompt=prompt, layer=layer, perm=perm, perturb=perturb, noise=noise, bits=bits, order=order,
                seed=seed)
@@ -218,18 +221,19 @@ with st.expander("What this simulator models — and what it leaves out"):
 shardings = list(inv.SHARDINGS)
 forget_if_outside("inv_parties", 1, len(ids))
 with st.container(border=True):
-    d1, d2, d3, d4 = st.columns(4)
-    parties = d1.number_input("Parties k", 1, len(ids), url_param("parties", 2, int, lo=1, hi=len(ids)),
-                              key="inv_parties")
-    sharding = d2.selectbox("Sharding", shardings, format_func=lambda s: inv.SHARDINGS[s].label,
-                            index=shardings.index(url_param("sharding", "round_robin", choices=shardings)),
-                            key="inv_sharding")
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+    parties = row.number_input("Parties k", 1, len(ids), url_param("parties", 2, int, lo=1, hi=len(ids)),
+                               key="inv_parties", width=130)
+    sharding = row.selectbox("Sharding", shardings, format_func=lambda s: inv.SHARDINGS[s].label,
+                             index=shardings.index(url_param("sharding", "round_robin", choices=shardings)),
+                             key="inv_sharding", width=360)
     forget_if_outside("inv_attacker", 0, int(parties) - 1)
-    attacker = d3.number_input("Attacking party", 0, int(parties) - 1,
-                               url_param("attacker", 0, int, lo=0, hi=int(parties) - 1), key="inv_attacker")
-    budget = d4.number_input("Brute-force budget (sequences)", 1_000, 5_000_000,
-                             url_param("budget", 1_000_000, int, lo=1_000, hi=5_000_000), step=50_000,
-                             key="inv_budget")
+    attacker = row.number_input("Attacking party", 0, int(parties) - 1,
+                                url_param("attacker", 0, int, lo=0, hi=int(parties) - 1), key="inv_attacker",
+                                width=140)
+    budget = row.number_input("Brute-force budget (sequences)", 1_000, 5_000_000,
+                              url_param("budget", 1_000_000, int, lo=1_000, hi=5_000_000), step=50_000,
+                              key="inv_budget", width=230)
 set_url_params(parties=parties, sharding=sharding, attacker=attacker, budget=budget)
 cascade_params = inv.CascadeParams(prompt=prompt, layer=int(layer), parties=int(parties), sharding=sharding,
                                    attacker=int(attacker), budget=int(budget))
