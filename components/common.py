@@ -32,6 +32,14 @@ def metric_row() -> Any:
     return st.container(horizontal=True, wrap=True, gap="medium")
 
 
+def charts_side_by_side(*charts: tuple[Any, str], width: int = 440) -> None:
+    """Plotly figures (figure, key) of `width` px side by side, one under the other when the page is too
+    narrow for them (two half columns squeeze each to ~260 px at 1024, cutting titles and legends)."""
+    row = st.container(horizontal=True, wrap=True, gap="medium")
+    for figure, key in charts:
+        row.plotly_chart(figure, key=key, width=width)
+
+
 def explain(text: str) -> None:
     """The short 'what am I looking at' note under a view."""
     st.caption(f":material/info: **What am I looking at?** {text}")

@@ -108,3 +108,24 @@ def test_share_bar_opens_and_saves_in_browser(browser_page):
     notice.wait_for(timeout=60_000)
     assert "<i>" in notice.inner_text()  # shown as typed, not as markup
     assert page.locator("[data-testid='stCode']").count() == 1  # the bar is still open
+
+
+def test_paired_charts_sit_side_by_side_when_wide_and_stack_when_narrow(browser_page):
+    """KV-cache's KL and needle-survival charts: one row at 1400 px; at 1024 px, where half a row
+    is ~260 px, the second goes under the first at full size instead of being squeezed."""
+    base, page = browser_page
+    page.goto(f"{base}/kv-cache")
+    screenshot.wait_rendered(page)
+    boxes = lambda: [page.locator(f".st-key-{key}").bounding_box() for key in ("kv_kl", "kv_survival")]  # noqa: E731
+    try:
+        for width, side_by_side in ((1400, True), (1024, False)):
+            page.set_viewport_size({"width": width, "height": 900})
+            page.wait_for_timeout(300)
+            kl, survival = boxes()
+            assert kl["width"] >= 400 and survival["width"] >= 400, (width, kl, survival)
+            if side_by_side:
+                assert abs(kl["y"] - survival["y"]) < 5 and survival["x"] > kl["x"] + kl["width"] - 1
+            else:
+                assert survival["y"] >= kl["y"] + kl["height"] - 1
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 900})

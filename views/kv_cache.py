@@ -6,7 +6,8 @@ import streamlit as st
 from analysis import kv_eviction as kv
 from analysis.cost import default_for
 from components import kv_figures as F
-from components.common import analysis_errors, explain, metric_row, require_model, set_url_params, url_param
+from components.common import (analysis_errors, charts_side_by_side, explain, metric_row, require_model,
+                               set_url_params, url_param)
 from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
@@ -167,12 +168,11 @@ if variant_rows:
 if task.answer_positions:
     st.dataframe(F.answer_rows(result), hide_index=True)
     explain("One row per asked key: did each policy's top prediction equal the true value?")
-s1, s2 = st.columns(2)
-s1.plotly_chart(F.step_metric_figure(result, "kl"), key="kv_kl")
-s2.plotly_chart(F.survival_figure(chosen, result.layers), key="kv_survival")
-explain("Left: how far each policy's next-token distribution is from the full cache's at every step; the "
-        "dotted lines are the answer tokens, where losing a needle hurts most. Right: for the selected policy, "
-        "which layers and heads still held the needles when they were needed.")
+charts_side_by_side((F.step_metric_figure(result, "kl"), "kv_kl"),
+                    (F.survival_figure(chosen, result.layers), "kv_survival"))
+explain("KL per predicted token: how far each policy's next-token distribution is from the full cache's at "
+        "every step; the dotted lines are the answer tokens, where losing a needle hurts most. Needle survival: "
+        "for the selected policy, which layers and heads still held the needles when they were needed.")
 
 st.subheader("Memory over decode steps")
 st.plotly_chart(F.memory_figure(result), key="kv_memory")

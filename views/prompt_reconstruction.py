@@ -7,7 +7,8 @@ from analysis import inversion as inv
 from analysis.registry import SettingsError
 from analysis.tasks import tasks_for
 from components import inversion_figures as F
-from components.common import analysis_errors, explain, metric_row, require_model, set_url_params, show_error, url_param
+from components.common import (analysis_errors, charts_side_by_side, explain, metric_row, require_model,
+                               set_url_params, show_error, url_param)
 from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
@@ -133,12 +134,10 @@ explain(
     f"random tokens; a typical state has L1 norm {result.state_l1:.3g}). If none is, the closest token in the "
     "whole vocabulary wins — always the case under noise or quantisation, where nothing matches exactly."
 )
-c1, c2 = st.columns(2)
-c1.plotly_chart(F.distance_figure(result), key="inv_dist")
-c2.plotly_chart(F.rank_figure(result), key="inv_rank")
+charts_side_by_side((F.distance_figure(result), "inv_dist"), (F.rank_figure(result), "inv_rank"))
 explain(
-    "Left: distance of the chosen candidate; below the dashed line it is an exact match (certified), below the "
-    "dotted one (with noise or quantisation) it is within what the defence can change. Right: how many "
+    "L1 distance: of the chosen candidate; below the dashed line it is an exact match (certified), below the "
+    "dotted one (with noise or quantisation) it is within what the defence can change. Work per position: how many "
     "candidates were scored at each position (bars) and where the true token sat in the proposal order "
     "(diamonds); the dotted line is what exhaustive search pays per position."
     + (f" Gradient inversion also spent {result.gradient_steps} forward+backward passes (see the table)."

@@ -10,7 +10,8 @@ from analysis import sae_v
 from analysis.models import ModelSpec, zoo_models
 from analysis.export import rows_to_csv
 from components import sae_figures as figs
-from components.common import explain, metric_row, progress, require_model, set_url_params, url_param
+from components.common import (charts_side_by_side, explain, metric_row, progress, require_model, set_url_params,
+                               url_param)
 from components.model_picker import try_load
 from components.presets import preset_bar
 
@@ -393,18 +394,19 @@ def show_ranking() -> None:
         return
     rules = sae_v.SCORE_RULES
     stored_rule = store.params.score_rule if store.params is not None else "official"
-    c1, c2, c3 = st.columns([2, 3, 2])
-    rule = c2.selectbox("Score rule", rules.names(), key="sae_rank_rule", format_func=rules.label,
+    # the rule on its own row: its labels are long, and a third of the row cut them to "SAE-V official (ω…"
+    rule = st.selectbox("Score rule", rules.names(), key="sae_rank_rule", format_func=rules.label,
                         index=rules.names().index(url_param("rule", stored_rule, str, rules.names())))
     s_i = sae_v.score_label(rule)
-    by = c1.radio("Score", ["sum", "weighted"], horizontal=True, key="sae_rank_by",
-                  index=["sum", "weighted"].index(url_param("by", "sum", str, ["sum", "weighted"])),
-                  format_func={"sum": s_i, "weighted": "activation-weighted mean ω"}.get)
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom", gap="large")
+    by = row.radio("Score", ["sum", "weighted"], horizontal=True, key="sae_rank_by", width="content",
+                   index=["sum", "weighted"].index(url_param("by", "sum", str, ["sum", "weighted"])),
+                   format_func={"sum": s_i, "weighted": "activation-weighted mean ω"}.get)
     default_thr = sae_v.score_rule(rule).cooccur_threshold
-    threshold = c3.slider("Active above", 0.0, 2.0, url_param("thr", default_thr, float, lo=0.0, hi=2.0), 0.05,
-                          key=f"sae_rank_thr_{rule}",
-                          help=f"A feature counts as active on a token above this activation ({default_thr:g} "
-                               "for this rule).")
+    threshold = row.slider("Active above", 0.0, 2.0, url_param("thr", default_thr, float, lo=0.0, hi=2.0), 0.05,
+                           key=f"sae_rank_thr_{rule}", width=300,
+                           help=f"A feature counts as active on a token above this activation ({default_thr:g} "
+                                "for this rule).")
     set_url_params(by=by, thr=threshold, rule=rule)
     ranking = ranking_cached(str(folder), stamp, handle.spec.label, by, float(threshold), rule)
     row = metric_row()
@@ -441,13 +443,11 @@ def show_ranking() -> None:
             "Precision is the share of the dropped pairs that are corrupted (random dropping gives the dashed "
             f"base rate {base:.2f}); recall is the share of all corrupted pairs that get dropped.")
 
-    c1, c2 = st.columns(2)
     dist = figs.score_distribution_figure(ranking)
     roc = figs.roc_figure(ranking)
-    c1.plotly_chart(dist, key="sae_rank_dist")
-    c2.plotly_chart(roc, key="sae_rank_roc")
-    explain("Left: score distributions per pair kind (clean, caption of another scene, swapped attributes). "
-            "Right: the trade-off when keeping pairs above a score threshold.")
+    charts_side_by_side((dist, "sae_rank_dist"), (roc, "sae_rank_roc"))
+    explain("Score per pair: its distribution for each pair kind (clean, caption of another scene, swapped "
+            "attributes). ROC: the trade-off when keeping pairs above a score threshold.")
     st.dataframe(figs.kind_summary(ranking), hide_index=True, key="sae_rank_kinds")
     explain("Averages per pair kind: a useful score gives clean pairs a higher mean s_i and a better (lower) "
             "mean rank than corrupted ones. ROC AUC vs clean: the chance that a clean pair outscores a pair of "
