@@ -19,11 +19,12 @@ pool 2 S + 2, so pool 2 is the demo SAE's own). For
 the per-attribute sum it also searches weights per attribute kind (colour, shape, size, position;
 each in 0-4, tuned on the pool it is scored on, so an optimistic bound). With the demo SAE
 (`analysis/zoo/sae/shapes-vlm/layer1`) it adds the measured AUCs of both rules on its own pool,
-and asks the model why its SAE has no per-object features: how much of the residual (after each
-layer, the SAE's layer 1 among them) at the tokens that hold a whole object (the caption word before each "." and the image token of each
-object's cell) a *sum* of one vector per attribute value explains, and whether pairwise attribute
-interactions or one mean vector per whole object explain more (R² on held-out tokens: a least-squares
-fit on the first half of 600 clean validation-split pairs, scored on the second half).
+and asks the model why its SAE has no per-object features: how much of the residual after each
+layer (the SAE's layer 1 among them) at the tokens that hold a whole object (the caption word before
+each "." and the image token of each object's cell) a *sum* of one vector per attribute value
+explains, and whether pairwise attribute interactions or one mean vector per whole object explain
+more (R² on held-out tokens: a least-squares fit on the first half of 600 clean validation-split
+pairs, scored on the second half).
 
 Prints a markdown table and writes benchmarks/results/sae_v_ceiling.json.
 """
@@ -163,6 +164,7 @@ def object_token_code(handle, layer: int, n_pairs: int = 600) -> dict:
 
 def demo_sae() -> dict:
     """The demo SAE's AUCs on its own evaluation pool, under the official and normalised rules."""
+    from analysis import anatomy
     from analysis.models import ModelSpec, load_model
     from analysis.sae_v import by_kind, load_sae, load_store, rank_dataset
 
@@ -176,11 +178,9 @@ def demo_sae() -> dict:
         per_kind = by_kind(ranking.rows)
         out["rules"][f"demo SAE, {rule}"] = {"all": round(ranking.roc_auc, 4),
                                              **{k: round(per_kind[k]["roc_auc_vs_clean"], 4) for k in KINDS}}
-    from analysis import anatomy
-
-    layers = anatomy.n_layers(handle.model)
     out["sae_layer"] = meta.layer
-    out["object_tokens_r2"] = {str(layer): object_token_code(handle, layer) for layer in range(layers)}
+    out["object_tokens_r2"] = {str(layer): object_token_code(handle, layer)
+                               for layer in range(anatomy.n_layers(handle.model))}
     return out
 
 

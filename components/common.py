@@ -32,6 +32,13 @@ def metric_row() -> Any:
     return st.container(horizontal=True, wrap=True, gap="medium")
 
 
+def field_row(gap: str = "small") -> Any:
+    """A row for fixed-width input widgets that wraps whole fields onto the next line when the page is
+    narrow, inputs aligned at the bottom (equal columns squeeze them: empty select boxes, labels broken
+    mid-word at 1024 px)."""
+    return st.container(horizontal=True, wrap=True, vertical_alignment="bottom", gap=gap)
+
+
 def charts_side_by_side(*charts: tuple[Any, str], width: int = 440) -> None:
     """Plotly figures (figure, key) of `width` px side by side, one under the other when the page is too
     narrow for them (two half columns squeeze each to ~260 px at 1024, cutting titles and legends)."""

@@ -6,8 +6,8 @@ import streamlit as st
 from analysis import sharpness as S
 from analysis.cost import default_for
 from components import sharpness_figures as F
-from components.common import (analysis_errors, explain, metric_row, require_model, set_url_params, show_error,
-                               url_list, url_param)
+from components.common import (analysis_errors, explain, field_row, metric_row, require_model, set_url_params,
+                               show_error, url_list, url_param)
 from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
@@ -67,7 +67,7 @@ with st.container(border=True):
                                         "The paper applies it everywhere.")
     # fixed-width controls that wrap whole on a narrow screen (equal columns emptied the layer and head
     # boxes and cut the toggle's label at 1024 px)
-    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom", gap="medium")
+    row = field_row(gap="medium")
     samples = row.number_input("Prompts per n", 1, 512,
                                url_param("samples", default_for(handle, 32, 4), int, lo=1, hi=512),
                                key="sh_samples", width=120)

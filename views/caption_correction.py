@@ -10,7 +10,8 @@ from analysis import captions as C
 from analysis.models import ModelLoadError, ModelSpec, load_model, zoo_models
 from analysis.registry import SettingsError
 from components import caption_figures as F
-from components.common import analysis_errors, explain, metric_row, progress, require_model, set_url_params, url_param
+from components.common import (analysis_errors, explain, field_row, metric_row, progress, require_model,
+                               set_url_params, url_param)
 from components.presets import preset_bar
 from components.runs import cached_run, confirm, ready, remember
 from components.share import share_bar
@@ -144,7 +145,7 @@ with right:
     with st.expander("Agents and threshold", expanded=True):
         # fixed-width fields that wrap whole: equal columns cut their values ("zoo:shapes-l…") and, at
         # 1024 px, their labels mid-word
-        row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+        row = field_row()
         lm_choice = row.selectbox("Decomposer/rewriter model", lm_choices, key="cap_lm", width=AGENT_WIDTH,
                                   index=lm_choices.index(url_param("lm", lm_default, choices=lm_choices)))
         decomposer = row.selectbox("Decomposer", decomposers, key="cap_dec", format_func=labelled(C.DECOMPOSERS),

@@ -6,8 +6,8 @@ import streamlit as st
 from analysis import kv_eviction as kv
 from analysis.cost import default_for
 from components import kv_figures as F
-from components.common import (analysis_errors, charts_side_by_side, explain, metric_row, require_model,
-                               set_url_params, url_param)
+from components.common import (analysis_errors, charts_side_by_side, explain, field_row, metric_row,
+                               require_model, set_url_params, url_param)
 from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
@@ -60,7 +60,7 @@ with st.container(border=True):
                              key="kv_budget", help="Cache entries kept per layer and KV head.")
     st.caption("Each policy's own settings")
     settings = {}
-    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")  # whole fields wrap when narrow
+    row = field_row()
     for f in settings_fields:
         meta, default = f.metadata, setting_default(f)
         if meta.get("choices"):
@@ -75,7 +75,7 @@ with st.container(border=True):
                 meta["label"], lo, hi, url_param(f.name, default, cast, lo=lo, hi=hi), step=cast(meta.get("step", 1)),
                 key=f"kv_{f.name}", help=meta.get("help"), format="%.2f" if cast is float else "%d",
                 width=SETTING_WIDTH))
-    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+    row = field_row()
     context = row.number_input("Context (tokens)", 16, 4096,
                                url_param("context", default_for(handle, defaults.context, 64), int, lo=16, hi=4096),
                                step=32, key="kv_context", help="Length of the key-value context.", width=SETTING_WIDTH)

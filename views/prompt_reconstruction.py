@@ -7,8 +7,8 @@ from analysis import inversion as inv
 from analysis.registry import SettingsError
 from analysis.tasks import tasks_for
 from components import inversion_figures as F
-from components.common import (analysis_errors, charts_side_by_side, explain, metric_row, require_model,
-                               set_url_params, show_error, url_param)
+from components.common import (analysis_errors, charts_side_by_side, explain, field_row, metric_row,
+                               require_model, set_url_params, show_error, url_param)
 from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
@@ -79,7 +79,7 @@ with st.container(border=True):
                            url_param("prompt", default_prompt(), str), key="inv_prompt", max_chars=2000)
     # fixed-width fields that wrap whole on a narrow screen; each select box is wide enough for its
     # longest option (equal columns cut "model + embedding proposals, then gradient inversion")
-    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+    row = field_row()
     layer = row.number_input(f"Layer L (0–{n_layers})", 0, n_layers, raw_layer, key="inv_layer", width=130,
                              help="0 = token embeddings; k = residual stream after decoder block k.")
     perm = row.selectbox("Permutation defence", permutations, format_func=inv.defence_label,
@@ -90,7 +90,7 @@ with st.container(border=True):
                             key="inv_perturb", width=180)
     seed = row.number_input("Defence seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="inv_seed",
                             help="Seeds the permutations and the noise.", width=140)
-    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+    row = field_row()
     order = row.selectbox("Proposal order", orders, format_func=lambda o: inv.ORDERS[o].label,
                           index=orders.index(url_param("order", "hybrid", choices=orders)), key="inv_order",
                           width=440,
@@ -187,7 +187,7 @@ small = len(ids) * result.vocab_size <= 60_000
 measure = len(ids) if small else 1
 speed = None
 timing = st.toggle("Time exhaustive search", value=url_param("exhaustive", int(small), int) == 1, key="inv_speed_on",
-                    help=f"Exhaustive search scores all {result.vocab_size:,} tokens per position. For a large "
+                   help=f"Exhaustive search scores all {result.vocab_size:,} tokens per position. For a large "
                         "vocabulary it runs on the first position only and its time is extrapolated.")
 set_url_params(exhaustive=int(timing))
 if timing:
@@ -220,7 +220,7 @@ with st.expander("What this simulator models — and what it leaves out"):
 shardings = list(inv.SHARDINGS)
 forget_if_outside("inv_parties", 1, len(ids))
 with st.container(border=True):
-    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+    row = field_row()
     parties = row.number_input("Parties k", 1, len(ids), url_param("parties", 2, int, lo=1, hi=len(ids)),
                                key="inv_parties", width=130)
     sharding = row.selectbox("Sharding", shardings, format_func=lambda s: inv.SHARDINGS[s].label,

@@ -10,8 +10,8 @@ from analysis import sae_v
 from analysis.models import ModelSpec, zoo_models
 from analysis.export import rows_to_csv
 from components import sae_figures as figs
-from components.common import (charts_side_by_side, explain, metric_row, progress, require_model, set_url_params,
-                               url_param)
+from components.common import (charts_side_by_side, explain, field_row, metric_row, progress, require_model,
+                               set_url_params, url_param)
 from components.model_picker import try_load
 from components.presets import preset_bar
 
@@ -398,7 +398,7 @@ def show_ranking() -> None:
     rule = st.selectbox("Score rule", rules.names(), key="sae_rank_rule", format_func=rules.label,
                         index=rules.names().index(url_param("rule", stored_rule, str, rules.names())))
     s_i = sae_v.score_label(rule)
-    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom", gap="large")
+    row = field_row(gap="large")
     by = row.radio("Score", ["sum", "weighted"], horizontal=True, key="sae_rank_by", width="content",
                    index=["sum", "weighted"].index(url_param("by", "sum", str, ["sum", "weighted"])),
                    format_func={"sum": s_i, "weighted": "activation-weighted mean ω"}.get)
