@@ -135,3 +135,36 @@ def test_held_out_r2_tells_an_additive_code_from_a_binding_one():
     bound = np.stack([kinds[o] for o in objects]) + 0.1 * rng.normal(size=(800, 16))
     r2 = module.held_out_r2(bound, objects)
     assert r2["one_mean_per_object"] > 0.95 > r2["with_pairwise_interactions"] > r2["sum_of_attributes"] + 0.05
+
+
+def test_kmeans_code_is_one_nearest_centroid_per_token_and_centres_as_asked():
+    import torch
+
+    module = bench()
+    g = torch.Generator().manual_seed(0)
+    points = torch.nn.functional.normalize(torch.randn(4, 16, generator=g), dim=1) * 10  # 4 objects
+    offset = torch.zeros(16)
+    offset[0] = 40.0  # image tokens sit far from text tokens along one direction
+
+    def tokens(n):
+        which = torch.arange(n) % 4
+        modality = (torch.arange(n) // 4) % 2  # text and image copies of every object
+        x = points[which] + 0.05 * torch.randn(n, 16, generator=g) + modality[:, None] * offset
+        return x, modality, which
+
+    train, train_mod, _ = tokens(400)
+    test, test_mod, which = tokens(80)
+    for per_modality, k in ((False, 8), (True, 4)):  # k: how many groups the centring leaves
+        codes = module.kmeans_code(train, train_mod, test, test_mod, k=k, per_modality=per_modality)
+        assert ((codes > 0).sum(1) <= 1).all()  # one feature per token at most
+        fired = codes.argmax(1)
+        assert (codes.max(1).values > 5).all()  # the projection of a 10-long vector onto its own centroid
+        # tokens of one object in one modality fire one cluster
+        for obj in range(4):
+            for mod in (0, 1):
+                rows = (which == obj) & (test_mod == mod)
+                assert len(set(fired[rows].tolist())) == 1
+        same = [fired[(which == o) & (test_mod == 0)][0] == fired[(which == o) & (test_mod == 1)][0] for o in range(4)]
+        # with one mean the offset keeps the modalities apart; with each modality's own mean removed a
+        # text token and the image token of the same object share their cluster
+        assert all(same) if per_modality else not any(same)
