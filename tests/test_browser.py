@@ -89,6 +89,42 @@ def assert_nothing_cut(page, url_path, panel):
     # a select box shows its whole value (equal columns once left the layer and head boxes empty)
     selects = page.evaluate(SHOWN, "[data-testid='stSelectbox']")  # [its label, value cut?]
     assert [t for t, cut in selects if cut] == []
+    if url_path == "attention-sharpness":
+        # every item count is one click away (a multiselect's chips scrolled sideways and hid 64 and 128)
+        assert options_off_screen(page, "sh_ns", ["2", "4", "8", "16", "32", "64", "128", "256", "512"]) == {}
+
+
+# {label: "missing" | "clipped"} for each label that the widget with this key does not show whole on
+# screen: no visible element with that text, or each one reaches past the window's width or past an
+# ancestor that clips or scrolls its overflow
+OFF_SCREEN = """([key, labels]) => {
+    const box = document.querySelector(`.st-key-${key}`);
+    const inside = (r, o) => r.left >= o.left - 1 && r.right <= o.right + 1 && r.top >= o.top - 1
+                             && r.bottom <= o.bottom + 1;
+    const clipped = e => {
+        const r = e.getBoundingClientRect();
+        if (r.width === 0 || r.left < 0 || r.right > window.innerWidth) return true;
+        for (let a = e.parentElement; a && a !== document.body; a = a.parentElement) {
+            const style = getComputedStyle(a);
+            const clips = style.overflowX !== "visible" || style.overflowY !== "visible";
+            if (clips && !inside(r, a.getBoundingClientRect())) return true;
+        }
+        return false;
+    };
+    const text = e => (e.innerText ?? e.textContent ?? "").trim();  // svg parts have no innerText
+    const result = {};
+    for (const label of labels) {
+        const own = [...(box ? box.querySelectorAll("*") : [])].filter(e => e.getClientRects().length > 0
+            && text(e) === label && ![...e.children].some(c => text(c) === label));
+        if (own.length === 0) result[label] = "missing";
+        else if (own.every(clipped)) result[label] = "clipped";
+    }
+    return result;
+}"""
+
+
+def options_off_screen(page, key, labels):
+    return page.evaluate(OFF_SCREEN, [key, labels])
 
 
 def test_share_bar_opens_and_saves_in_browser(browser_page):

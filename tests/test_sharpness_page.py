@@ -48,10 +48,35 @@ def test_changing_theta_layer_and_head_updates_the_values(tiny_llama_dir):
     at.selectbox(key="sh_layer").set_value(1).run()
     layer1 = metrics(at)
     assert layer1 != other_head
-    at.multiselect(key="sh_tlayers").set_value([0]).run()  # temperature in layer 0 only
+    at.button_group(key="sh_tlayers").set_value([0]).run()  # temperature in layer 0 only
     assert metrics(at) != layer1
     assert not at.exception
     assert str(at.query_params["head"]).strip("[]'") == "3"
+    assert str(at.query_params["tlayers"]).strip("[]'") == "0"
+
+
+def test_item_counts_are_toggles_kept_sorted_in_the_url(tiny_llama_dir):
+    """Pills: every n is a one-click toggle; the page and its link list the chosen ones in order."""
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, QUERY)
+    pills = at.button_group(key="sh_ns")
+    assert pills.options == ["2", "4", "8", "16", "32", "64", "128", "256", "512"]
+    assert pills.value == [4, 8, 16]
+    pills.unselect(8).select(2).run()
+    assert not at.exception and not at.error
+    assert str(at.query_params["ns"]).strip("[]'") == "2,4,16"
+    assert list(at.dataframe[0].value["n"]) == [2, 4, 16]
+    at.button_group(key="sh_tlayers").set_value([]).run()  # no layer: plain softmax everywhere
+    assert not at.exception and not at.error
+    assert str(at.query_params["tlayers"]).strip("[]'") == "none"
+    assert at.button_group(key="sh_tlayers").value == []
+
+
+def test_no_item_count_gives_a_clear_message(tiny_llama_dir):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, QUERY)
+    at.button_group(key="sh_ns").set_value([]).run()
+    assert not at.exception
+    assert [e.value for e in at.error] == ["Choose at least one item count n to run the model views."]
+    assert [h.value for h in at.header] == ["1 · The lemma, without a model"]  # the lemma needs no n
 
 
 def test_empty_prompt_gives_a_clear_message(tiny_llama_dir):
@@ -85,3 +110,14 @@ def test_page_renders_on_shapes_lm_with_training_format():
     assert any("shapes-world" in c.value for c in at.caption)
     table = at.dataframe[0].value
     assert table["softmax accuracy"].iloc[0] >= 0.7  # n = 8 is inside the trained range (n <= 16)
+
+
+@zoo_lm
+def test_a_preset_resets_the_item_count_and_layer_toggles():
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, {"ns": "4,8", "samples": "2", "tlayers": "none"})
+    at.button_group(key="sh_ns").set_value([2]).run()
+    at.button(key="preset_attention-sharpness_dispersion").click().run()
+    assert not at.exception, at.exception
+    assert at.button_group(key="sh_ns").value == [4, 8, 16, 32, 64, 128]
+    assert at.button_group(key="sh_tlayers").value == [0, 1, 2, 3]
+    assert str(at.query_params["ns"]).strip("[]'") == "4,8,16,32,64,128"

@@ -59,12 +59,17 @@ def rule_of(choice: str, layers: list[int] | None) -> S.Temperature:
 with st.container(border=True):
     all_layers = list(range(info.layers))
     lists = st.columns(2)
-    ns = lists[0].multiselect("Item counts n", N_CHOICES, default=url_list("ns", S.DEFAULT_NS, N_CHOICES),
-                              key="sh_ns", help="How many numbers the max-retrieval prompts list.")
+    # pills, not multiselects: every choice is shown as a one-click toggle, and wrap=True lets them wrap
+    # (a multiselect's chips, and pills directly in a column by default, scroll sideways and hid 64 and
+    # 128 at 1024 px)
+    ns = sorted(lists[0].pills("Item counts n", N_CHOICES, selection_mode="multi", wrap=True,
+                               default=url_list("ns", S.DEFAULT_NS, N_CHOICES), key="sh_ns",
+                               help="How many numbers the max-retrieval prompts list.") or [])
     tl_default = [] if url_param("tlayers", "", str) == "none" else url_list("tlayers", all_layers, all_layers)
-    tlayers = lists[1].multiselect("Apply the temperature in layers", all_layers, default=tl_default, key="sh_tlayers",
-                                   help="θ and adaptive θ act in these layers only; the others keep plain softmax. "
-                                        "The paper applies it everywhere.")
+    tlayers = sorted(lists[1].pills("Apply the temperature in layers", all_layers, selection_mode="multi", wrap=True,
+                                    default=tl_default, key="sh_tlayers",
+                                    help="θ and adaptive θ act in these layers only; the others keep plain "
+                                         "softmax. The paper applies it everywhere.") or [])
     # fixed-width controls that wrap whole on a narrow screen (equal columns emptied the layer and head
     # boxes and cut the toggle's label at 1024 px)
     row = field_row(gap="medium")
@@ -81,9 +86,9 @@ with st.container(border=True):
     sink = row.toggle("Count first token", value=url_param("sink", "1", str, ["0", "1"]) == "1", key="sh_sink",
                       help="Off: drop the first (attention-sink) token and renormalise before measuring.",
                       width="content")
-set_url_params(ns=sorted(ns), samples=samples, theta=theta, layer=layer, head=head, sink=int(sink),
-               tlayers=sorted(tlayers) or "none")
-only = None if sorted(tlayers) == all_layers else sorted(tlayers)
+set_url_params(ns=ns, samples=samples, theta=theta, layer=layer, head=head, sink=int(sink),
+               tlayers=tlayers or "none")
+only = None if tlayers == all_layers else tlayers
 
 # --- 1. lemma demo (no model) -------------------------------------------------------------------
 
@@ -102,7 +107,7 @@ explain("n logits, one of them δ above the rest. At any fixed θ the weight on 
 if not ns:
     st.error("Choose at least one item count n to run the model views.")
     st.stop()
-params = S.SweepParams(ns=sorted(ns), samples=int(samples), layers=only)
+params = S.SweepParams(ns=ns, samples=int(samples), layers=only)
 with analysis_errors(S.SharpnessError):
     result = cached_run("sweep", S.size_sweep, handle, params, label="Running max-retrieval prompts ...")
 
