@@ -46,6 +46,33 @@ def test_feature_list_renders_with_all_features(tiny_llava_dir, tiny_sae):
     assert at.query_params["view"] == ["list"] or at.query_params["view"] == "list"
 
 
+def _url(at, name: str) -> str:
+    value = at.query_params[name]
+    return value[0] if isinstance(value, list) else str(value)
+
+
+def test_modality_filter_is_one_click_and_travels_in_the_url(tiny_llava_dir, tiny_sae):
+    store = sae_v.load_store(tiny_sae)
+    modality = {f.index: f.label for f in store.features}
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE)
+    pills = at.button_group(key="sae_labels")
+    assert list(pills.value) == ["cross-modal", "text-only", "image-only"] and _url(at, "labels") == \
+        "cross-modal,text-only,image-only"
+    assert {modality[f] for f in _frame(at, "omega")["feature"]} <= {"cross-modal", "text-only", "image-only"}
+    at = pills.set_value(["dead", "text-only"]).run()
+    assert _url(at, "labels") == "text-only,dead"  # in the labels' own order
+    expected = sorted(i for i, m in modality.items() if m in ("text-only", "dead"))
+    assert sorted(_frame(at, "omega")["feature"]) == expected
+    # a shared link opens with its filter; every label off says so and lists nothing
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"labels": "text-only"})
+    assert list(at.button_group(key="sae_labels").value) == ["text-only"]
+    assert sorted(_frame(at, "omega")["feature"]) == sorted(i for i, m in modality.items() if m == "text-only")
+    at = at.button_group(key="sae_labels").set_value([]).run()
+    assert not at.exception and _url(at, "labels") == "none"
+    assert [i.value for i in at.info] == ["Choose at least one modality label to list its features."]
+    assert not any("omega" in df.value.columns for df in at.dataframe)
+
+
 def test_feature_permalink_opens_that_feature(tiny_llava_dir, tiny_sae):
     store = sae_v.load_store(tiny_sae)
     live = next(f.index for f in store.features if f.top_text and f.index > 0)

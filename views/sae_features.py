@@ -11,7 +11,7 @@ from analysis.models import ModelSpec, zoo_models
 from analysis.export import rows_to_csv
 from components import sae_figures as figs
 from components.common import (charts_side_by_side, explain, field_row, metric_row, progress, require_model,
-                               set_url_params, url_param)
+                               set_url_params, url_list, url_param)
 from components.model_picker import try_load
 from components.presets import preset_bar
 
@@ -146,16 +146,26 @@ def show_list() -> None:
     c1, c2 = st.columns([1, 2])
     sort_by = c1.selectbox("Sort by", list(figs.SORTS), key="sae_sort",
                            index=list(figs.SORTS).index(url_param("sort", "omega", str, list(figs.SORTS))))
-    labels = c2.multiselect("Modality", list(figs.LABEL_COLOURS), default=["cross-modal", "text-only", "image-only"],
-                            key="sae_labels")
-    set_url_params(sort=sort_by)
+    # one-click toggles mirrored in the URL (labels=none when every one is off), like the sharpness page
+    kinds = list(figs.LABEL_COLOURS)
+    label_default = [] if url_param("labels", "", str) == "none" else url_list(
+        "labels", ["cross-modal", "text-only", "image-only"], kinds, cast=str)
+    chosen = c2.pills("Modality", kinds, selection_mode="multi", wrap=True, default=label_default, key="sae_labels",
+                      help="Show the features of these modality labels (dead: never active on the held-out pairs).")
+    labels = [k for k in kinds if k in (chosen or [])]
+    set_url_params(sort=sort_by, labels=labels or "none")
     rows = figs.sort_rows(figs.feature_rows(store), sort_by, labels)
-    st.dataframe(rows, hide_index=True, height=380, key="sae_table", column_config={
-        "omega": st.column_config.NumberColumn("ω", format="%.3f"),
-        "density": st.column_config.NumberColumn(format="%.4f"),
-        "text density": st.column_config.NumberColumn(format="%.4f"),
-        "image density": st.column_config.NumberColumn(format="%.4f"),
-    })
+    if not labels:
+        st.info("Choose at least one modality label to list its features.")
+    elif not rows:
+        st.info(f"No feature of this SAE is {' or '.join(labels)}.")
+    else:
+        st.dataframe(rows, hide_index=True, height=380, key="sae_table", column_config={
+            "omega": st.column_config.NumberColumn("ω", format="%.3f"),
+            "density": st.column_config.NumberColumn(format="%.4f"),
+            "text density": st.column_config.NumberColumn(format="%.4f"),
+            "image density": st.column_config.NumberColumn(format="%.4f"),
+        })
     explain("Each row is one SAE feature. ω (cross-modal weight) is the mean cosine between the raw residual "
             "vectors of its 5 strongest text tokens and 5 strongest image patches; under the official SAE-V rule "
             "only cross-modal features have one (0 for the others). Density is the share of tokens "
