@@ -4,10 +4,11 @@ from __future__ import annotations
 import streamlit as st
 
 import components.preload  # noqa: F401  (first: loads every heavy module once, before any page imports it)
+from components.favicon import favicon
 from components.model_picker import render_sidebar
 from components.registry import PANELS
 
-st.set_page_config(page_title="Model Inspector", page_icon=":material/biotech:", layout="wide")
+st.set_page_config(page_title="Model Inspector", page_icon=favicon(), layout="wide")
 
 pages = [st.Page("views/overview.py", title="Home", icon=":material/home:", url_path="home", default=True)]
 pages += [st.Page(f"views/{p.page}", title=p.title, icon=p.icon, url_path=p.url_path)

@@ -22,6 +22,17 @@ pytestmark = pytest.mark.skipif(not shutil.which(CHROMIUM), reason="Debian chrom
 
 PAGES = [("home", None)] + [(p.url_path, p) for p in PANELS if p.available]
 
+# every request the page made to a host other than the app's own (it must run offline and tell nobody)
+OUTSIDE: list[str] = []
+
+
+def _remember_outside(request) -> None:
+    from urllib.parse import urlparse
+
+    url = urlparse(request.url)
+    if url.scheme not in ("data", "blob", "about") and url.hostname not in ("127.0.0.1", "localhost"):
+        OUTSIDE.append(request.url)
+
 
 @pytest.fixture(scope="module")
 def browser_page(tmp_path_factory):
@@ -35,6 +46,7 @@ def browser_page(tmp_path_factory):
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.on("request", _remember_outside)
             yield f"http://127.0.0.1:{port}", page
             browser.close()
     finally:
@@ -46,8 +58,10 @@ def browser_page(tmp_path_factory):
 def test_page_renders_in_browser(browser_page, url_path, panel):
     base, page = browser_page
     query = "?model=zoo:shapes-vlm" if panel is not None and "causal_lm" not in panel.kinds else ""
+    OUTSIDE.clear()
     page.goto(f"{base}/" if url_path == "home" else f"{base}/{url_path}{query}")
     screenshot.wait_rendered(page)
+    assert OUTSIDE == [], f"the page asked other hosts: {sorted(set(OUTSIDE))}"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{url_path}.png"), full_page=True)
     assert page.locator("[data-testid='stException']").count() == 0
