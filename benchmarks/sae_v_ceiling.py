@@ -192,7 +192,8 @@ def kmeans_code(train, train_modality, evaluate, eval_modality, k: int = 1024, p
     closest = 1 - unit @ centroids[0]
     for c in range(1, k):
         weights = closest.clamp_min(0) ** 2
-        pick = torch.multinomial(weights, 1, generator=g) if weights.sum() > 0 else torch.randint(len(unit), (1,), generator=g)
+        pick = (torch.multinomial(weights, 1, generator=g) if weights.sum() > 0
+                else torch.randint(len(unit), (1,), generator=g))
         centroids[c] = unit[pick].squeeze(0)
         closest = torch.minimum(closest, 1 - unit @ centroids[c])
     for _ in range(iterations):

@@ -10,6 +10,7 @@ from analysis.inversion import (
     AttackResult, CascadeResult, LayerSweep, NoiseSweep, SpeedComparison, defence_label,
 )
 from components.figure_memo import shared_figure
+from components.figure_text import legend_below, panel_titles, set_title
 
 GOOD, BAD, UNSEEN = "#2e9b4f", "#d1495b", "#d9d9d9"
 
@@ -56,9 +57,8 @@ def distance_figure(result: AttackResult) -> go.Figure:
                         name=f"within the defence's reach: {result.epsilon:.3g}")
     fig.update_layout(title="L1 distance to the observed state, per position",
                       xaxis_title="position (token index)", yaxis_title="L1 distance (log scale)",
-                      yaxis_type="log", height=320, margin=dict(t=50, b=40),
-                      legend=dict(orientation="h", y=-0.25))
-    return fig
+                      yaxis_type="log", height=360, margin=dict(t=50))
+    return legend_below(fig, bottom=120)
 
 
 @shared_figure
@@ -71,10 +71,10 @@ def rank_figure(result: AttackResult) -> go.Figure:
                     marker=dict(size=10, color="#fc8d62", symbol="diamond"))
     fig.add_scatter(x=[min(xs) - 0.5, max(xs) + 0.5], y=[result.vocab_size] * 2, mode="lines",
                     line=dict(dash="dot", color="#444"), name=f"exhaustive: {result.vocab_size:,} per position")
-    fig.update_layout(title="Work per position: candidates scored and the true token's rank",
-                      xaxis_title="position (token index)", yaxis_title="count (log scale)", yaxis_type="log",
-                      height=320, margin=dict(t=50, b=40), legend=dict(orientation="h", y=-0.25))
-    return fig
+    fig.update_layout(xaxis_title="position (token index)", yaxis_title="count (log scale)", yaxis_type="log",
+                      height=380)
+    set_title(fig, "Work per position: candidates scored and the true token's rank", chars=42)
+    return legend_below(fig, bottom=120)
 
 
 @shared_figure
@@ -116,8 +116,8 @@ def speed_figure(cmp: SpeedComparison) -> go.Figure:
     evals = [cmp.attack.evaluations, cmp.exhaustive_evaluations_total]
     secs = [sum(t.seconds for t in cmp.attack.tokens), cmp.exhaustive_seconds_total]
     extrapolated = cmp.measured_positions < cmp.positions
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "candidates scored", "wall time" + (" (exhaustive extrapolated)" if extrapolated else "")))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.2, subplot_titles=(
+        "candidates scored", "wall time" + ("<br>(exhaustive extrapolated)" if extrapolated else "")))
     colours = ["#66c2a5", "#8da0cb"]
     fig.add_bar(x=names, y=evals, text=[f"{v:,}" for v in evals], marker_color=colours, row=1, col=1)
     fig.add_bar(x=names, y=secs, text=[f"{v:.2f} s" for v in secs], marker_color=colours, row=1, col=2)
@@ -127,10 +127,10 @@ def speed_figure(cmp: SpeedComparison) -> go.Figure:
     fig.update_yaxes(type="log", title_text="seconds (log scale)", row=1, col=2,
                      range=[math.log10(max(min(secs), 1e-4)) - 0.5, math.log10(max(max(secs), 1e-4)) + 0.3])
     fig.update_xaxes(title_text="method")
-    fig.update_layout(title=f"Attack vs exhaustive search: {cmp.evaluation_ratio:,.0f}× fewer candidates, "
-                            f"{cmp.time_ratio:,.1f}× less time", showlegend=False, height=360,
-                      margin=dict(t=70, b=40))
-    return fig
+    fig.update_layout(showlegend=False, height=380, margin=dict(b=40))
+    set_title(fig, f"Attack vs exhaustive search: {cmp.evaluation_ratio:,.0f}× fewer candidates, "
+                   f"{cmp.time_ratio:,.1f}× less time", top=80)
+    return panel_titles(fig)
 
 
 @shared_figure
@@ -156,11 +156,10 @@ def cascade_figure(result: CascadeResult) -> go.Figure:
         text=text, texttemplate="%{text}", colorscale=[[0, "#f4f4f4"], [1, "#9ecae1"]], showscale=False,
         hovertemplate="%{y}, position %{x}<extra></extra>",
     ))
-    fig.update_layout(title="What each party sees (shaded: its hidden states; "
-                            "✓/✗: the attacker's brute force right/wrong)",
-                      xaxis_title="position (token index)", yaxis_title="party", yaxis_autorange="reversed",
-                      height=120 + 40 * parties, margin=dict(t=50, b=40))
-    return fig
+    fig.update_layout(xaxis_title="position (token index)", yaxis_title="party", yaxis_autorange="reversed",
+                      height=142 + 40 * parties, margin=dict(b=40))
+    return set_title(fig, "What each party sees (shaded: its hidden states; ✓/✗: the attacker's brute force "
+                          "right/wrong)")
 
 
 def cascade_rows(result: CascadeResult) -> list[dict]:

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from analysis.sae_v import FeatureCard, FeatureStore, InputExplanation, Ranking, by_kind, score_label
 from components.figure_memo import shared_figure
+from components.figure_text import set_title
 from components.images import tower_view
 
 LABEL_COLOURS = {"cross-modal": "#7b1fa2", "text-only": "#1565c0", "image-only": "#ef6c00", "dead": "#9e9e9e"}
@@ -123,11 +124,10 @@ def histogram_figure(card: FeatureCard) -> go.Figure:
                              marker_color=LABEL_COLOURS.get(card.label, "#555"),
                              hovertemplate="activation %{x:.3f}<br>%{y} tokens<extra></extra>"))
     fig.update_layout(
-        title=f"Feature {card.index}: activation histogram (active tokens only)",
         xaxis_title="activation (SAE latent units)", yaxis_title="tokens (count)",
-        height=300, margin=dict(l=10, r=10, t=50, b=50), bargap=0.02,
+        height=300, margin=dict(l=10, r=10, b=50), bargap=0.02,
     )
-    return fig
+    return set_title(fig, f"Feature {card.index}: activation histogram (active tokens only)", chars=28)
 
 
 fit_image = tower_view  # the image as the vision tower sees it

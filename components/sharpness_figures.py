@@ -9,6 +9,7 @@ from analysis.sharpness import (
     HeadStats, LemmaResult, PromptResult, SweepResult, adaptive_beta, beta_curve, sharpening_interval,
 )
 from components.figure_memo import shared_figure
+from components.figure_text import legend_below, panel_titles, set_title
 
 SOFTMAX_COLOUR = "#636efa"
 ADAPTIVE_COLOUR = "#ef553b"
@@ -31,7 +32,8 @@ def _sink_note(sink: bool) -> str:
 def lemma_figure(result: LemmaResult) -> go.Figure:
     """p_max and entropy vs n for each θ and the adaptive rule, with 1/n and ln n references."""
     ns = result.params.ns
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("Weight on the maximum", "Entropy of the weights"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Weight on the maximum", "Entropy of the weights"),
+                        horizontal_spacing=0.14)
     fixed = 0
     for curve in result.curves:
         if curve.label.startswith("adaptive"):
@@ -46,19 +48,20 @@ def lemma_figure(result: LemmaResult) -> go.Figure:
     fig.add_scatter(x=ns, y=result.uniform, name="1/n (uniform)", line=REFERENCE, row=1, col=1)
     fig.add_scatter(x=ns, y=result.log_n, name="ln n (uniform)", line=REFERENCE, showlegend=False, row=1, col=2)
     fig.update_xaxes(type="log", title_text="number of items n (log scale)", tickvals=[n for n in ns if n in (2, 16, 128, 1024, 8192)] or ns)
-    fig.update_yaxes(type="log", title_text="p_max (probability, log scale)", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="p_max (probability, log scale)", dtick=1, exponentformat="power",
+                     row=1, col=1)  # one tick per power of ten (the 2s and 5s between crowded the axis)
     fig.update_yaxes(title_text="entropy H (nats)", row=1, col=2)
-    fig.update_layout(title=f"Lemma: one logit δ = {result.params.spread:g} above n - 1 equal ones",
-                      legend_title_text="temperature", height=420)
-    return fig
+    fig.update_layout(legend_title_text="temperature", height=470)
+    set_title(fig, f"Lemma: one logit δ = {result.params.spread:g} above n - 1 equal ones", top=80)
+    return panel_titles(legend_below(fig))
 
 
 @shared_figure
 def size_figure(result: SweepResult, layer: int, head: int, sink: bool = True) -> go.Figure:
     """Entropy, max weight and max-item weight of one head vs n, softmax vs adaptive θ."""
     ns = [p.n for p in result.points]
-    fig = make_subplots(rows=1, cols=3, subplot_titles=(
-        "Entropy (normalised by ln n)", "Largest attention weight", "Weight on the max item's tokens"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("Entropy H / ln n", "Largest weight", "Max item's weight"),
+                        horizontal_spacing=0.15)
     for label, colour in (("softmax", SOFTMAX_COLOUR), ("adaptive θ", ADAPTIVE_COLOUR)):
         runs = [_stats(p.run(label), sink) for p in result.points]
         for col, field in enumerate(("entropy_norm", "max_weight", "target_weight"), start=1):
@@ -66,12 +69,13 @@ def size_figure(result: SweepResult, layer: int, head: int, sink: bool = True) -
                             legendgroup=label, showlegend=col == 1, mode="lines+markers",
                             line=dict(color=colour), row=1, col=col)
     fig.add_scatter(x=ns, y=[1.0 / n for n in ns], name="1/n", line=REFERENCE, row=1, col=3)
-    fig.update_xaxes(type="log", title_text="items in the prompt n (log scale)", tickvals=ns)
-    fig.update_yaxes(title_text="H / ln(keys) (0 = one key, 1 = uniform)", range=[0, 1.05], row=1, col=1)
-    fig.update_yaxes(title_text="max weight (probability)", range=[0, 1.05], row=1, col=2)
-    fig.update_yaxes(title_text="weight (probability)", range=[0, 1.05], row=1, col=3)
-    fig.update_layout(title=f"Layer {layer}, head {head}: dispersion as n grows{_sink_note(sink)}", height=400)
-    return fig
+    fig.update_xaxes(type="log", title_text="items n (log scale)", tickvals=ns)
+    fig.update_yaxes(title_text="H / ln(keys) (1 = uniform)", range=[0, 1.05], row=1, col=1)
+    fig.update_yaxes(title_text="probability", range=[0, 1.05], row=1, col=2)
+    fig.update_yaxes(title_text="probability", range=[0, 1.05], row=1, col=3)
+    fig.update_layout(height=440)
+    set_title(fig, f"Layer {layer}, head {head}: dispersion as n grows{_sink_note(sink)}", top=80)
+    return panel_titles(legend_below(fig, bottom=100))
 
 
 @shared_figure
@@ -81,9 +85,8 @@ def theta_sweep_figure(result: SweepResult, layer: int, head: int, sink: bool = 
                    for r in result.points[0].runs if r.rule.mode != "adaptive")
     labels = [label for _, label in fixed] + ["adaptive θ"]
     ticks = [f"{t:g}" for t, _ in fixed] + ["adaptive"]
-    fig = make_subplots(rows=1, cols=3, subplot_titles=(
-        f"Entropy, layer {layer} head {head}", f"Max weight, layer {layer} head {head}",
-        "Probability of the correct answer"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("Entropy H", "Largest weight", "P(correct answer)"),
+                        horizontal_spacing=0.15)
     for i, p in enumerate(result.points):
         runs = [p.run(label) for label in labels]
         name = f"n = {p.n}"
@@ -95,12 +98,13 @@ def theta_sweep_figure(result: SweepResult, layer: int, head: int, sink: bool = 
         fig.add_scatter(x=ticks, y=[r.answer_prob for r in runs], name=name, legendgroup=name,
                         mode="lines+markers", line=line, showlegend=False, row=1, col=3)
     fig.update_xaxes(type="category", title_text="temperature θ")
-    fig.update_yaxes(title_text="entropy H (nats)", row=1, col=1)
-    fig.update_yaxes(title_text="max weight (probability)", range=[0, 1.05], row=1, col=2)
-    fig.update_yaxes(title_text="P(correct answer token)", range=[0, 1.05], row=1, col=3)
-    fig.update_layout(title=f"Temperature sweep: every head at θ (1 = softmax), last the adaptive rule{_sink_note(sink)}",
-                      legend_title_text="items", height=400)
-    return fig
+    fig.update_yaxes(title_text="nats", row=1, col=1)
+    fig.update_yaxes(title_text="probability", range=[0, 1.05], row=1, col=2)
+    fig.update_yaxes(title_text="probability", range=[0, 1.05], row=1, col=3)
+    fig.update_layout(legend_title_text="items", height=440)
+    set_title(fig, f"Temperature sweep, layer {layer} head {head}: every head at θ (1 = softmax), last the "
+                   f"adaptive rule{_sink_note(sink)}", top=80)
+    return panel_titles(legend_below(fig, bottom=100))
 
 
 @shared_figure
@@ -126,8 +130,8 @@ def beta_figure(result: SweepResult, n: int) -> go.Figure:
         )
     fig.update_xaxes(title_text="entropy H of softmax(s) at the answer position (nats)", range=[0, 8])
     fig.update_yaxes(title_text="inverse temperature β (1 = unchanged)")
-    fig.update_layout(title=f"Adaptive temperature rule; dots: each head at its mean observed entropy at n = {n}",
-                      height=420)
+    fig.update_layout(height=440)
+    set_title(fig, f"Adaptive temperature rule; dots: each head at its mean observed entropy at n = {n}")
     return fig
 
 
@@ -135,7 +139,8 @@ def beta_figure(result: SweepResult, n: int) -> go.Figure:
 def heatmap_figure(result: SweepResult, n: int, sink: bool = True) -> go.Figure:
     """Layer x head normalised entropy H / ln n, softmax vs adaptive θ, on one colour scale."""
     point = next(p for p in result.points if p.n == n)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("softmax", "adaptive θ"), horizontal_spacing=0.08)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("softmax", "adaptive θ"), horizontal_spacing=0.08,
+                        shared_yaxes=True)
     for col, label in enumerate(("softmax", "adaptive θ"), start=1):
         z = _stats(point.run(label), sink).entropy_norm
         fig.add_heatmap(z=z, x=list(range(result.heads)), y=list(range(result.layers)), zmin=0, zmax=1,
@@ -143,9 +148,10 @@ def heatmap_figure(result: SweepResult, n: int, sink: bool = True) -> go.Figure:
                         text=[[f"{v:.2f}" for v in row] for row in z], texttemplate="%{text}",
                         hovertemplate="layer %{y}, head %{x}: %{z:.3f}<extra></extra>", row=1, col=col)
     fig.update_xaxes(title_text="head", dtick=1)
-    fig.update_yaxes(title_text="layer", dtick=1, autorange="reversed")
-    fig.update_layout(title=f"Normalised entropy per head at n = {n}{_sink_note(sink)} (0 sharp, 1 uniform)",
-                      height=max(300, 60 * result.layers + 160))
+    fig.update_yaxes(dtick=1, autorange="reversed")
+    fig.update_yaxes(title_text="layer", row=1, col=1)  # the panels share their layers
+    fig.update_layout(height=max(300, 60 * result.layers + 160))
+    set_title(fig, f"Normalised entropy per head at n = {n}{_sink_note(sink)} (0 sharp, 1 uniform)", top=80)
     return fig
 
 

@@ -74,7 +74,7 @@ def test_page_renders_in_browser(browser_page, url_path, panel):
     # a presenter reads whole titles and numbers, on a wide screen and on a 1024-px projector
     for width in (1400, 1024):
         page.set_viewport_size({"width": width, "height": 900})
-        page.wait_for_timeout(300)  # reflow only: resizing does not rerun the script
+        page.wait_for_timeout(800)  # reflow only (resizing does not rerun the script); Plotly redraws
         assert_nothing_cut(page, url_path, panel)
     page.set_viewport_size({"width": 1400, "height": 900})
 
@@ -106,6 +106,46 @@ def assert_nothing_cut(page, url_path, panel):
     if url_path == "attention-sharpness":
         # every item count is one click away (a multiselect's chips scrolled sideways and hid 64 and 128)
         assert options_off_screen(page, "sh_ns", ["2", "4", "8", "16", "32", "64", "128", "256", "512"]) == {}
+    # inside every chart: no title, axis title, panel title or legend entry runs into another text, an
+    # axis title into ticks or another panel's plot, or any of them past the chart's edge (three panels
+    # in one chart overlapped their titles at 1024 px; long titles ran off 440-px charts)
+    assert page.evaluate(CHART_TEXT) == []
+
+
+# [chart title, text, what it runs into] for every chart on the page
+CHART_TEXT = """() => {
+    const box = (e, t) => { const r = e.getBoundingClientRect();
+        return {t: t ?? (e.textContent || "").trim().slice(0, 40), x0: r.left, y0: r.top, x1: r.right, y1: r.bottom}; };
+    const real = b => b.x1 - b.x0 > 0 && b.t;
+    const hit = (a, b) => Math.min(a.x1, b.x1) - Math.max(a.x0, b.x0) > 2
+                          && Math.min(a.y1, b.y1) - Math.max(a.y0, b.y0) > 2;
+    const out = [];
+    document.querySelectorAll(".js-plotly-plot").forEach(plot => {
+        const name = (plot.querySelector(".gtitle") || {}).textContent || "untitled chart";
+        const axisTitles = [...plot.querySelectorAll(".infolayer g")]
+            .filter(g => /^g-[xy]\d*title$/.test(g.getAttribute("class") || ""))
+            .flatMap(g => [...g.querySelectorAll("text")]).map(e => box(e)).filter(real);
+        const texts = axisTitles.concat([...plot.querySelectorAll(
+            ".g-gtitle text, .annotation-text, .legendtext, .legendtitletext")].map(e => box(e)).filter(real));
+        const ticks = [...plot.querySelectorAll(".xtick text, .ytick text")].map(e => box(e)).filter(real);
+        const areas = [...plot.querySelectorAll(".draglayer .nsewdrag")].map(e => box(e, "a plot area"));
+        const frame = plot.getBoundingClientRect();
+        for (let a = 0; a < texts.length; a++) {
+            for (let b = a + 1; b < texts.length; b++)
+                if (hit(texts[a], texts[b])) out.push([name, texts[a].t, texts[b].t]);
+            const t = texts[a];
+            if (t.x0 < frame.left - 1 || t.x1 > frame.right + 1 || t.y0 < frame.top - 1 || t.y1 > frame.bottom + 1)
+                out.push([name, t.t, "the chart's edge"]);
+        }
+        for (const a of axisTitles) {
+            const tick = ticks.find(t => hit(a, t));
+            if (tick) out.push([name, a.t, "tick " + tick.t]);
+            const area = areas.find(t => hit(a, t));
+            if (area) out.push([name, a.t, area.t]);
+        }
+    });
+    return out;
+}"""
 
 
 # {label: "missing" | "clipped"} for each label that the widget with this key does not show whole on

@@ -158,8 +158,8 @@ else:
 st.header("3 · Temperature sweep")
 st.plotly_chart(F.theta_sweep_figure(result, layer, head, sink), key="fig_theta")
 explain("Every head of the model runs at the same fixed θ (and, last, with the adaptive rule). Lower θ "
-        "sharpens the selected head at every n; the right panel shows whether that helps the model "
-        "name the largest number.")
+        "sharpens the selected head at every n; the P(correct answer) panel shows whether that helps the "
+        "model name the largest number.")
 
 n_view_choices = [p.n for p in result.points]
 n_view = st.selectbox("n for the views below", n_view_choices,
