@@ -219,3 +219,24 @@ def test_paired_charts_sit_side_by_side_when_wide_and_stack_when_narrow(browser_
                 assert survival["y"] >= kl["y"] + kl["height"] - 1
     finally:
         page.set_viewport_size({"width": 1400, "height": 900})
+
+
+@pytest.mark.parametrize("preset", presets.PRESETS, ids=[f"{p.panel}-{p.name}" for p in presets.PRESETS])
+def test_every_preset_permalink_is_presentable_at_1024_px(browser_page, preset):
+    """What a presenter opens in a talk, on a 1024-px projector: no exception, nothing asked of other
+    hosts, no preset title, metric or select-box value cut, and every chart's text clear (the default
+    views above use the same figure builders, but presets reach views and settings they do not)."""
+    from urllib.parse import urlencode
+
+    base, page = browser_page
+    panel = next(p for p in PANELS if p.url_path == preset.panel)
+    page.set_viewport_size({"width": 1024, "height": 900})
+    try:
+        OUTSIDE.clear()
+        page.goto(f"{base}/{preset.panel}?{urlencode(preset.query())}")
+        screenshot.wait_rendered(page)
+        assert page.locator("[data-testid='stException']").count() == 0
+        assert OUTSIDE == [], f"the page asked other hosts: {sorted(set(OUTSIDE))}"
+        assert_nothing_cut(page, preset.panel, panel)
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 900})
