@@ -222,11 +222,11 @@ explain("The caption you checked, with the words the rewriter removed struck thr
 if result.before and result.after:
     row = metric_row()
     row.metric("Factuality", f"{result.after.factuality:.2f}",
-                   f"{result.after.factuality - result.before.factuality:+.2f}")
+               f"{result.after.factuality - result.before.factuality:+.2f}")
     row.metric("Coverage", f"{result.after.coverage:.2f}",
-                   f"{result.after.coverage - result.before.coverage:+.2f}")
+               f"{result.after.coverage - result.before.coverage:+.2f}")
     row.metric("CHAIR_i", f"{result.after.chair_i:.2f}",
-                   f"{result.after.chair_i - result.before.chair_i:+.2f}", delta_color="inverse")
+               f"{result.after.chair_i - result.before.chair_i:+.2f}", delta_color="inverse")
     st.plotly_chart(F.metrics_figure(result.before, result.after), key="cap_metrics")
     explain("Factuality: share of the caption's claims that are true in the scene. Coverage: share of "
             "the scene's facts (three per object: it exists, its size, its position) the caption "
