@@ -119,11 +119,18 @@ def url_param(name: str, default: Any, cast: Callable[[str], Any] | None = None,
     return value
 
 
-def url_list(name: str, default: list, choices: list, cast: Callable[[str], Any] = int) -> list:
-    """A comma-separated list from the URL, keeping only valid choices (default when none is)."""
+EMPTY_LIST = "none"  # the URL value of a list control the user emptied (an empty value means "default")
+
+
+def url_list(name: str, default: list, choices: list, cast: Callable[[str], Any] = int,
+             allow_empty: bool = False) -> list:
+    """A comma-separated list from the URL, keeping only valid choices (default when none is). With
+    `allow_empty`, EMPTY_LIST stands for a list the user emptied on purpose: []."""
     raw = st.query_params.get(name)
     if raw is None:
         return list(default)
+    if allow_empty and raw == EMPTY_LIST:
+        return []
     values = []
     for part in str(raw).split(",")[:len(choices) + 1]:
         try:

@@ -71,6 +71,9 @@ def test_modality_filter_is_one_click_and_travels_in_the_url(tiny_llava_dir, tin
     assert not at.exception and _url(at, "labels") == "none"
     assert [i.value for i in at.info] == ["Choose at least one modality label to list its features."]
     assert not any("omega" in df.value.columns for df in at.dataframe)
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"labels": "none"})
+    assert list(at.button_group(key="sae_labels").value) == []  # the emptied filter travels in a link
+    assert [i.value for i in at.info] == ["Choose at least one modality label to list its features."]
 
 
 def test_feature_permalink_opens_that_feature(tiny_llava_dir, tiny_sae):

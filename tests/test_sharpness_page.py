@@ -115,6 +115,7 @@ def test_page_renders_on_shapes_lm_with_training_format():
 @zoo_lm
 def test_a_preset_resets_the_item_count_and_layer_toggles():
     at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, {"ns": "4,8", "samples": "2", "tlayers": "none"})
+    assert at.button_group(key="sh_tlayers").value == []  # a link with every layer off opens that way
     at.button_group(key="sh_ns").set_value([2]).run()
     at.button(key="preset_attention-sharpness_dispersion").click().run()
     assert not at.exception, at.exception

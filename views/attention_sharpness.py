@@ -6,8 +6,8 @@ import streamlit as st
 from analysis import sharpness as S
 from analysis.cost import default_for
 from components import sharpness_figures as F
-from components.common import (analysis_errors, explain, field_row, metric_row, require_model, set_url_params,
-                               show_error, url_list, url_param)
+from components.common import (EMPTY_LIST, analysis_errors, explain, field_row, metric_row, require_model,
+                               set_url_params, show_error, url_list, url_param)
 from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
@@ -65,7 +65,7 @@ with st.container(border=True):
     ns = sorted(lists[0].pills("Item counts n", N_CHOICES, selection_mode="multi", wrap=True,
                                default=url_list("ns", S.DEFAULT_NS, N_CHOICES), key="sh_ns",
                                help="How many numbers the max-retrieval prompts list.") or [])
-    tl_default = [] if url_param("tlayers", "", str) == "none" else url_list("tlayers", all_layers, all_layers)
+    tl_default = url_list("tlayers", all_layers, all_layers, allow_empty=True)
     tlayers = sorted(lists[1].pills("Apply the temperature in layers", all_layers, selection_mode="multi", wrap=True,
                                     default=tl_default, key="sh_tlayers",
                                     help="θ and adaptive θ act in these layers only; the others keep plain "
@@ -87,7 +87,7 @@ with st.container(border=True):
                       help="Off: drop the first (attention-sink) token and renormalise before measuring.",
                       width="content")
 set_url_params(ns=ns, samples=samples, theta=theta, layer=layer, head=head, sink=int(sink),
-               tlayers=tlayers or "none")
+               tlayers=tlayers or EMPTY_LIST)
 only = None if tlayers == all_layers else tlayers
 
 # --- 1. lemma demo (no model) -------------------------------------------------------------------

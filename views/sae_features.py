@@ -10,8 +10,8 @@ from analysis import sae_v
 from analysis.models import ModelSpec, zoo_models
 from analysis.export import rows_to_csv
 from components import sae_figures as figs
-from components.common import (charts_side_by_side, explain, field_row, metric_row, progress, require_model,
-                               set_url_params, url_list, url_param)
+from components.common import (EMPTY_LIST, charts_side_by_side, explain, field_row, metric_row, progress,
+                               require_model, set_url_params, url_list, url_param)
 from components.model_picker import try_load
 from components.presets import preset_bar
 
@@ -148,12 +148,11 @@ def show_list() -> None:
                            index=list(figs.SORTS).index(url_param("sort", "omega", str, list(figs.SORTS))))
     # one-click toggles mirrored in the URL (labels=none when every one is off), like the sharpness page
     kinds = list(figs.LABEL_COLOURS)
-    label_default = [] if url_param("labels", "", str) == "none" else url_list(
-        "labels", ["cross-modal", "text-only", "image-only"], kinds, cast=str)
+    label_default = url_list("labels", ["cross-modal", "text-only", "image-only"], kinds, cast=str, allow_empty=True)
     chosen = c2.pills("Modality", kinds, selection_mode="multi", wrap=True, default=label_default, key="sae_labels",
                       help="Show the features of these modality labels (dead: never active on the held-out pairs).")
     labels = [k for k in kinds if k in (chosen or [])]
-    set_url_params(sort=sort_by, labels=labels or "none")
+    set_url_params(sort=sort_by, labels=labels or EMPTY_LIST)
     rows = figs.sort_rows(figs.feature_rows(store), sort_by, labels)
     if not labels:
         st.info("Choose at least one modality label to list its features.")
