@@ -136,10 +136,10 @@ explain(
 )
 charts_side_by_side((F.distance_figure(result), "inv_dist"), (F.rank_figure(result), "inv_rank"))
 explain(
-    "L1 distance: of the chosen candidate; below the dashed line it is an exact match (certified), below the "
-    "dotted one (with noise or quantisation) it is within what the defence can change. Work per position: how many "
-    "candidates were scored at each position (bars) and where the true token sat in the proposal order "
-    "(diamonds); the dotted line is what exhaustive search pays per position."
+    "L1 distance: how far the chosen candidate's state is from the observed one; below the dashed line it is an "
+    "exact match (certified), below the dotted one (with noise or quantisation) it is within what the defence can "
+    "change. Work per position: how many candidates were scored at each position (bars) and where the true "
+    "token sat in the proposal order (diamonds); the dotted line is what exhaustive search pays per position."
     + (f" Gradient inversion also spent {result.gradient_steps} forward+backward passes (see the table)."
        if result.gradient_steps else "")
 )
