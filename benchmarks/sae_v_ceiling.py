@@ -198,10 +198,11 @@ def kmeans_code(train, train_modality, evaluate, eval_modality, k: int = 1024, p
         closest = torch.minimum(closest, 1 - unit @ centroids[c])
     for _ in range(iterations):
         nearest = (unit @ centroids.T).argmax(1)
-        for c in range(k):
-            members = nearest == c
-            centroids[c] = (torch.nn.functional.normalize(unit[members].mean(0), dim=0) if members.any()
-                            else unit[torch.randint(len(unit), (1,), generator=g)].squeeze(0))
+        # each centroid: the direction of its members' sum (= of their mean); an empty one is re-drawn
+        sums = torch.zeros_like(centroids).index_add_(0, nearest, unit)
+        centroids = torch.nn.functional.normalize(sums, dim=1)
+        for c in (torch.bincount(nearest, minlength=k) == 0).nonzero().squeeze(1).tolist():
+            centroids[c] = unit[torch.randint(len(unit), (1,), generator=g)].squeeze(0)
     projection = centred(evaluate, eval_modality) @ centroids.T
     best = projection.max(1)
     codes = torch.zeros_like(projection)
