@@ -54,14 +54,19 @@ def browser_page(tmp_path_factory):
         proc.wait(timeout=30)
 
 
+def open_offline(page, url: str) -> None:
+    """Open `url`, wait until it is drawn, and check it asked no host but the app's own."""
+    OUTSIDE.clear()
+    page.goto(url)
+    screenshot.wait_rendered(page)
+    assert OUTSIDE == [], f"the page asked other hosts: {sorted(set(OUTSIDE))}"
+
+
 @pytest.mark.parametrize("url_path,panel", PAGES, ids=[p[0] for p in PAGES])
 def test_page_renders_in_browser(browser_page, url_path, panel):
     base, page = browser_page
     query = "?model=zoo:shapes-vlm" if panel is not None and "causal_lm" not in panel.kinds else ""
-    OUTSIDE.clear()
-    page.goto(f"{base}/" if url_path == "home" else f"{base}/{url_path}{query}")
-    screenshot.wait_rendered(page)
-    assert OUTSIDE == [], f"the page asked other hosts: {sorted(set(OUTSIDE))}"
+    open_offline(page, f"{base}/" if url_path == "home" else f"{base}/{url_path}{query}")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{url_path}.png"), full_page=True)
     assert page.locator("[data-testid='stException']").count() == 0
@@ -88,7 +93,8 @@ SHOWN = """s => [...document.querySelectorAll(s)].filter(e => e.getClientRects()
 
 def assert_nothing_cut(page, url_path, panel):
     """Preset titles (the home page's tour links or a panel's preset buttons), every metric's label and
-    value and every select box's value are shown whole, not cut to an ellipsis."""
+    value and every select box's value are shown whole, not cut to an ellipsis; the sharpness page's
+    item counts are all on screen; no chart's text runs into another or off its chart."""
     if panel is None:
         links = page.evaluate(SHOWN, "[data-testid='stPageLink']")
         titles = {t for t, _ in links}
@@ -123,7 +129,7 @@ CHART_TEXT = """() => {
     document.querySelectorAll(".js-plotly-plot").forEach(plot => {
         const name = (plot.querySelector(".gtitle") || {}).textContent || "untitled chart";
         const axisTitles = [...plot.querySelectorAll(".infolayer g")]
-            .filter(g => /^g-[xy]\d*title$/.test(g.getAttribute("class") || ""))
+            .filter(g => /^g-[xy]\\d*title$/.test(g.getAttribute("class") || ""))
             .flatMap(g => [...g.querySelectorAll("text")]).map(e => box(e)).filter(real);
         const texts = axisTitles.concat([...plot.querySelectorAll(
             ".g-gtitle text, .annotation-text, .legendtext, .legendtitletext")].map(e => box(e)).filter(real));
@@ -232,11 +238,8 @@ def test_every_preset_permalink_is_presentable_at_1024_px(browser_page, preset):
     panel = next(p for p in PANELS if p.url_path == preset.panel)
     page.set_viewport_size({"width": 1024, "height": 900})
     try:
-        OUTSIDE.clear()
-        page.goto(f"{base}/{preset.panel}?{urlencode(preset.query())}")
-        screenshot.wait_rendered(page)
+        open_offline(page, f"{base}/{preset.panel}?{urlencode(preset.query())}")
         assert page.locator("[data-testid='stException']").count() == 0
-        assert OUTSIDE == [], f"the page asked other hosts: {sorted(set(OUTSIDE))}"
         assert_nothing_cut(page, preset.panel, panel)
     finally:
         page.set_viewport_size({"width": 1400, "height": 900})
