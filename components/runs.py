@@ -179,13 +179,15 @@ def remember(kind: str, fn: Callable, handle, params: Any, result: Any, *, model
 
 
 def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_demand: bool = False,
-               models: dict | None = None, **kwargs) -> Any:
+               optional: bool = False, models: dict | None = None, **kwargs) -> Any:
     """`fn(handle, params, progress=..., **models, **kwargs)`, computed once per (kind, models, params, kwargs).
 
     Before computing, the run is estimated (`analysis/cost.py`). Work expected to take longer than
     `ASK_ABOVE_S` is not started on page load: the page shows the estimate and a Run button, and
     stops there (`on_demand=False`) or returns None (`on_demand=True`: a section that only runs when
-    asked, e.g. a sweep; it shows its button first unless the result is ready). A started run shows a progress bar
+    asked, e.g. a sweep; it shows its button first unless the result is ready). `optional=True`: a section
+    that runs at once when short and, when long, shows the estimate and its button and returns None (the
+    page goes on below it). A started run shows a progress bar
     with the time left, a Stop button when long, and, while another user holds the model, a
     "queued behind ..." line.
     """
@@ -214,7 +216,7 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
             guard(key, handle, params)
         go, estimate = _gate(key, fn, handle, params, label, {**models, **kwargs}, on_demand)
         if not go:
-            if on_demand:
+            if on_demand or optional:
                 return None
             st.stop()
         result, seconds = _compute(key, fn, handle, params, label, {**models, **kwargs}, estimate)

@@ -27,7 +27,10 @@ def random_prompt(handle, n: int = 8, seed: int = 0) -> str:
 
 
 def attack(handle, prompt, **kw) -> inv.AttackResult:
-    return inv.reconstruct(handle, inv.AttackParams(prompt=prompt, **kw))
+    """`reconstruct` with the attack's settings and its methods' settings (by field name) side by side."""
+    names = {f.name for f, _ in inv.method_fields()}
+    methods = inv.method_settings(**{k: kw.pop(k) for k in list(kw) if k in names})
+    return inv.reconstruct(handle, inv.AttackParams(prompt=prompt, methods=methods, **kw))
 
 
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_gpt2", "shapes_lm"])
@@ -54,7 +57,7 @@ def test_rope_embeddings_under_row_shuffle_leak_the_bag_of_tokens(tiny_llama):
 def test_ordered_attack_returns_exactly_what_exhaustive_search_returns(tiny_llama, order):
     prompt = random_prompt(tiny_llama, n=6, seed=7)
     exhaustive = attack(tiny_llama, prompt, layer=2, exhaustive=True)
-    ordered = attack(tiny_llama, prompt, layer=2, order=order, gradient_steps=4)
+    ordered = attack(tiny_llama, prompt, layer=2, order=order, steps=4)
     assert [t.recovered_id for t in ordered.tokens] == [t.recovered_id for t in exhaustive.tokens]
     assert exhaustive.evaluations == 6 * exhaustive.vocab_size
     assert ordered.evaluations <= exhaustive.evaluations
@@ -91,8 +94,8 @@ def test_attack_works_on_a_vlm_language_model(tiny_llava):
 
 def test_recovery_degrades_under_large_noise(tiny_llama):
     prompt = random_prompt(tiny_llama, n=10, seed=13)
-    clean = attack(tiny_llama, prompt, layer=2, defences=["gaussian_noise"], noise=0.0, order="embedding")
-    noisy = attack(tiny_llama, prompt, layer=2, defences=["gaussian_noise"], noise=3.0, order="embedding")
+    clean = attack(tiny_llama, prompt, layer=2, defences=["gaussian_noise"], sigma=0.0, order="embedding")
+    noisy = attack(tiny_llama, prompt, layer=2, defences=["gaussian_noise"], sigma=3.0, order="embedding")
     assert clean.accuracy == 1.0
     assert noisy.accuracy <= 0.6, noisy.accuracy
     sweep = inv.sweep_noise(tiny_llama, inv.AttackParams(prompt=prompt, layer=2, order="embedding"),
@@ -163,17 +166,17 @@ def test_cli_prints_json(tiny_gpt2_dir, tiny_gpt2, capsys):
 def test_shardings_assign_positions_and_gaps():
     assert inv.RoundRobin().assign(7, 3) == [0, 1, 2, 0, 1, 2, 0]
     assert inv.Blocks().assign(7, 3) == [0, 0, 0, 1, 1, 1, 2]
-    view = inv._party_view(1, inv.RoundRobin().assign(7, 3), vocab=10)
+    view = inv.party_view(1, inv.RoundRobin().assign(7, 3), vocab=10)
     assert view.positions == [1, 4] and view.gaps == [1, 2] and view.largest_gap == 2
     assert view.log10_cost == pytest.approx(torch.log10(torch.tensor(10.0 ** 2 + 10.0 ** 3)).item(), abs=1e-6)
-    first_block = inv._party_view(0, inv.Blocks().assign(7, 3), vocab=10)
+    first_block = inv.party_view(0, inv.Blocks().assign(7, 3), vocab=10)
     assert first_block.gaps == [0, 0, 0]
 
 
 def test_cascade_verdict_depends_on_vocabulary_gap_and_sharding():
     def verdict(vocab, parties, sharding="round_robin", n=12):
         assignment = inv.SHARDINGS.create(sharding).assign(n, parties)
-        return inv.cascade_verdict([inv._party_view(p, assignment, vocab) for p in range(parties)], vocab)
+        return inv.cascade_verdict([inv.party_view(p, assignment, vocab) for p in range(parties)], vocab)
 
     assert verdict(120, 2).startswith("Breakable") and "vocabulary" in verdict(120, 2)
     assert verdict(50_257, 2).startswith("Expensive")

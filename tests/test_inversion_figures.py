@@ -57,7 +57,7 @@ def test_sweep_and_speed_figures_plot_every_point():
 
 
 def test_cascade_figure_shades_each_partys_positions():
-    views = [inv._party_view(p, [0, 1, 0, 1], 10) for p in range(2)]
+    views = [inv.party_view(p, [0, 1, 0, 1], 10) for p in range(2)]
     result = inv.CascadeResult(params=inv.CascadeParams(parties=2), model="m", vocab_size=10,
                                tokens=["a", "b", "c", "d"], token_ids=[1, 2, 3, 4], assignment=[0, 1, 0, 1],
                                parties=views, largest_gap=1, brute_force_ran=True, recovered=[1, 2, 9, None],

@@ -53,7 +53,7 @@ def test_changing_layer_and_defence_updates_the_reconstruction(app):
     assert metric(at, "Tokens recovered") == "100%"
     assert metric(at, "Candidates scored") != before
     at.selectbox(key="inv_perturb").set_value("gaussian_noise").run()
-    at.number_input(key="inv_noise").set_value(5.0).run()
+    at.number_input(key="inv_sigma").set_value(5.0).run()
     assert not at.exception
     assert metric(at, "Tokens recovered") != "100%"
 

@@ -65,13 +65,15 @@ def test_orders_and_attack_params_check_their_settings():
     with pytest.raises(SettingsError, match="Gradient steps must be at least 1"):
         inv.GradientOrder(steps=0)
     assert inv.HybridOrder(steps=0).steps == 0  # hybrid without its gradient phase is allowed
+    ms = inv.method_settings
     bad = [dict(layer=-1), dict(positions=-2), dict(seed=-1), dict(first_batch=0), dict(max_batch=4),
-           dict(noise=-1.0), dict(bits=0), dict(order="gradient", gradient_steps=0), dict(order="nope"),
-           dict(defences=["rot13"])]
+           dict(methods=ms(sigma=-1.0)), dict(methods=ms(bits=0)), dict(order="gradient", methods=ms(steps=0)), dict(order="nope"), dict(defences=["rot13"]),
+           dict(methods={"rot13": {}}), dict(methods={"quantise": {"sigma": 1.0}})]
     for settings in bad:
         with pytest.raises(SettingsError):
             inv.AttackParams(prompt="w1", **settings).validate()
     inv.AttackParams(prompt="w1").validate()
+    inv.AttackParams(prompt="w1", methods=ms(steps=0)).validate()  # hybrid, its gradient phase off
     with pytest.raises(SettingsError, match="Attacking party must be at most 1"):
         inv.CascadeParams(prompt="w1", parties=2, attacker=2).validate()
 
@@ -113,14 +115,21 @@ def test_a_registered_toy_defence_appears_in_the_page_and_runs(tiny_llama_dir):
     assert "toy_flip" not in inv.defence_names("permutation")
 
 
-def test_page_shows_the_class_message_for_a_bad_url_value(tiny_llama_dir):
+@pytest.mark.parametrize("query, message, key, nearest", [
+    ({"noise": "-2"}, "Noise σ (× state std) must be at least 0.0, got -2.0.", "inv_sigma", 0.0),
+    ({"bits": "0"}, "Quantisation bits must be at least 1, got 0.", "inv_bits", 1),
+    ({"gradient_steps": "-1"}, "Gradient steps must be at least 0, got -1.", "inv_steps", 0),
+])
+def test_page_shows_the_class_message_for_a_bad_url_value(tiny_llama_dir, query, message, key, nearest):
+    """The link's value goes through the CLI's validation (the class's own message); the control shows the
+    nearest allowed value and the page goes on with it."""
     at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page=PAGE,
-                        query={"prompt": "w3 w17 w42", "noise": "-2", "bits": "0", "sweeps": "0", "exhaustive": "0"})
+                        query={"prompt": "w3 w17 w42", "sweeps": "0", "exhaustive": "0", **query})
     assert not at.exception, at.exception
     errors = " ".join(e.value for e in at.error)
-    assert "Noise σ" in errors and "at least 0" in errors
-    assert "Quantisation bits must be at least 1" in errors
-    assert at.number_input(key="inv_noise").value == 0.5 and at.number_input(key="inv_bits").value == 4
+    assert message in errors and "out of range" in errors
+    assert at.number_input(key=key).value == nearest
+    assert next(m.value for m in at.metric if m.label == "Tokens recovered") == "100%"
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -131,12 +140,12 @@ def test_page_shows_the_class_message_for_a_bad_url_value(tiny_llama_dir):
     (["--bits", "0"], "Quantisation bits must be at least 1"),
     (["--defence", "quantise", "--bits", "40"], "at most 32"),
     (["--defence", "gaussian_noise", "--noise", "-1"], "must be at least 0"),
-    (["--noise", "nan"], "finite"),
+    (["--noise", "nan"], "--noise: cannot read 'nan' as Noise σ (× state std)"),
     (["--layer", "-1"], "Layer must be at least 0"),
     (["--seed", "-3"], "Defence seed must be at least 0"),
     (["--positions", "-1"], "Positions must be at least 0"),
     (["--order", "gradient", "--gradient-steps", "0"], "Gradient steps must be at least 1"),
-    (["--bits", "four"], "invalid int value"),
+    (["--bits", "four"], "--bits: cannot read 'four' as Quantisation bits"),
     (["--defence", "rot13"], "invalid choice"),
 ])
 def test_invert_cli_out_of_range_is_one_error_line(capsys, extra, needle):

@@ -3,18 +3,18 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis import inversion as inv
-from analysis.registry import SettingsError
+from analysis import cost, inversion
 from analysis.tasks import tasks_for
 from components.figures import inversion as F
 from components.common import (analysis_errors, charts_side_by_side, explain, field_row, metric_row,
-                               require_model, set_url_params, show_error, url_param)
+                               require_model, set_url_params, url_param)
+from components.params_form import WIDTH, ParamsForm, fields_of
 from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
 
 NOISES = [0.0, 0.01, 0.1, 0.3, 1.0, 3.0]
-SMALL_WORK = 400_000  # candidate evaluations below which sweeps run without asking
+BAD_LINK = "This link's settings are out of range; the controls show the nearest allowed values: "
 
 st.title("Prompt reconstruction")
 st.write(
@@ -26,30 +26,8 @@ st.write(
 )
 
 preset_bar("prompt-reconstruction", widget_prefix="inv_")
-handle = require_model("causal_lm", "vlm", panel="Prompt reconstruction")
+handle = require_model(*inversion.ANALYSIS.kinds, panel="Prompt reconstruction")
 n_layers = handle.info.layers
-
-
-def default_prompt() -> str:
-    return tasks_for(handle).reconstruction_prompt
-
-
-# --- controls (mirrored to the URL) ------------------------------------------------------------
-
-
-url_errors: list[str] = []
-
-
-def checked(name: str, default, cast, check) -> object:
-    """A URL value that passes the method's own validation (`check` raises SettingsError), else the
-    default, with the method's message shown: the page, the URL and the CLI share one check."""
-    value = url_param(name, default, cast)
-    try:
-        check(value)
-    except SettingsError as exc:
-        url_errors.append(f"{exc} Showing {default} instead.")
-        return default
-    return value
 
 
 def forget_if_outside(key: str, lo, hi) -> None:
@@ -59,66 +37,74 @@ def forget_if_outside(key: str, lo, hi) -> None:
         del st.session_state[key]
 
 
-forget_if_outside("inv_layer", 0, n_layers)
+def label_width(f) -> int:
+    """Wide enough for the field's label on one line."""
+    return max(WIDTH, 8 * len(f.metadata["label"]) + 24)
 
-raw_layer = url_param("layer", max(1, n_layers // 2), int)
+
+# --- controls: drawn from the settings' own descriptions (AttackParams, each defence's and order's class)
+
+forget_if_outside("inv_layer", 0, n_layers)
+default_layer = max(1, n_layers // 2)
+raw_layer = url_param("layer", default_layer, int)
 layer_error = None
 try:
-    inv.check_layer(handle, raw_layer)
-except inv.InversionError as exc:
-    layer_error = f"{exc} Showing layer {max(1, n_layers // 2)} instead."
-    raw_layer = max(1, n_layers // 2)
+    inversion.check_layer(handle, raw_layer)
+except inversion.InversionError as exc:
+    layer_error = f"{exc} Showing layer {default_layer} instead."
+    raw_layer = default_layer
 
-orders = list(inv.ORDERS)
-permutations = inv.defence_names("permutation")
-perturbations = inv.defence_names("perturbation")
-url_noise = checked("noise", 0.5, float, lambda v: inv.GaussianNoise(sigma=v))
-url_bits = checked("bits", 4, int, lambda v: inv.Quantise(bits=v))
+permutations = inversion.defence_names("permutation")
+perturbations = inversion.defence_names("perturbation")
+method_fields = [*inversion.DEFENCES.settings(), *inversion.ORDERS.settings()]
+form = ParamsForm("inv_")
 with st.container(border=True):
-    prompt = st.text_input("Prompt (the secret the attacker tries to recover)",
-                           url_param("prompt", default_prompt(), str), key="inv_prompt", max_chars=2000)
+    form.draw(st.container(), fields_of(inversion.AttackParams, ["prompt"]), width="stretch",
+              defaults={"prompt": tasks_for(handle).reconstruction_prompt})
     # fixed-width fields that wrap whole on a narrow screen; each select box is wide enough for its
     # longest option (equal columns cut "model + embedding proposals, then gradient inversion")
     row = field_row()
     layer = row.number_input(f"Layer L (0–{n_layers})", 0, n_layers, raw_layer, key="inv_layer", width=130,
-                             help="0 = token embeddings; k = residual stream after decoder block k.")
-    perm = row.selectbox("Permutation defence", permutations, format_func=inv.defence_label,
+                             help=inversion.AttackParams.__dataclass_fields__["layer"].metadata["help"])
+    perm = row.selectbox("Permutation defence", permutations, format_func=inversion.defence_label,
                          index=permutations.index(url_param("perm", "none", choices=permutations)),
                          key="inv_perm", width=300)
-    perturb = row.selectbox("Perturbation", perturbations, format_func=inv.defence_label,
+    perturb = row.selectbox("Perturbation", perturbations, format_func=inversion.defence_label,
                             index=perturbations.index(url_param("perturb", "none", choices=perturbations)),
                             key="inv_perturb", width=180)
-    seed = row.number_input("Defence seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="inv_seed",
-                            help="Seeds the permutations and the noise.", width=140)
-    row = field_row()
-    order = row.selectbox("Proposal order", orders, format_func=lambda o: inv.ORDERS[o].label,
-                          index=orders.index(url_param("order", "hybrid", choices=orders)), key="inv_order",
-                          width=440,
-                          help="Which candidates are tried first. Every order ends with the rest of the "
-                               "vocabulary, and the distance check decides, so the order changes only the cost.")
-    noise = row.number_input("Noise σ (× state std)", 0.0, 100.0, min(url_noise, 100.0), width=160,
-                             step=0.1, key="inv_noise", disabled=perturb != "gaussian_noise")
-    bits = row.number_input("Quantisation bits", 1, 32, url_bits, key="inv_bits", width=140,
-                            disabled=perturb != "quantise")
+    form.draw(row, fields_of(inversion.AttackParams, ["seed"]), width=140)
+    order = form.draw(st.container(), fields_of(inversion.AttackParams, ["order"]), width=440,
+                      overrides={"order": {"format_func": inversion.ORDERS.label}})["order"]
+    st.caption("Each defence's and proposal order's own settings (greyed out unless it is chosen)")
+    chosen = {perm, perturb, order}
+    form.draw(field_row(), method_fields,
+              overrides={f.name: {"width": label_width(f), "disabled": not chosen & set(inversion.users_of(f.name))}
+                         for f, _ in method_fields})
 
-set_url_params(prompt=prompt, layer=layer, perm=perm, perturb=perturb, noise=noise, bits=bits, order=order,
-               seed=seed)
-for message in [layer_error, *url_errors]:
-    if message:
-        st.error(message)
 
-defences = [d for d in (perm, perturb) if d != "none"]
-with analysis_errors(inv.InversionError):
-    params = inv.AttackParams(prompt=prompt, layer=int(layer), defences=defences, noise=float(noise),
-                              bits=int(bits), order=order, seed=int(seed))
+def params_of(values: dict) -> inversion.AttackParams:
+    own = {k: v for k, v in values.items() if k in inversion.AttackParams.__dataclass_fields__}
+    settings = {k: v for k, v in values.items() if k not in own}
+    return inversion.AttackParams(**own, layer=int(layer), defences=[d for d in (perm, perturb) if d != "none"],
+                                  methods=inversion.method_settings(**settings))
+
+
+form.mirror()
+set_url_params(layer=layer, perm=perm, perturb=perturb)
+if layer_error:
+    st.error(layer_error)
+with analysis_errors(prefix=BAD_LINK, stop=False):  # a link's own values, through the CLI's validation
+    inversion.validate_params(params_of(form.raw))
+with analysis_errors():
+    params = params_of(form.values)
     params.validate()
-    ids = inv.tokenize(handle, prompt, params.max_tokens)
+    ids = inversion.tokenize(handle, params.prompt, params.max_tokens)
 
 # --- 1. original vs recovered ------------------------------------------------------------------
 
 st.subheader("Original vs recovered")
-with analysis_errors(inv.InversionError):
-    result = cached_run("attack", inv.reconstruct, handle, params, label="Reconstructing")
+with analysis_errors():
+    result = cached_run("attack", inversion.reconstruct, handle, params, label="Reconstructing")
 row = metric_row()
 row.metric("Tokens recovered", f"{result.accuracy:.0%}", help=f"{sum(t.correct for t in result.tokens)} of {len(ids)}")
 row.metric("Candidates scored", f"{result.evaluations:,}",
@@ -146,53 +132,52 @@ explain(
 with st.expander("Per-token table"):
     st.dataframe(F.token_rows(result), hide_index=True)
 
-# --- 2. and 3. sweeps ---------------------------------------------------------------------------
+# --- 2. and 3. sweeps: each starts at once when its estimate is short, else offers its button ------------
 
-# Rough candidate count: clean runs stop early (~64 candidates a position); noisy runs score everything.
-noisy = sum(s > 0 for s in NOISES) * len(permutations)
-clean_runs = n_layers + 1 + len(permutations)
-sweep_cost = len(ids) * (clean_runs * min(result.vocab_size, 64) + noisy * result.vocab_size)
-auto = sweep_cost <= SMALL_WORK
-run_sweeps = st.toggle("Run the layer and noise sweeps", value=url_param("sweeps", int(auto), int) == 1,
-                       key="inv_sweeps", help="Re-runs the attack at every layer and at several noise levels "
-                                              "per defence.")
+run_sweeps = st.toggle("Show the layer and noise sweeps", value=url_param("sweeps", 1, int) == 1, key="inv_sweeps",
+                       help="Re-runs the attack at every layer and at several noise levels per defence.")
 set_url_params(sweeps=int(run_sweeps))
-layer_sweep = noise_sweep = None
 if run_sweeps:
     st.subheader("Accuracy by layer")
-    layer_sweep = cached_run("layers", inv.sweep_layers, handle, params, label="Sweeping layers")
-    st.plotly_chart(F.layer_figure(layer_sweep), key="inv_layers")
-    explain(
-        "The same attack (with the defences chosen above) on the states of every layer. Deeper layers mix more "
-        "context into each state, but as long as the map from prefix to state is injective the match is exact. "
-        "At layer 0 of a rotary-position model the state is the bare token embedding: shuffled positions then "
-        "hide the order, though not which tokens were used."
-    )
+    layer_sweep = cached_run("layers", inversion.sweep_layers, handle, params, label="Sweeping layers",
+                             optional=True)
+    if layer_sweep is not None:
+        st.plotly_chart(F.layer_figure(layer_sweep), key="inv_layers")
+        explain(
+            "The same attack (with the defences chosen above) on the states of every layer. Deeper layers mix "
+            "more context into each state, but as long as the map from prefix to state is injective the match is "
+            "exact. At layer 0 of a rotary-position model the state is the bare token embedding: shuffled "
+            "positions then hide the order, though not which tokens were used."
+        )
     st.subheader("Accuracy vs noise, per defence")
-    noise_sweep = cached_run("noise", inv.sweep_noise, handle, params, label="Sweeping noise", noises=NOISES)
-    st.plotly_chart(F.noise_figure(noise_sweep), key="inv_noise_fig")
-    explain(
-        "Gaussian noise (σ in units of the states' standard deviation) added on top of each permutation defence. "
-        "Permutations alone do not help: the attacker matches against every unused row and compares sorted "
-        "vectors. Only noise large enough to bury the difference between neighbouring tokens stops the attack — "
-        "and noise that large also destroys what the states are for."
-    )
+    noise_sweep = cached_run("noise", inversion.sweep_noise, handle, params, label="Sweeping noise", optional=True,
+                             noises=NOISES)
+    if noise_sweep is not None:
+        st.plotly_chart(F.noise_figure(noise_sweep), key="inv_noise_fig")
+        explain(
+            "Gaussian noise (σ in units of the states' standard deviation) added on top of each permutation "
+            "defence. Permutations alone do not help: the attacker matches against every unused row and compares "
+            "sorted vectors. Only noise large enough to bury the difference between neighbouring tokens stops "
+            "the attack — and noise that large also destroys what the states are for."
+        )
 else:
-    st.info("The sweeps re-run the attack many times; switch them on above when you have the time.")
+    st.info("The sweeps re-run the attack many times; switch them on above to see them.")
 
 # --- 4. speed vs exhaustive ---------------------------------------------------------------------
 
 st.subheader("Forwards and time vs exhaustive search")
-small = len(ids) * result.vocab_size <= 60_000
-measure = len(ids) if small else 1
+# exhaustive search on every position when that is short, else on the first one, its time extrapolated
+full = cost.estimate(inversion.compare_exhaustive, handle, params, {"measured_positions": len(ids)})
+measure = len(ids) if full.seconds <= cost.LIMIT_S else 1
 speed = None
-timing = st.toggle("Time exhaustive search", value=url_param("exhaustive", int(small), int) == 1, key="inv_speed_on",
-                   help=f"Exhaustive search scores all {result.vocab_size:,} tokens per position. For a large "
-                        "vocabulary it runs on the first position only and its time is extrapolated.")
+timing = st.toggle("Time exhaustive search", value=url_param("exhaustive", 1, int) == 1, key="inv_speed_on",
+                   help=f"Exhaustive search scores all {result.vocab_size:,} tokens per position. When that is long "
+                        "it runs on the first position only and its time is extrapolated.")
 set_url_params(exhaustive=int(timing))
 if timing:
-    speed = cached_run("speed", inv.compare_exhaustive, handle, params, label="Timing exhaustive search",
-                       measured_positions=measure)
+    speed = cached_run("speed", inversion.compare_exhaustive, handle, params, label="Timing exhaustive search",
+                       optional=True, measured_positions=measure)
+if speed is not None:
     st.plotly_chart(F.speed_figure(speed), key="inv_speed")
     same = "the same tokens" if speed.identical_on_measured else "DIFFERENT tokens (see the table)"
     explain(
@@ -207,9 +192,9 @@ if timing:
            f"Exhaustive search was run on the first {speed.measured_positions} position(s) only (found {same}) and "
            "its time extrapolated to the whole prompt; its candidate count is exact.")
     )
-else:
+elif not timing:
     st.info(f"Exhaustive search would score {len(ids) * result.vocab_size:,} candidates; switch it on above to "
-            "time it (on the first position, extrapolated).")
+            "time it.")
 
 # --- 5. Cascade ----------------------------------------------------------------------------------
 
@@ -217,31 +202,30 @@ st.subheader("Cascade: sharding the sequence across parties")
 st.caption(F.CASCADE_SCOPE_SHORT)
 with st.expander("What this simulator models — and what it leaves out"):
     st.markdown(F.CASCADE_SCOPE)
-shardings = list(inv.SHARDINGS)
+cascade_fields = inversion.CascadeParams.__dataclass_fields__
+cascade_form = ParamsForm("inv_")
 forget_if_outside("inv_parties", 1, len(ids))
 with st.container(border=True):
     row = field_row()
-    parties = row.number_input("Parties k", 1, len(ids), url_param("parties", 2, int, lo=1, hi=len(ids)),
-                               key="inv_parties", width=130)
-    sharding = row.selectbox("Sharding", shardings, format_func=lambda s: inv.SHARDINGS[s].label,
-                             index=shardings.index(url_param("sharding", "round_robin", choices=shardings)),
-                             key="inv_sharding", width=360)
+    parties = row.number_input(cascade_fields["parties"].metadata["label"], 1, len(ids),
+                               url_param("parties", 2, int, lo=1, hi=len(ids)), key="inv_parties", width=130,
+                               help=cascade_fields["parties"].metadata["help"])
+    sharding = cascade_form.draw(row, fields_of(inversion.CascadeParams, ["sharding"]), width=360,
+                                 overrides={"sharding": {"format_func": inversion.SHARDINGS.label}})["sharding"]
     forget_if_outside("inv_attacker", 0, int(parties) - 1)
-    attacker = row.number_input("Attacking party", 0, int(parties) - 1,
+    attacker = row.number_input(cascade_fields["attacker"].metadata["label"], 0, int(parties) - 1,
                                 url_param("attacker", 0, int, lo=0, hi=int(parties) - 1), key="inv_attacker",
-                                width=140)
-    budget = row.number_input("Brute-force budget (sequences)", 1_000, 5_000_000,
-                              url_param("budget", 1_000_000, int, lo=1_000, hi=5_000_000), step=50_000,
-                              key="inv_budget", width=230)
-set_url_params(parties=parties, sharding=sharding, attacker=attacker, budget=budget)
-cascade_params = inv.CascadeParams(prompt=prompt, layer=int(layer), parties=int(parties), sharding=sharding,
-                                   attacker=int(attacker), budget=int(budget))
-try:
-    cascade = cached_run("cascade", inv.simulate_cascade, handle, cascade_params,
-                         label="Brute-forcing the attacker's view")
-except SettingsError as exc:
-    show_error(exc)
-else:
+                                width=140, help=cascade_fields["attacker"].metadata["help"])
+    budget = cascade_form.draw(row, fields_of(inversion.CascadeParams, ["budget"]), width=230)["budget"]
+cascade_form.mirror()
+set_url_params(parties=parties, attacker=attacker)
+cascade_params = inversion.CascadeParams(prompt=params.prompt, layer=params.layer, parties=int(parties),
+                                         sharding=sharding, attacker=int(attacker), budget=int(budget))
+cascade = None
+with analysis_errors(stop=False):
+    cascade = cached_run("cascade", inversion.simulate_cascade, handle, cascade_params,
+                         label="Brute-forcing the attacker's view", optional=True)
+if cascade is not None:
     st.plotly_chart(F.cascade_figure(cascade), key="inv_cascade")
     st.dataframe(F.cascade_rows(cascade), hide_index=True)
     (st.success if cascade.verdict.startswith("Out of") else st.warning)(cascade.verdict)

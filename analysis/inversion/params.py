@@ -1,0 +1,155 @@
+"""The settings of one reconstruction: the attack's own, and each defence's and proposal order's, by name.
+
+A defence or an order owns its settings (its dataclass fields in `defences.py` / `orders.py`);
+`AttackParams.methods` holds them as `{method name: {setting: value}}`, never a flat copy. A link and the
+command line carry each setting once, under the field's URL name or flag (`?noise=0.3`, `--noise 0.3`,
+`--gradient-steps 4`): `method_settings` gives it to every method that declares it (the hybrid and the
+gradient order share their step count). Saved analyses of the older flat layout (`noise`, `bits`,
+`gradient_steps` beside the attack's settings) are read by `AttackParams.from_dict`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from analysis.errors import SettingsError
+from analysis.inversion.defences import DEFENCES, NO_DEFENCE, Defence
+from analysis.inversion.orders import ORDERS, Order
+from analysis.inversion.shardings import SHARDINGS
+from analysis.registry import Registry
+from analysis.results import Result
+from analysis.settings import check_settings, labelled, setting, url_name
+
+MAX_TOKENS = 64
+FAMILIES: tuple[Registry, ...] = (DEFENCES, ORDERS)  # the method families whose settings AttackParams carries
+
+
+class InversionError(SettingsError):
+    """Bad input for an inversion run; the message is meant for the user (one line)."""
+
+
+def method_settings(**flat) -> dict[str, dict]:
+    """{method name: its settings} from settings named by field (`sigma=0.3, steps=4`): each goes to every
+    defence and order that declares a field of that name; names no method declares are refused."""
+    out: dict[str, dict] = {}
+    used = set()
+    for family in FAMILIES:
+        for name, cls in family.items():
+            chosen = {f.name: flat[f.name] for f in labelled(cls) if f.name in flat}
+            used |= set(chosen)
+            if chosen:
+                out[name] = chosen
+    unknown = set(flat) - used
+    if unknown:
+        raise SettingsError(f"No defence or proposal order has the setting(s) {', '.join(sorted(unknown))}.")
+    return out
+
+
+def users_of(setting_name: str) -> list[str]:
+    """The defences and orders that declare a setting of this field name (whose choice makes it matter)."""
+    return [name for family in FAMILIES for name, cls in family.items()
+            if setting_name in {f.name for f in labelled(cls)}]
+
+
+def method_fields() -> list[tuple]:
+    """(field, class) of every labelled setting of a defence or an order, each field name once."""
+    return [pair for family in FAMILIES for pair in family.settings()]
+
+
+@dataclass
+class AttackParams(Result):
+    """Everything one reconstruction needs; every labelled field is validated from its description."""
+
+    prompt: str = setting("", label="Prompt (the secret the attacker tries to recover)", high=2000, cli=None)
+    layer: int = setting(1, label="Layer", low=0, high=1_000,
+                         help="0 = token embeddings; k = residual stream after decoder block k.")
+    defences: list[str] = field(default_factory=list)  # names from DEFENCES, applied in order
+    order: str = setting("hybrid", label="Proposal order", choices=ORDERS.names,
+                         help="Which candidates are tried first. Every order ends with the rest of the vocabulary, "
+                              "and the distance check decides, so the order changes only the cost.")
+    methods: dict[str, dict] = field(default_factory=dict)  # defence or order name -> its settings (defaults when absent)
+    exhaustive: bool = False  # score the whole vocabulary at every position (the baseline)
+    positions: int = setting(0, label="Positions", low=0, high=MAX_TOKENS, url=None,
+                             help="Attack only the first N positions (0 = all).")
+    seed: int = setting(0, label="Defence seed", low=0, high=2**31 - 1, help="Seeds the permutations and the noise.")
+    max_tokens: int = setting(MAX_TOKENS, label="Token limit", low=1, url=None, cli=None)
+    first_batch: int = setting(16, label="First batch", low=1, url=None, cli=None,
+                               help="Candidates in the first batch; later batches grow 4x up to the largest.")
+    max_batch: int = setting(1024, label="Largest batch", low=1, url=None, cli=None)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "AttackParams":
+        """Also reads saved analyses of the flat layout (`noise`, `bits`, `gradient_steps` beside the rest)."""
+        data, flat = dict(data), {}
+        own = {f.name for f in dataclasses.fields(cls)}
+        for f, _ in method_fields():
+            for key in (f.name, url_name(f)):
+                if key and key not in own and key in data:
+                    flat[f.name] = data.pop(key)
+        if flat:
+            nested = method_settings(**flat)
+            for name, values in (data.get("methods") or {}).items():
+                nested.setdefault(name, {}).update(values)
+            data["methods"] = nested
+        return super().from_dict(data)
+
+    def validate(self) -> None:
+        """The one validation path of the CLI, the page and shared URLs (raises SettingsError)."""
+        validate_params(self)
+
+
+def make_defence(params: AttackParams, name: str) -> Defence:
+    return DEFENCES.create(name, **params.methods.get(name, {}))
+
+
+def make_order(params: AttackParams) -> Order:
+    """The params' proposal order with its settings, validated."""
+    return ORDERS.create(params.order, **params.methods.get(params.order, {}))
+
+
+def build_defences(params: AttackParams) -> list[Defence]:
+    """The params' defences, in order, each validated ("none" entries skipped)."""
+    return [make_defence(params, name) for name in params.defences if name not in ("", NO_DEFENCE)]
+
+
+def validate_params(params: AttackParams) -> None:
+    """Every setting from its field, the methods' names and settings, then every defence (selected or
+    not, so an out-of-range value is reported at once) and the chosen order, each checking its own."""
+    check_settings(params)
+    if params.max_batch < params.first_batch:
+        raise SettingsError(f"Largest batch must be at least the first batch ({params.first_batch}), "
+                            f"got {params.max_batch}.")
+    for name in params.defences:
+        if name not in ("", NO_DEFENCE) and name not in DEFENCES:
+            raise InversionError(f"Unknown defence '{name}' (choose from {', '.join(DEFENCES)}).")
+    for name, values in params.methods.items():
+        family = next((f for f in FAMILIES if name in f), None)
+        if family is None:
+            raise InversionError(f"Unknown defence or proposal order '{name}' in the method settings.")
+        unknown = set(values) - {f.name for f in labelled(family.get(name))}
+        if unknown:
+            raise SettingsError(f"{family.label(name)} has no setting(s) {', '.join(sorted(unknown))}.")
+    for name in DEFENCES:
+        make_defence(params, name)
+    make_order(params)
+
+
+@dataclass
+class CascadeParams(Result):
+    """One Cascade simulation: the prompt's positions sharded across parties, one party attacking."""
+
+    prompt: str = ""
+    layer: int = setting(1, label="Layer", low=0)
+    parties: int = setting(2, label="Parties k", low=1, high=MAX_TOKENS,
+                           help="Parties the positions are sharded across (at most one per token).")
+    sharding: str = setting("round_robin", label="Sharding", choices=SHARDINGS.names)
+    attacker: int = setting(0, label="Attacking party", low=0, help="The party that tries to invert what it sees.")
+    budget: int = setting(1_000_000, label="Brute-force budget (sequences)", low=1_000, high=5_000_000, step=50_000,
+                          help="Largest brute-force run (candidate sequences) actually executed.")
+    max_tokens: int = setting(MAX_TOKENS, label="Token limit", low=1, url=None, cli=None)
+
+    def validate(self) -> None:
+        check_settings(self)
+        if self.attacker >= self.parties:
+            raise SettingsError(f"Attacking party must be at most {self.parties - 1}, got {self.attacker}.")
+
