@@ -11,6 +11,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
+from analysis.tasks.generic import PLAIN_PROMPT  # the reconstruction page's prompt on a model outside Shapes World
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -56,6 +58,10 @@ INVERSION_BASE = {"prompt": "there is a large red circle at the top left . there
                             "bottom right .", "layer": "2", "perm": "none", "perturb": "none", "order": "hybrid",
                   "noise": "0.5", "bits": "4", "seed": "0", "sweeps": "0", "exhaustive": "0", "parties": "2",
                   "sharding": "round_robin", "attacker": "0", "budget": "1000000"}
+REAL_LM = "zoo:smollm2-135m-instruct"  # a real trained instruct model (analysis/zoo/real.py)
+REAL_FINDING = ("SmolLM2-135M-Instruct, a real trained model: from its layer-15 states (of 30) all 14 tokens of the "
+                "prompt come back exactly, each certified, after scoring {candidates} candidates instead of "
+                "exhaustive search's 688,128 (14 positions × 49,152 tokens): {fewer}× fewer.")
 CAPTION_BASE = {"src": "scene", "seed": "20000003", "cap": "weak", "lm": "zoo:shapes-lm", "dec": "auto",
                 "ver": "auto", "rew": "auto", "pi": "1.0", "prob": PROB, "ground": "0"}
 SAE_BASE = {"sae": "layer1", "view": "list", "sort": "omega", "by": "sum", "thr": "0.0"}
@@ -100,6 +106,8 @@ PRESETS: list[Preset] = [
            "Gaussian noise of two state standard deviations buries the difference between neighbouring "
            "tokens: almost every position comes back wrong (and the states are useless for the model too).",
            "zoo:shapes-lm", {**INVERSION_BASE, "perturb": "gaussian_noise", "noise": "2.0"}),
+    Preset("prompt-reconstruction", "real-vocabulary", "A real 49 k vocabulary",
+           REAL_FINDING, REAL_LM, {**INVERSION_BASE, "prompt": PLAIN_PROMPT, "layer": "15", "exhaustive": "1"}),
     Preset("prompt-reconstruction", "cascade-contiguous", "Cascade: contiguous shards leak",
            "Contiguous blocks hand party 0 the start of the prompt with no gap: it inverts its shard with "
            "about 2,000 candidate sequences. Round-robin leaves gaps of k − 1 and costs ~47,000 — with a "

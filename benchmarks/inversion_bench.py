@@ -122,13 +122,114 @@ def noise_table(named: tuple[str, ModelHandle], quick: bool) -> str:
     return "\n".join(lines)
 
 
+REAL_MODEL = "zoo:smollm2-135m-instruct"
+REAL_FOLDER = Path("/work/models/smollm2-135m-instruct")  # a converted copy, before the zoo has it
+
+
+def real_model(spec: str) -> tuple[str, ModelHandle]:
+    """The real trained model: the zoo's, else the converted local copy (read-only), else an error."""
+    from analysis.models import ModelLoadError
+
+    try:
+        return spec, load_model(ModelSpec.parse(spec))
+    except ModelLoadError:
+        if not REAL_FOLDER.is_dir():
+            raise
+        os.environ["MODEL_INSPECTOR_ROOTS"] = f"{REAL_FOLDER.parent}:{os.environ.get('MODEL_INSPECTOR_ROOTS', '')}"
+        return f"local:{REAL_FOLDER}", load_model(ModelSpec("local", str(REAL_FOLDER)))
+
+
+def floor_seconds(handle: ModelHandle, params: inv.AttackParams, result: inv.AttackResult, ids: list[int]) -> float:
+    """The model calls the attack cannot do without, on the same tokens, timed: the victim's forward of
+    the first L layers, then per position its scored candidates (as many as it scored, in batches of at
+    most `max_batch`, through the first L layers after the cached prefix) and the prefix's extension by
+    the true token (with the next-token logits when the order proposes from them). No ranking, no
+    calibration, no gradient steps, no bookkeeping."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = inv.vocab_size(handle)
+    logits = inv.make_order(params).needs_logits
+    t0 = time.perf_counter()
+    with handle.patch() as patch, torch.no_grad():
+        probe = inv.Probe(handle, patch, params.layer)
+        probe.run(torch.tensor([ids], device=handle.device), 0)
+        cache = probe.new_cache()
+        for t in result.tokens:
+            for start in range(0, t.evaluations, params.max_batch):
+                size = min(params.max_batch, t.evaluations - start)
+                probe.candidates(cache, t.position, torch.randint(0, vocab, (size,), generator=gen).to(handle.device))
+            if t.position < len(result.tokens) - 1:
+                probe.run(torch.tensor([[ids[t.position]]], device=handle.device), t.position, cache, full=logits)
+    return time.perf_counter() - t0
+
+
+def default_view(name: str, handle: ModelHandle, prompt: str, layer: int, exhaustive_positions: int) -> dict:
+    """The page's default view: the attack (estimated, timed, against its floor), the estimates of the
+    sections that wait for a click, and exhaustive search on the first position(s) for the comparison."""
+    from analysis import cost
+
+    params = inv.AttackParams(prompt=prompt, layer=layer)
+    ids = inv.tokenize(handle, prompt)
+    inv.reconstruct(handle, inv.AttackParams(prompt=prompt, layer=layer, positions=2))  # warm-up
+    cost._calibrated.pop(cost.calibration_key(handle), None)
+    t0 = time.perf_counter()
+    estimate = cost.estimate(inv.reconstruct, handle, params)
+    estimate_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    result = inv.reconstruct(handle, params)
+    measured = time.perf_counter() - t0
+    floor = floor_seconds(handle, params, result, ids)
+    others = {kind: cost.estimate(fn, handle, params, kw).seconds for kind, fn, kw in (
+        ("layers", inv.sweep_layers, {}), ("noise", inv.sweep_noise, {"noises": [0.0, 0.01, 0.1, 0.3, 1.0, 3.0]}),
+        ("speed", inv.compare_exhaustive, {"measured_positions": exhaustive_positions}))}
+    cascade_params = inv.CascadeParams(prompt=prompt, layer=layer)
+    cascade_estimate = cost.estimate(inv.simulate_cascade, handle, cascade_params).seconds
+    t0 = time.perf_counter()
+    inv.simulate_cascade(handle, cascade_params)
+    cascade_seconds = time.perf_counter() - t0
+    exhaustive = inv.reconstruct(handle, inv.AttackParams(prompt=prompt, layer=layer, exhaustive=True,
+                                                          positions=exhaustive_positions))
+    per_position = sum(t.seconds for t in exhaustive.tokens) / len(exhaustive.tokens)
+    vocab = inv.vocab_size(handle)
+    print(f"  {name}: {result.accuracy:.0%}, {result.evaluations:,} candidates, {measured:.1f} s "
+          f"(estimate {estimate.seconds:.1f} s, floor {floor:.1f} s)", file=sys.stderr)
+    return {
+        "model": name, "layer": layer, "prompt": prompt, "tokens": len(ids), "vocab": vocab,
+        "accuracy": result.accuracy, "candidates": result.evaluations, "gradient_steps": result.gradient_steps,
+        "exhaustive_candidates": len(ids) * vocab, "ranks": [t.rank for t in result.tokens],
+        "evaluations": [t.evaluations for t in result.tokens], "seconds": round(measured, 2),
+        "estimate": round(estimate.seconds, 2), "estimate_ratio": round(measured / estimate.seconds, 2),
+        "estimator_seconds": round(estimate_seconds, 2), "floor": round(floor, 2),
+        "floor_ratio": round(measured / floor, 2), "exhaustive_seconds_per_position": round(per_position, 2),
+        "exhaustive_seconds": round(per_position * len(ids), 1),
+        "exhaustive_identical": [t.recovered_id for t in exhaustive.tokens] ==
+                                [t.recovered_id for t in result.tokens[:len(exhaustive.tokens)]],
+        "cascade_estimate": round(cascade_estimate, 2), "cascade_seconds": round(cascade_seconds, 2),
+        "waiting_estimates": {k: round(v, 1) for k, v in others.items()},
+    }
+
+
+def view_table(rows: list[dict]) -> str:
+    lines = ["| model | layer | tokens | recovered | candidates (exhaustive) | attack time | estimate | floor | "
+             "time / floor | exhaustive time | sections waiting for a click (estimates) |", "|" + "---|" * 11]
+    for r in rows:
+        waiting = ", ".join(f"{k} {v:,.0f} s" for k, v in r["waiting_estimates"].items())
+        lines.append(
+            f"| {r['model']} | {r['layer']} | {r['tokens']} | {r['accuracy']:.0%} | {r['candidates']:,} "
+            f"({r['exhaustive_candidates']:,}: {r['exhaustive_candidates'] / max(r['candidates'], 1):,.0f}× more) | "
+            f"{r['seconds']:.1f} s | {r['estimate']:.1f} s ({r['estimate_ratio']:.2f}×) | {r['floor']:.1f} s | "
+            f"{r['floor_ratio']:.2f}× | {r['exhaustive_seconds']:,.0f} s ({r['exhaustive_seconds'] / r['seconds']:,.0f}× "
+            f"the attack) | {waiting} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpt2-positions", type=int, default=8, help="prompt length on GPT-2-small")
     ap.add_argument("--exhaustive-positions", type=int, default=2, help="GPT-2 positions searched exhaustively")
     ap.add_argument("--shapes-positions", type=int, default=16)
-    ap.add_argument("--parts", default="shapes,gpt2,noise",
-                    help="comma list of shapes, gpt2, noise; parts not run keep their rows from the last JSON")
+    ap.add_argument("--parts", default="shapes,gpt2,noise,real",
+                    help="comma list of shapes, gpt2, noise, real; parts not run keep their rows from the last JSON")
+    ap.add_argument("--real-model", default=REAL_MODEL, help="the real trained model of the `real` part")
     ap.add_argument("--quick", action="store_true", help="3-token GPT-2 prompt (smoke test)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -158,15 +259,25 @@ def main() -> int:
                              ["hybrid", "gradient"], args.exhaustive_positions)
     if "noise" in parts:
         noise_md = noise_table(noise_model(), args.quick)
+    views = old.get("views", [])
+    if "real" in parts:
+        from analysis.tasks.generic import PLAIN_PROMPT
+
+        name, handle = real_model(args.real_model)
+        views = [default_view(name, handle, PLAIN_PROMPT, max(1, handle.info.layers // 2), 1)]
+        if "shapes-lm" in zoo_models():
+            from analysis.tasks.shapes_world import SHAPES_PROMPT
+
+            views.append(default_view("zoo:shapes-lm", load_model(ModelSpec("zoo", "shapes-lm")), SHAPES_PROMPT, 2, 22))
     all_rows = [r for key in ("shapes", "gpt2") for r in rows.get(key, [])]
-    md = table(all_rows) + "\n\n" + noise_md
+    md = table(all_rows) + "\n\n" + noise_md + ("\n\nThe page's default view:\n\n" + view_table(views) if views else "")
     print(md)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
                    f"{torch.get_num_threads()} thread(s)",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": all_rows, "parts": rows,
-        "noise_markdown": noise_md, "markdown": md,
+        "noise_markdown": noise_md, "views": views, "markdown": md,
     }, indent=1))
     return 0
 

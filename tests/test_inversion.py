@@ -200,3 +200,35 @@ def test_cascade_does_not_brute_force_over_budget(tiny_llama):
                                                                 budget=1000))
     assert not result.brute_force_ran and result.evaluations == 0
     assert result.parties[3].largest_gap == 3
+
+
+# --- the estimate's forecast of the search ------------------------------------------------------------
+
+
+def test_forecast_counts_the_model_orders_search_exactly(tiny_llama):
+    """The model order's search ends at the true token's rank in the model's own distribution (its start
+    prior at position 0): the forecast read from one forward of the prompt is the attack's count."""
+    from analysis.inversion import cost as C
+
+    prompt = random_prompt(tiny_llama, n=8, seed=31)
+    params = inv.AttackParams(prompt=prompt, layer=2, order="model", first_batch=4, max_batch=64)
+    ids = inv.tokenize(tiny_llama, prompt)
+    ranks = C.model_ranks(tiny_llama, params, ids)
+    result = inv.reconstruct(tiny_llama, params)
+    assert [t.rank for t in result.tokens] == ranks
+    assert [s.candidates for s in C.forecast(tiny_llama, params, ids, ranks)] == [t.evaluations for t in result.tokens]
+    hybrid = inv.AttackParams(prompt=prompt, layer=2, first_batch=4, max_batch=64)
+    attack = inv.reconstruct(tiny_llama, hybrid)  # interleaved with the embedding order: at most the forecast
+    assert all(t.evaluations <= s.candidates for t, s in zip(attack.tokens, C.forecast(tiny_llama, hybrid, ids, ranks)))
+
+
+def test_scan_follows_the_batcher():
+    from analysis.inversion import cost as C
+
+    assert C.scan(1, [100], 16, 1024) == C.Search(16, 1)
+    assert C.scan(17, [100], 16, 1024) == C.Search(80, 2)  # 16, then 64
+    assert C.scan(81, [100], 16, 1024) == C.Search(100, 3)  # the chunk's last 20
+    assert C.scan(40, [32, 100], 16, 1024) == C.Search(48, 3)  # a new chunk starts again at 16
+    tried: list[int] = []
+    sizes = [len(b) for b in inv.candidate_batches(iter([torch.arange(100)]), 100, 16, 1024, tried)]
+    assert sizes == [16, 64, 20]

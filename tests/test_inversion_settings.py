@@ -2,6 +2,7 @@
 number into one `error:` line and a non-zero exit (never a traceback)."""
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -14,6 +15,7 @@ from analysis import inversion as inv
 from analysis.__main__ import main
 from analysis.models import ModelSpec
 from analysis.registry import SettingsError
+from analysis.settings import setting
 
 PAGE = "views/prompt_reconstruction.py"
 
@@ -162,3 +164,65 @@ def test_invert_cli_errors_that_need_the_model_are_one_line_too(capsys, tiny_gpt
     assert_one_error_line(code, err, "empty")
     code, err = run_cli(capsys, ["invert", "--model", "local:/nonexistent", "--prompt", "w1"])
     assert_one_error_line(code, err)
+
+
+# --- methods own their settings: a new one reaches the analysis; old saved analyses still open ------------
+
+OLD_FLAT = ('{"prompt": "w3 w17 w42", "layer": 2, "defences": ["gaussian_noise"], "noise": 2.0, "bits": 5, '
+            '"order": "hybrid", "exhaustive": false, "positions": 0, "seed": 0, "max_tokens": 64, '
+            '"first_batch": 16, "max_batch": 1024, "gradient_steps": 3}')  # the layout shipped before issue 30
+
+
+def test_an_old_flat_saved_analysis_still_opens(tiny_llama):
+    params = inv.AttackParams.from_json(OLD_FLAT)
+    assert params.methods == {"gaussian_noise": {"sigma": 2.0}, "quantise": {"bits": 5}, "hybrid": {"steps": 3},
+                              "gradient": {"steps": 3}}
+    assert inv.make_defence(params, "gaussian_noise").sigma == 2.0 and inv.make_order(params).steps == 3
+    result = inv.reconstruct(tiny_llama, params)
+    old = result.to_dict()
+    old["params"] = json.loads(OLD_FLAT)  # a saved result of the old layout: its params flat
+    again = inv.AttackResult.from_dict(old)
+    assert again.params == params and again.tokens == result.tokens
+
+
+@dataclass
+class ToyRoll(inv.Order):
+    """The vocabulary in order, rolled by its own setting: a new order with a new setting."""
+
+    name: ClassVar[str] = "toy_roll"
+    label: ClassVar[str] = "toy: vocabulary rolled"
+    offset: int = setting(0, label="Toy roll offset", low=0, high=100)
+    seen: ClassVar[list] = []
+
+    def proposals(self, ctx):
+        ToyRoll.seen.append(self.offset)
+        yield torch.arange(len(ctx.vocabulary)).roll(-self.offset)
+
+
+def test_a_new_orders_setting_reaches_the_analysis_from_the_url(tiny_llama_dir):
+    inv.ORDERS.register(ToyRoll)
+    ToyRoll.seen.clear()
+    try:
+        at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page=PAGE,
+                            query={"prompt": "w3 w17 w42", "order": "toy_roll", "offset": "7", "sweeps": "0",
+                                   "exhaustive": "0"})
+        assert not at.exception, at.exception
+        assert at.number_input(key="inv_offset").value == 7 and not at.number_input(key="inv_offset").disabled
+        assert at.number_input(key="inv_bits").disabled  # quantisation is not chosen
+        assert ToyRoll.seen and set(ToyRoll.seen) == {7}
+        assert at.query_params["offset"] == "7"
+    finally:
+        inv.ORDERS.unregister("toy_roll")
+
+
+def test_the_orders_settings_reach_the_attack_from_the_cli(capsys, tiny_gpt2_dir):
+    code = main(["invert", "--model", f"local:{tiny_gpt2_dir}", "--prompt", "w5 w6 w7 w8", "--layer", "1",
+                 "--gradient-steps", "3", "--gradient-min-vocab", "0", "--gradient-after", "0", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["params"]["methods"]["hybrid"] == {"steps": 3, "gradient_min_vocab": 0,
+                                                                 "gradient_after": 0}
+    assert set(t["gradient_steps"] for t in out["tokens"]) <= {0, 3}
+    code = main(["invert", "--model", f"local:{tiny_gpt2_dir}", "--prompt", "w5 w6 w7 w8", "--layer", "1",
+                 "--order", "gradient", "--gradient-steps", "3", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and [t["gradient_steps"] for t in out["tokens"]] == [3, 3, 3, 3] and out["accuracy"] == 1.0

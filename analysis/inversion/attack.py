@@ -130,7 +130,7 @@ class _Attack:
 
         if self.proposing:
             ctx = Context(self.logits, self.observed[row_index], self.sorted_dims, self.vocabulary, invert,
-                          self.params.first_batch)
+                          self.params.first_batch, i)
             chunks: Iterator[torch.Tensor] = self.order.proposals(ctx)
         else:
             chunks = iter([torch.arange(self.vocab)])

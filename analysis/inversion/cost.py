@@ -1,69 +1,158 @@
-"""How much work a reconstruction is, counted from its settings (analysis/cost.py prices it)."""
+"""How much work a reconstruction is, counted before it starts (analysis/cost.py prices it).
+
+The attack's search depends on the data: a clean attack stops at the first certified candidate, so
+its cost is set by where the true token sits in the proposal order. The model's own next-token
+distribution on the prompt says where: `forecast` runs the model once over the prompt (every
+position's next-token logits, and its start-of-text prior for position 0) and reads off, per position,
+the true token's rank in the model order, so the batches the attack will score are counted rather than
+assumed. The hybrid order interleaves that order with the embedding order (ranked as at most twice the
+model rank); gradient inversion, where it runs, is assumed to put the true token first after position 0
+(measured: rank 1 on SmolLM2-135M and on a random GPT-2) and to fail at position 0 (`_hybrid`).
+Orders without a model ranking use fixed assumptions (embedding: CLEAN_CANDIDATES; vocabulary order:
+half the vocabulary). Under noise or quantisation, or for exhaustive search, every token is scored.
+"""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+import torch
 
 from analysis.cost import BACKWARD, Work
-from analysis.inversion.cascade import attacker_view
-from analysis.inversion.params import AttackParams, CascadeParams, build_defences, make_order
-from analysis.inversion.probe import tokenize, vocab_size
-from analysis.inversion.sweeps import with_changes, with_noise
+from analysis.inversion.attack import CALIBRATION_BATCH, CALIBRATION_POSITIONS
+from analysis.inversion.cascade import BRUTE_FORCE_BATCH, attacker_view
 from analysis.inversion.defences import defence_names
+from analysis.inversion.orders import GradientOrder, HybridOrder, ModelOrder
+from analysis.inversion.params import AttackParams, CascadeParams, build_defences, make_order
+from analysis.inversion.probe import MAX_START_CONTEXTS, Probe, tokenize, vocab_size
+from analysis.inversion.sweeps import with_changes, with_noise
 from analysis.models import ModelHandle
 
-# Ranking the vocabulary, in elementwise passes over the embedding table (measured on a 152 k x 896
-# table: embedding order 0.94 s, gradient-order distances 0.66 s, sorting every row 9.0 s more, one
-# pass 0.245 s).
-EMBEDDING_RANK_PASSES = 4.0  # centre, normalise, dot with the observed row, argsort
-GRADIENT_RANK_PASSES = 3.0  # squared distance of every embedding to the optimised one, argsort
+# Ranking the vocabulary, in elementwise passes over one row of the embedding table (`Throughput.per_row`;
+# measured on SmolLM2's 49,152 x 576 table, one thread: the directions 3.1 passes, once per attack; one
+# position's embedding ranking 0.25 passes for one observed row and 0.62 for 14, its logit argsort 0.08,
+# gradient inversion's nearest-embedding ranking 0.21, the table's mean and std 1.7).
+DIRECTION_PASSES = 3.0  # centre and normalise the table (once per attack)
+RANK_PASSES = 0.3  # per position: the max, argsorts and interleave of V scores
+MATMUL_PASSES = 0.03  # per position and observed row compared: the V scores' matmul
+STATS_PASSES = 2.0  # the table's mean and spread (gradient inversion's start and step), once
 SORT_PASSES_PER_LOG2 = 3.7  # sorting each row's values (permuted dimensions): 3.7 · log2(d) passes
-CLEAN_CANDIDATES = 80  # an exact match is usually found in the first two proposal batches (16 + 64)
+CLEAN_CANDIDATES = 80  # embedding order: an exact match is usually found in the first two batches (16 + 64)
 
 
-def _attack(handle: ModelHandle, params: AttackParams, n_tokens: int, exhaustive: bool, noisy: bool) -> Work:
-    """What `reconstruct` runs: the victim's states, the noise-floor calibration, then per
-    position the proposal rankings (each a pass over the whole vocabulary) and candidate batches
-    through the first `layer` blocks, with the prefix cached."""
-    layers = max(params.layer, 1)
-    depth = layers / max(handle.info.layers, 1)
-    vocab = int(vocab_size(handle))  # the embedding table's rows (may exceed the tokenizer's)
-    d = int(handle.info.hidden_size or 1)
-    defences = build_defences(params)
-    sorted_dims = any(x.moves_dims for x in defences)
-    moves_rows = any(x.moves_rows for x in defences)
-    sort = SORT_PASSES_PER_LOG2 * math.log2(max(d, 2)) if sorted_dims else 0.0
-    positions = min(n_tokens, params.positions) if params.positions > 0 else n_tokens
-    order = make_order(params)
-    steps = getattr(order, "steps", 0)
-    # the hybrid order's gradient phase runs only for a large vocabulary (else a full pass is cheaper)
-    gradient = params.order == "gradient" or (params.order == "hybrid" and steps > 0
-                                              and vocab >= order.gradient_min_vocab)
-    logits = order.needs_logits and not (exhaustive or noisy)
-    work = Work().stopped(1, depth, tokens=n_tokens, attended=n_tokens ** 2 / 2)  # the victim's states
-    calib = min(n_tokens, 4)  # noise floor: 32 candidates and one cached step per position
-    work.stopped(1 + 2 * calib, depth, tokens=calib + 33 * calib,
-                 attended=calib ** 2 / 2 + 32 * calib * (calib + 1) / 2)
-    if gradient and not (exhaustive or noisy):
-        work.add(rows=vocab)  # the embedding table's spread (std), once
-    for i in range(positions):
-        rows_left = n_tokens - i if moves_rows else 1  # observed rows each candidate is compared with
-        if exhaustive or noisy:
-            cands = vocab
-            calls = math.ceil(vocab / max(1, params.max_batch))
+@dataclass
+class Search:
+    """One position's forecast: candidates scored, candidate batches (forward calls), gradient steps."""
+
+    candidates: float
+    batches: int
+    gradient_steps: int = 0
+
+
+def scan(index: float, chunks: list[float], first: int, largest: int) -> Search:
+    """Candidates and batches until the `index`-th candidate (1-based) when ids come in chunks of these
+    lengths, each batched from `first` growing 4x up to `largest` (as `attack.candidate_batches` does)."""
+    seen, batches = 0.0, 0
+    for length in chunks:
+        size, done = max(1, first), 0.0
+        while done < length:
+            step = min(size, length - done)
+            done += step
+            batches += 1
+            if seen + done >= index:
+                return Search(seen + done, batches)
+            size = min(size * 4, largest)
+        seen += length
+    return Search(seen, batches)
+
+
+def model_ranks(handle: ModelHandle, params: AttackParams, ids: list[int]) -> list[int] | None:
+    """Per position, the 1-based rank of the true token in the model's proposals (its next-token
+    distribution given the true prefix; at position 0 its start-of-text prior): one forward of the prompt."""
+    lm = handle.language_model
+    with handle.patch() as patch, torch.no_grad():
+        logits = lm(input_ids=torch.tensor([ids], device=handle.device), logits_to_keep=0).logits[0].float().cpu()
+        prior = Probe(handle, patch, params.layer).start_prior(handle)  # (its capture stops forwards from here on)
+    rows = [prior] + [logits[i - 1] for i in range(1, len(ids))]
+    return [0 if row is None else int((row > row[t]).sum()) + 1 for row, t in zip(rows, ids)]
+
+
+def forecast(handle: ModelHandle, params: AttackParams, ids: list[int], ranks: list[int] | None) -> list[Search]:
+    """Per attacked position, the search the attack is expected to run (`ranks`: from `model_ranks`)."""
+    vocab = vocab_size(handle)
+    n = min(len(ids), params.positions) if params.positions > 0 else len(ids)
+    if params.exhaustive or any(d.perturbs for d in build_defences(params)):
+        return [scan(vocab, [vocab], params.max_batch, params.max_batch)] * n
+    order, first, largest = make_order(params), params.first_batch, params.max_batch
+    out = []
+    for i in range(n):
+        rank = ranks[i] if ranks else 0
+        if isinstance(order, GradientOrder):
+            search = scan(1, [vocab], first, largest)
+            search.gradient_steps = order.steps
+        elif isinstance(order, ModelOrder) and rank:
+            search = scan(rank, [vocab], first, largest)
+        elif isinstance(order, HybridOrder) and rank:
+            search = _hybrid(order, i, 2 * rank - 1, vocab, first, largest)
         elif params.order == "vocab":
-            cands = vocab / 2  # vocabulary order: the match is halfway down on average
-            calls = 3 + math.ceil(cands / max(1, params.max_batch))
-        else:
-            cands = min(vocab, CLEAN_CANDIDATES)
-            calls = 2
-            if params.order in ("embedding", "hybrid") or (params.order == "model" and i == 0):
-                work.add(rows=vocab * (EMBEDDING_RANK_PASSES + sort))
-            if gradient:
-                work.stopped(steps * BACKWARD, depth, tokens=steps * BACKWARD, attended=steps * BACKWARD * (i + 1),
-                             rows=vocab * GRADIENT_RANK_PASSES)
-        work.stopped(calls, depth, tokens=cands, attended=cands * (i + 1),
-                     rows=cands * rows_left * (1 + sort / 4))  # L1 distances to the observed rows
-        if i == positions - 1:
+            search = scan(vocab / 2, [vocab], first, largest)
+        else:  # the embedding order (or a model order without a ranking)
+            search = scan(min(vocab, CLEAN_CANDIDATES), [vocab], first, largest)
+        out.append(search)
+    return out
+
+
+def _hybrid(order: HybridOrder, position: int, index: int, vocab: int, first: int, largest: int) -> Search:
+    """The hybrid order's search for the true token at `index` of its interleaved proposals. Past its head,
+    gradient inversion is assumed to put the true token first, except at position 0: a trained model's
+    first position holds its attention sink (SmolLM2-135M, layer 15: one value of 23,306 in the state),
+    and there gradient inversion ranked the true token about 40,000th after 8 and after 16 steps."""
+    gradient = order.gradient(vocab)
+    head = min(vocab, order.head_size(vocab, position, first))
+    if index <= head or not gradient:
+        return scan(index, [head, vocab - head], first, largest)
+    if position == 0:
+        search = scan(index + 2 * first, [head, 2 * first, vocab], first, largest)
+    else:
+        search = scan(head + 1, [head, 2 * first], first, largest)  # the gradient head's first candidate
+    search.gradient_steps = order.steps
+    return search
+
+
+def _attack(handle: ModelHandle, params: AttackParams, n_tokens: int, searches: list[Search]) -> Work:
+    """What `reconstruct` runs: the victim's states, the noise-floor calibration, the start-of-text prior,
+    then per position the proposal rankings, the forecast candidate batches through the first `layer`
+    blocks (prefix cached) and the prefix's extension."""
+    depth = max(params.layer, 1) / max(handle.info.layers, 1)
+    vocab, d = vocab_size(handle), int(handle.info.hidden_size or 1)
+    defences = build_defences(params)
+    sorted_dims, moves_rows = any(x.moves_dims for x in defences), any(x.moves_rows for x in defences)
+    sort = SORT_PASSES_PER_LOG2 * math.log2(max(d, 2)) if sorted_dims else 0.0
+    proposing = not (params.exhaustive or any(x.perturbs for x in defences))
+    order = make_order(params)
+    logits = order.needs_logits and proposing
+    work = Work().stopped(1, depth, tokens=n_tokens, attended=n_tokens ** 2 / 2)  # the victim's states
+    calib, cached = min(n_tokens, CALIBRATION_POSITIONS), int(params.layer > 0)
+    work.stopped(1 + calib * (1 + cached), depth, tokens=calib * (1 + CALIBRATION_BATCH + cached),
+                 attended=calib ** 2 / 2 * (1 + CALIBRATION_BATCH + cached))
+    if logits:  # the start-of-text prior: a batch of special tokens through every layer
+        specials = min(len(getattr(handle.tokenizer, "all_special_ids", []) or []), MAX_START_CONTEXTS)
+        work.add(calls=1, tokens=specials, attended=specials)
+    ranked = proposing and params.order in ("embedding", "hybrid", "model")
+    if ranked:
+        work.add(rows=vocab * (DIRECTION_PASSES + sort))
+    if any(s.gradient_steps for s in searches):
+        work.add(rows=vocab * STATS_PASSES)
+    for i, s in enumerate(searches):
+        rows_left = n_tokens - i if moves_rows else 1  # observed rows each candidate is compared with
+        if ranked:
+            work.add(rows=vocab * (MATMUL_PASSES * rows_left + RANK_PASSES))
+        if s.gradient_steps:
+            steps = s.gradient_steps * BACKWARD
+            work.stopped(steps, depth, tokens=steps, attended=steps * (i + 1), rows=vocab * RANK_PASSES)
+        work.stopped(s.batches, depth, tokens=s.candidates, attended=s.candidates * (i + 1),
+                     rows=s.candidates * rows_left * (1 + sort / 4))  # L1 distances to the observed rows
+        if i == len(searches) - 1:
             continue
         if logits:
             work.add(calls=1, tokens=1, attended=i + 1)  # extend the prefix with next-token logits (every layer)
@@ -72,61 +161,70 @@ def _attack(handle: ModelHandle, params: AttackParams, n_tokens: int, exhaustive
     return work
 
 
-def _noisy(params: AttackParams) -> bool:
-    return any(d.perturbs for d in build_defences(params))
+def _ids(handle: ModelHandle, params) -> list[int]:
+    return tokenize(handle, params.prompt, params.max_tokens)
 
 
-def _n_tokens(handle: ModelHandle, params) -> int:
-    return len(tokenize(handle, params.prompt, params.max_tokens))
+def _ranks(handle: ModelHandle, params: AttackParams, ids: list[int]) -> list[int] | None:
+    """The model's ranks, when the order proposes from them (else nothing is run)."""
+    return model_ranks(handle, params, ids) if isinstance(make_order(params), (ModelOrder, HybridOrder)) else None
 
 
 def attack_work(handle: ModelHandle, params: AttackParams, kwargs: dict) -> Work:
     """`reconstruct`. Settings the attack would refuse are refused here, before any estimate is shown."""
     params.validate()
-    return _attack(handle, params, _n_tokens(handle, params), params.exhaustive, _noisy(params))
+    ids = _ids(handle, params)
+    return _attack(handle, params, len(ids), forecast(handle, params, ids, _ranks(handle, params, ids)))
 
 
 def layers_work(handle: ModelHandle, params: AttackParams, kwargs: dict) -> Work:
-    """`sweep_layers`: the attack at every layer."""
-    n, work = _n_tokens(handle, params), Work()
+    """`sweep_layers`: the attack at every layer (the model's ranks do not depend on the layer)."""
+    ids, work = _ids(handle, params), Work()
+    ranks = _ranks(handle, params, ids)
     for layer in kwargs.get("layers") or range(handle.info.layers + 1):
-        work.add(**vars(_attack(handle, with_changes(params, layer=layer), n, False, _noisy(params))))
+        p = with_changes(params, layer=layer)
+        work.add(**vars(_attack(handle, p, len(ids), forecast(handle, p, ids, ranks))))
     return work
 
 
 def noise_work(handle: ModelHandle, params: AttackParams, kwargs: dict) -> Work:
     """`sweep_noise`: the attack at every σ under every permutation defence."""
-    n, work = _n_tokens(handle, params), Work()
+    ids, work = _ids(handle, params), Work()
+    ranks = _ranks(handle, params, ids)
     for perm in kwargs.get("permutations") or defence_names("permutation"):
         for sigma in kwargs.get("noises", []):
-            work.add(**vars(_attack(handle, with_noise(params, perm, sigma), n, False, sigma > 0)))
+            p = with_noise(params, perm, sigma)
+            work.add(**vars(_attack(handle, p, len(ids), forecast(handle, p, ids, ranks))))
     return work
 
 
 def speed_work(handle: ModelHandle, params: AttackParams, kwargs: dict) -> Work:
     """`compare_exhaustive`: the attack, then exhaustive search on the measured positions."""
-    n = _n_tokens(handle, params)
-    measured = kwargs.get("measured_positions", 0) or n
-    work = _attack(handle, params, n, False, _noisy(params))
-    return work.add(**vars(_attack(handle, with_changes(params, positions=min(measured, n)), n, True, True)))
+    ids = _ids(handle, params)
+    measured = min(kwargs.get("measured_positions", 0) or len(ids), len(ids))
+    attack = with_changes(params, exhaustive=False)
+    work = _attack(handle, attack, len(ids), forecast(handle, attack, ids, _ranks(handle, attack, ids)))
+    exhaustive = with_changes(params, exhaustive=True, positions=measured)
+    return work.add(**vars(_attack(handle, exhaustive, len(ids), forecast(handle, exhaustive, ids, None))))
 
 
 def cascade_work(handle: ModelHandle, params: CascadeParams, kwargs: dict) -> Work:
     """`simulate_cascade`: the attacker's observed states and noise floor, then, when its view is cheap
     enough to brute-force, every sequence filling each gap before a seen position (an upper bound: the
-    search stops at the first match), in batches of 2048 through the first `layer` blocks."""
+    search stops at the first match), in batches through the first `layer` blocks."""
     ids, _, views = attacker_view(handle, params)
     view = views[params.attacker]
     if view.log10_cost > math.log10(max(params.budget, 1)):
         return Work()
-    vocab = int(vocab_size(handle))
+    vocab = vocab_size(handle)
     depth = max(params.layer, 1) / max(handle.info.layers, 1)
-    n = len(ids)
-    work = Work().stopped(1 + 2 * min(n, 4), depth, tokens=n + 33 * min(n, 4), attended=n * n / 2)
+    n, calib = len(ids), min(len(ids), CALIBRATION_POSITIONS)
+    work = Work().stopped(2 + 2 * calib, depth, tokens=n + calib * (2 + CALIBRATION_BATCH), attended=n * n / 2)
     known = 0
     for pos, gap in zip(view.positions, view.gaps):
         width = gap + 1
         count = float(vocab) ** width
-        work.stopped(math.ceil(count / 2048), depth, tokens=count * width, attended=count * width * (known + width))
+        work.stopped(math.ceil(count / BRUTE_FORCE_BATCH), depth, tokens=count * width,
+                     attended=count * width * (known + width))
         known = pos + 1
     return work

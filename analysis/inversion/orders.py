@@ -58,6 +58,7 @@ class Context:
     vocabulary: Vocabulary
     invert: Callable[[int], torch.Tensor]  # gradient inversion with n Adam steps: an embedding whose state matches a row
     head: int  # how many top proposals a mixed order takes from each source
+    position: int = 0
 
 
 ORDERS: Registry["Order"] = Registry("proposal order")
@@ -98,14 +99,27 @@ class HybridOrder(Order):
         256, label="Proposals before gradient inversion", low=0, high=10**9,
         help="Model and embedding proposals tried before the gradient phase (on a trained model they usually "
              "hit first, and a batch of them costs less than the gradient steps).")
+    gradient_after_start: int = setting(
+        4096, label="Proposals before gradient inversion at position 0", low=0, high=10**9,
+        help="The same at the first position, which holds a trained model's attention sink: there gradient "
+             "inversion fails, and the model's start-of-text prior ranks the first token within a few thousand.")
+
+    def gradient(self, vocab: int) -> bool:
+        """Whether the gradient phase runs for a vocabulary of this size."""
+        return self.steps > 0 and vocab >= self.gradient_min_vocab
+
+    def head_size(self, vocab: int, position: int, head: int) -> int:
+        """Proposals tried first: before the gradient phase, or before the rest when it does not run."""
+        if not self.gradient(vocab):
+            return 2 * head
+        return max(2 * head, self.gradient_after_start if position == 0 else self.gradient_after)
 
     def proposals(self, ctx):
         model = ctx.logits.argsort(descending=True) if ctx.logits is not None else None
         embedding = next(EmbeddingOrder().proposals(ctx))
         both = embedding if model is None else _interleave(model, embedding)
-        gradient = self.steps > 0 and len(ctx.vocabulary) >= self.gradient_min_vocab
-        yield both[: max(2 * ctx.head, self.gradient_after if gradient else 0)]
-        if gradient:
+        yield both[: self.head_size(len(ctx.vocabulary), ctx.position, ctx.head)]
+        if self.gradient(len(ctx.vocabulary)):
             yield GradientOrder(self.steps).ranking(ctx)[: 2 * ctx.head]
         yield both
 
