@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -162,7 +163,8 @@ def floor_seconds(handle: ModelHandle, params: inv.AttackParams, result: inv.Att
     return time.perf_counter() - t0
 
 
-def default_view(name: str, handle: ModelHandle, prompt: str, layer: int, exhaustive_positions: int) -> dict:
+def default_view(name: str, handle: ModelHandle, prompt: str, layer: int, exhaustive_positions: int,
+                 repeats: int = 3) -> dict:
     """The page's default view: the attack (estimated, timed, against its floor), the estimates of the
     sections that wait for a click, and exhaustive search on the first position(s) for the comparison."""
     from analysis import cost
@@ -170,14 +172,19 @@ def default_view(name: str, handle: ModelHandle, prompt: str, layer: int, exhaus
     params = inv.AttackParams(prompt=prompt, layer=layer)
     ids = inv.tokenize(handle, prompt)
     inv.reconstruct(handle, inv.AttackParams(prompt=prompt, layer=layer, positions=2))  # warm-up
-    cost._calibrated.pop(cost.calibration_key(handle), None)
-    t0 = time.perf_counter()
-    estimate = cost.estimate(inv.reconstruct, handle, params)
-    estimate_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    result = inv.reconstruct(handle, params)
-    measured = time.perf_counter() - t0
-    floor = floor_seconds(handle, params, result, ids)
+    estimates, times, floors, estimator = [], [], [], []
+    for _ in range(repeats):  # a shared machine's speed changes: each estimate with a fresh calibration
+        cost._calibrated.pop(cost.calibration_key(handle), None)
+        t0 = time.perf_counter()
+        estimates.append(cost.estimate(inv.reconstruct, handle, params).seconds)
+        estimator.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        result = inv.reconstruct(handle, params)
+        times.append(time.perf_counter() - t0)
+        floors.append(floor_seconds(handle, params, result, ids))
+    measured, floor = statistics.median(times), statistics.median(floors)
+    estimate_ratios = [t / e for t, e in zip(times, estimates)]
+    floor_ratios = [t / f for t, f in zip(times, floors)]
     others = {kind: cost.estimate(fn, handle, params, kw).seconds for kind, fn, kw in (
         ("layers", inv.sweep_layers, {}), ("noise", inv.sweep_noise, {"noises": [0.0, 0.01, 0.1, 0.3, 1.0, 3.0]}),
         ("speed", inv.compare_exhaustive, {"measured_positions": exhaustive_positions}))}
@@ -190,16 +197,22 @@ def default_view(name: str, handle: ModelHandle, prompt: str, layer: int, exhaus
                                                           positions=exhaustive_positions))
     per_position = sum(t.seconds for t in exhaustive.tokens) / len(exhaustive.tokens)
     vocab = inv.vocab_size(handle)
-    print(f"  {name}: {result.accuracy:.0%}, {result.evaluations:,} candidates, {measured:.1f} s "
-          f"(estimate {estimate.seconds:.1f} s, floor {floor:.1f} s)", file=sys.stderr)
+    print(f"  {name}: {result.accuracy:.0%}, {result.evaluations:,} candidates, {times} s "
+          f"(estimates {estimates}, floors {floors})", file=sys.stderr)
     return {
         "model": name, "layer": layer, "prompt": prompt, "tokens": len(ids), "vocab": vocab,
         "accuracy": result.accuracy, "candidates": result.evaluations, "gradient_steps": result.gradient_steps,
         "exhaustive_candidates": len(ids) * vocab, "ranks": [t.rank for t in result.tokens],
-        "evaluations": [t.evaluations for t in result.tokens], "seconds": round(measured, 2),
-        "estimate": round(estimate.seconds, 2), "estimate_ratio": round(measured / estimate.seconds, 2),
-        "estimator_seconds": round(estimate_seconds, 2), "floor": round(floor, 2),
-        "floor_ratio": round(measured / floor, 2), "exhaustive_seconds_per_position": round(per_position, 2),
+        "evaluations": [t.evaluations for t in result.tokens], "gradient_positions":
+            [t.position for t in result.tokens if t.gradient_steps], "seconds": round(measured, 2),
+        "times": [round(t, 2) for t in times], "estimates": [round(e, 2) for e in estimates],
+        "estimate": round(statistics.median(estimates), 2),
+        "estimate_ratio": round(statistics.median(estimate_ratios), 2),
+        "estimate_ratios": [round(r, 2) for r in estimate_ratios],
+        "estimator_seconds": round(statistics.median(estimator), 2), "floor": round(floor, 2),
+        "floors": [round(f, 2) for f in floors], "floor_ratio": round(statistics.median(floor_ratios), 2),
+        "floor_ratios": [round(r, 2) for r in floor_ratios],
+        "exhaustive_seconds_per_position": round(per_position, 2),
         "exhaustive_seconds": round(per_position * len(ids), 1),
         "exhaustive_identical": [t.recovered_id for t in exhaustive.tokens] ==
                                 [t.recovered_id for t in result.tokens[:len(exhaustive.tokens)]],
@@ -209,15 +222,17 @@ def default_view(name: str, handle: ModelHandle, prompt: str, layer: int, exhaus
 
 
 def view_table(rows: list[dict]) -> str:
-    lines = ["| model | layer | tokens | recovered | candidates (exhaustive) | attack time | estimate | floor | "
-             "time / floor | exhaustive time | sections waiting for a click (estimates) |", "|" + "---|" * 11]
+    lines = ["| model | layer | tokens | recovered | candidates (exhaustive) | attack time | estimate (measured / "
+             "estimate) | floor | time / floor | exhaustive time | sections waiting for a click (estimates) |",
+             "|" + "---|" * 11]
     for r in rows:
         waiting = ", ".join(f"{k} {v:,.0f} s" for k, v in r["waiting_estimates"].items())
         lines.append(
             f"| {r['model']} | {r['layer']} | {r['tokens']} | {r['accuracy']:.0%} | {r['candidates']:,} "
             f"({r['exhaustive_candidates']:,}: {r['exhaustive_candidates'] / max(r['candidates'], 1):,.0f}× more) | "
-            f"{r['seconds']:.1f} s | {r['estimate']:.1f} s ({r['estimate_ratio']:.2f}×) | {r['floor']:.1f} s | "
-            f"{r['floor_ratio']:.2f}× | {r['exhaustive_seconds']:,.0f} s ({r['exhaustive_seconds'] / r['seconds']:,.0f}× "
+            f"{r['seconds']:.1f} s | {r['estimate']:.1f} s ({r['estimate_ratio']:.2f}; "
+            f"{min(r['estimate_ratios']):.2f}–{max(r['estimate_ratios']):.2f}) | {r['floor']:.1f} s | "
+            f"{r['floor_ratio']:.2f}× ({min(r['floor_ratios']):.2f}–{max(r['floor_ratios']):.2f}) | {r['exhaustive_seconds']:,.0f} s ({r['exhaustive_seconds'] / r['seconds']:,.0f}× "
             f"the attack) | {waiting} |")
     return "\n".join(lines)
 

@@ -29,12 +29,13 @@ from analysis.inversion.sweeps import with_changes, with_noise
 from analysis.models import ModelHandle
 
 # Ranking the vocabulary, in elementwise passes over one row of the embedding table (`Throughput.per_row`;
-# measured on SmolLM2's 49,152 x 576 table, one thread: the directions 3.1 passes, once per attack; one
-# position's embedding ranking 0.25 passes for one observed row and 0.62 for 14, its logit argsort 0.08,
-# gradient inversion's nearest-embedding ranking 0.21, the table's mean and std 1.7).
+# measured on SmolLM2's 49,152 x 576 table: the directions 3.1 passes, once per attack; an observed row's
+# scores against every direction 0.16 (a matmul reading the table), each further row 0.03; an argsort of
+# V scores 0.11; the table's mean and std 1.7).
 DIRECTION_PASSES = 3.0  # centre and normalise the table (once per attack)
-RANK_PASSES = 0.3  # per position: the max, argsorts and interleave of V scores
-MATMUL_PASSES = 0.03  # per position and observed row compared: the V scores' matmul
+SCORE_PASSES = 0.16  # the embedding scores of one observed row (gradient inversion's nearest embeddings too)
+ROW_PASSES = 0.03  # each further observed row compared (shuffled positions: every unmatched row)
+SORT_PASSES = 0.11  # one argsort of V scores
 STATS_PASSES = 2.0  # the table's mean and spread (gradient inversion's start and step), once
 SORT_PASSES_PER_LOG2 = 3.7  # sorting each row's values (permuted dimensions): 3.7 · log2(d) passes
 CLEAN_CANDIDATES = 80  # embedding order: an exact match is usually found in the first two batches (16 + 64)
@@ -42,11 +43,14 @@ CLEAN_CANDIDATES = 80  # embedding order: an exact match is usually found in the
 
 @dataclass
 class Search:
-    """One position's forecast: candidates scored, candidate batches (forward calls), gradient steps."""
+    """One position's forecast: candidates scored, candidate batches (forward calls), gradient steps, and
+    the ranking work: whether the embedding scores are computed, how many full argsorts of V scores."""
 
     candidates: float
     batches: int
     gradient_steps: int = 0
+    scores: bool = False
+    sorts: float = 0.0
 
 
 def scan(index: float, chunks: list[float], first: int, largest: int) -> Search:
@@ -92,12 +96,14 @@ def forecast(handle: ModelHandle, params: AttackParams, ids: list[int], ranks: l
             search.gradient_steps = order.steps
         elif isinstance(order, ModelOrder) and rank:
             search = scan(rank, [vocab], first, largest)
+            search.sorts = 1
         elif isinstance(order, HybridOrder) and rank:
             search = _hybrid(order, i, 2 * rank - 1, vocab, first, largest)
         elif params.order == "vocab":
             search = scan(vocab / 2, [vocab], first, largest)
         else:  # the embedding order (or a model order without a ranking)
             search = scan(min(vocab, CLEAN_CANDIDATES), [vocab], first, largest)
+            search.scores, search.sorts = True, 1
         out.append(search)
     return out
 
@@ -110,12 +116,14 @@ def _hybrid(order: HybridOrder, position: int, index: int, vocab: int, first: in
     gradient = order.gradient(vocab)
     head = min(vocab, order.head_size(vocab, position, first))
     if index <= head or not gradient:
-        return scan(index, [head, vocab - head], first, largest)
-    if position == 0:
+        search = scan(index, [head, vocab - head], first, largest)
+    elif position == 0:
         search = scan(index + 2 * first, [head, 2 * first, vocab], first, largest)
     else:
         search = scan(head + 1, [head, 2 * first], first, largest)  # the gradient head's first candidate
-    search.gradient_steps = order.steps
+    search.gradient_steps = order.steps if gradient and index > head else 0
+    # past the head (the top-k of each ranking), both rankings are sorted in full and interleaved
+    search.scores, search.sorts = True, (3.0 if search.candidates > head else 0.0)
     return search
 
 
@@ -138,18 +146,16 @@ def _attack(handle: ModelHandle, params: AttackParams, n_tokens: int, searches: 
     if logits:  # the start-of-text prior: a batch of special tokens through every layer
         specials = min(len(getattr(handle.tokenizer, "all_special_ids", []) or []), MAX_START_CONTEXTS)
         work.add(calls=1, tokens=specials, attended=specials)
-    ranked = proposing and params.order in ("embedding", "hybrid", "model")
-    if ranked:
+    if any(s.scores for s in searches):
         work.add(rows=vocab * (DIRECTION_PASSES + sort))
     if any(s.gradient_steps for s in searches):
         work.add(rows=vocab * STATS_PASSES)
     for i, s in enumerate(searches):
         rows_left = n_tokens - i if moves_rows else 1  # observed rows each candidate is compared with
-        if ranked:
-            work.add(rows=vocab * (MATMUL_PASSES * rows_left + RANK_PASSES))
-        if s.gradient_steps:
+        work.add(rows=vocab * (s.scores * (SCORE_PASSES + ROW_PASSES * (rows_left - 1)) + s.sorts * SORT_PASSES))
+        if s.gradient_steps:  # the steps, then the nearest embeddings to the optimised one
             steps = s.gradient_steps * BACKWARD
-            work.stopped(steps, depth, tokens=steps, attended=steps * (i + 1), rows=vocab * RANK_PASSES)
+            work.stopped(steps, depth, tokens=steps, attended=steps * (i + 1), rows=vocab * (SCORE_PASSES + SORT_PASSES))
         work.stopped(s.batches, depth, tokens=s.candidates, attended=s.candidates * (i + 1),
                      rows=s.candidates * rows_left * (1 + sort / 4))  # L1 distances to the observed rows
         if i == len(searches) - 1:
@@ -209,22 +215,28 @@ def speed_work(handle: ModelHandle, params: AttackParams, kwargs: dict) -> Work:
 
 
 def cascade_work(handle: ModelHandle, params: CascadeParams, kwargs: dict) -> Work:
-    """`simulate_cascade`: the attacker's observed states and noise floor, then, when its view is cheap
-    enough to brute-force, every sequence filling each gap before a seen position (an upper bound: the
-    search stops at the first match), in batches through the first `layer` blocks."""
+    """`simulate_cascade`: when the attacker's view is cheap enough to brute-force, its observed states and
+    noise floor, then for each seen position the sequences filling the gap before it, enumerated in
+    vocabulary order in batches up to the batch holding the true sequence (the first match: its index in
+    the enumeration is known from the prompt), through the first `layer` blocks, and the prefix's extension."""
     ids, _, views = attacker_view(handle, params)
     view = views[params.attacker]
     if view.log10_cost > math.log10(max(params.budget, 1)):
         return Work()
     vocab = vocab_size(handle)
     depth = max(params.layer, 1) / max(handle.info.layers, 1)
-    n, calib = len(ids), min(len(ids), CALIBRATION_POSITIONS)
-    work = Work().stopped(2 + 2 * calib, depth, tokens=n + calib * (2 + CALIBRATION_BATCH), attended=n * n / 2)
+    n, calib, cached = len(ids), min(len(ids), CALIBRATION_POSITIONS), int(params.layer > 0)
+    work = Work().stopped(1, depth, tokens=n, attended=n * n / 2)  # the victim's states
+    work.stopped(1 + calib * (1 + cached), depth, tokens=calib * (1 + CALIBRATION_BATCH + cached),
+                 attended=calib ** 2 / 2 * (1 + CALIBRATION_BATCH + cached))
     known = 0
     for pos, gap in zip(view.positions, view.gaps):
         width = gap + 1
-        count = float(vocab) ** width
-        work.stopped(math.ceil(count / BRUTE_FORCE_BATCH), depth, tokens=count * width,
-                     attended=count * width * (known + width))
+        index = sum(t * vocab ** (width - 1 - k) for k, t in enumerate(ids[known:pos + 1]))  # lexicographic
+        batches = index // BRUTE_FORCE_BATCH + 1
+        count = min(float(vocab) ** width, batches * BRUTE_FORCE_BATCH)
+        work.stopped(batches, depth, tokens=count * width, attended=count * width * (known + width))
+        if cached:
+            work.stopped(1, depth, tokens=width, attended=width * (known + width))  # extend the prefix
         known = pos + 1
     return work

@@ -96,9 +96,9 @@ class HybridOrder(Order):
         2048, label="Smallest vocabulary for gradient inversion", low=0, high=10**9,
         help="Below this vocabulary size a full pass costs less than the gradient steps: the phase is skipped.")
     gradient_after: int = setting(
-        256, label="Proposals before gradient inversion", low=0, high=10**9,
+        32, label="Proposals before gradient inversion", low=0, high=10**9,
         help="Model and embedding proposals tried before the gradient phase (on a trained model they usually "
-             "hit first, and a batch of them costs less than the gradient steps).")
+             "hit first; past a few dozen, gradient inversion is the cheaper bet).")
     gradient_after_start: int = setting(
         4096, label="Proposals before gradient inversion at position 0", low=0, high=10**9,
         help="The same at the first position, which holds a trained model's attention sink: there gradient "
@@ -115,13 +115,19 @@ class HybridOrder(Order):
         return max(2 * head, self.gradient_after_start if position == 0 else self.gradient_after)
 
     def proposals(self, ctx):
-        model = ctx.logits.argsort(descending=True) if ctx.logits is not None else None
-        embedding = next(EmbeddingOrder().proposals(ctx))
-        both = embedding if model is None else _interleave(model, embedding)
-        yield both[: self.head_size(len(ctx.vocabulary), ctx.position, ctx.head)]
-        if self.gradient(len(ctx.vocabulary)):
+        vocab = len(ctx.vocabulary)
+        size = min(self.head_size(vocab, ctx.position, ctx.head), vocab)
+        embedding = EmbeddingOrder.scores(ctx)
+        # the head needs only the top of each ranking (a top-k is linear in V; the full sorts and their
+        # interleave come only when the head misses: most positions of a trained model never get there)
+        if ctx.logits is None:
+            yield _top(embedding, size)
+        else:
+            yield _interleave(_top(ctx.logits, (size + 1) // 2), _top(embedding, size // 2))[:size]
+        if self.gradient(vocab):
             yield GradientOrder(self.steps).ranking(ctx)[: 2 * ctx.head]
-        yield both
+        order = embedding.argsort(descending=True)
+        yield order if ctx.logits is None else _interleave(ctx.logits.argsort(descending=True), order)
 
 
 @ORDERS.register
@@ -168,10 +174,16 @@ class EmbeddingOrder(Order):
     name: ClassVar[str] = "embedding"
     label: ClassVar[str] = "closest token embedding"
 
-    def proposals(self, ctx):
+    @staticmethod
+    def scores(ctx: Context) -> torch.Tensor:
+        """Each token's highest cosine between its centred embedding and an observed row (V,)."""
         rows = ctx.rows.sort(dim=1).values if ctx.sorted_dims else ctx.rows
         rows = torch.nn.functional.normalize(rows - rows.mean(1, keepdim=True) * ctx.sorted_dims, dim=1)
-        yield (ctx.vocabulary.directions(ctx.sorted_dims) @ rows.T).amax(dim=1).argsort(descending=True)
+        cosines = ctx.vocabulary.directions(ctx.sorted_dims) @ rows.T
+        return cosines[:, 0] if len(rows) == 1 else cosines.amax(dim=1)
+
+    def proposals(self, ctx):
+        yield self.scores(ctx).argsort(descending=True)
 
 
 @ORDERS.register
@@ -182,6 +194,11 @@ class VocabOrder(Order):
 
     def proposals(self, ctx):
         yield torch.arange(len(ctx.vocabulary))
+
+
+def _top(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Ids of the k highest scores, highest first."""
+    return scores.topk(min(k, len(scores))).indices
 
 
 def _interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
