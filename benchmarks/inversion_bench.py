@@ -1,6 +1,6 @@
 """Prompt reconstruction: candidate evaluations and wall time of the attack vs exhaustive search.
 
-    python benchmarks/inversion_bench.py [--gpt2-positions 8] [--exhaustive-positions 2] [--parts shapes,gpt2,noise]
+    python benchmarks/inversion_bench.py [--gpt2-positions 8] [--exhaustive-positions 2] [--parts shapes,gpt2,noise,real]
 
 Two models: `shapes-lm` from the demo zoo (small vocabulary, so exhaustive search runs on every
 position) and a GPT-2-small-shaped random-weight model built in memory from `GPT2Config()`
@@ -26,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from analysis import anatomy  # noqa: E402
 from analysis import inversion as inv  # noqa: E402
 from analysis import tiny_models  # noqa: E402
 from analysis.models import ModelHandle, ModelSpec, load_model, zoo_models  # noqa: E402
@@ -140,27 +141,43 @@ def real_model(spec: str) -> tuple[str, ModelHandle]:
         return f"local:{REAL_FOLDER}", load_model(ModelSpec("local", str(REAL_FOLDER)))
 
 
-def floor_seconds(handle: ModelHandle, params: inv.AttackParams, result: inv.AttackResult, ids: list[int]) -> float:
-    """The model calls the attack cannot do without, on the same tokens, timed: the victim's forward of
-    the first L layers, then per position its scored candidates (as many as it scored, in batches of at
-    most `max_batch`, through the first L layers after the cached prefix) and the prefix's extension by
-    the true token (with the next-token logits when the order proposes from them). No ranking, no
-    calibration, no gradient steps, no bookkeeping."""
+def floor_seconds(handle: ModelHandle, params: inv.AttackParams, result: inv.AttackResult,
+                  ids: list[int]) -> tuple[float, float]:
+    """(plain forwards, gradient passes) on the same tokens, timed. The plain forwards are the model calls
+    the attack cannot do without: the victim's forward of the first L layers, then per position its scored
+    candidates (as many as it scored, in batches of at most `max_batch`, through the first L layers after
+    the cached prefix) and the prefix's extension by the true token (with the next-token logits when the
+    order proposes from them). The gradient passes are gradient inversion's forward+backward steps where
+    the attack ran them (the model calls that replace scoring thousands of candidates there). No ranking,
+    no calibration, no start-of-text prior, no bookkeeping."""
     gen = torch.Generator().manual_seed(0)
     vocab = inv.vocab_size(handle)
     logits = inv.make_order(params).needs_logits
-    t0 = time.perf_counter()
+    vocabulary = inv.Vocabulary(anatomy.input_embeddings(handle.language_model).weight.cpu())
+    vocabulary.stats()
+    plain = gradient = 0.0
     with handle.patch() as patch, torch.no_grad():
         probe = inv.Probe(handle, patch, params.layer)
-        probe.run(torch.tensor([ids], device=handle.device), 0)
+        t0 = time.perf_counter()
+        observed, _ = probe.run(torch.tensor([ids], device=handle.device), 0)
         cache = probe.new_cache()
+        plain += time.perf_counter() - t0
         for t in result.tokens:
+            t0 = time.perf_counter()
             for start in range(0, t.evaluations, params.max_batch):
                 size = min(params.max_batch, t.evaluations - start)
                 probe.candidates(cache, t.position, torch.randint(0, vocab, (size,), generator=gen).to(handle.device))
+            plain += time.perf_counter() - t0
+            if t.gradient_steps:
+                t0 = time.perf_counter()
+                probe.invert(cache, t.position, observed[0, t.position:t.position + 1], False, t.gradient_steps,
+                             vocabulary)
+                gradient += time.perf_counter() - t0
+            t0 = time.perf_counter()
             if t.position < len(result.tokens) - 1:
                 probe.run(torch.tensor([[ids[t.position]]], device=handle.device), t.position, cache, full=logits)
-    return time.perf_counter() - t0
+            plain += time.perf_counter() - t0
+    return plain, gradient
 
 
 def default_view(name: str, handle: ModelHandle, prompt: str, layer: int, exhaustive_positions: int,
@@ -182,9 +199,11 @@ def default_view(name: str, handle: ModelHandle, prompt: str, layer: int, exhaus
         result = inv.reconstruct(handle, params)
         times.append(time.perf_counter() - t0)
         floors.append(floor_seconds(handle, params, result, ids))
-    measured, floor = statistics.median(times), statistics.median(floors)
+    measured = statistics.median(times)
+    floor = statistics.median(p + g for p, g in floors)
     estimate_ratios = [t / e for t, e in zip(times, estimates)]
-    floor_ratios = [t / f for t, f in zip(times, floors)]
+    floor_ratios = [t / (p + g) for t, (p, g) in zip(times, floors)]
+    plain_ratios = [t / p for t, (p, g) in zip(times, floors)]
     others = {kind: cost.estimate(fn, handle, params, kw).seconds for kind, fn, kw in (
         ("layers", inv.sweep_layers, {}), ("noise", inv.sweep_noise, {"noises": [0.0, 0.01, 0.1, 0.3, 1.0, 3.0]}),
         ("speed", inv.compare_exhaustive, {"measured_positions": exhaustive_positions}))}
@@ -210,8 +229,9 @@ def default_view(name: str, handle: ModelHandle, prompt: str, layer: int, exhaus
         "estimate_ratio": round(statistics.median(estimate_ratios), 2),
         "estimate_ratios": [round(r, 2) for r in estimate_ratios],
         "estimator_seconds": round(statistics.median(estimator), 2), "floor": round(floor, 2),
-        "floors": [round(f, 2) for f in floors], "floor_ratio": round(statistics.median(floor_ratios), 2),
-        "floor_ratios": [round(r, 2) for r in floor_ratios],
+        "floors": [[round(p, 2), round(g, 2)] for p, g in floors],
+        "floor_ratio": round(statistics.median(floor_ratios), 2), "floor_ratios": [round(r, 2) for r in floor_ratios],
+        "plain_ratio": round(statistics.median(plain_ratios), 2), "plain_ratios": [round(r, 2) for r in plain_ratios],
         "exhaustive_seconds_per_position": round(per_position, 2),
         "exhaustive_seconds": round(per_position * len(ids), 1),
         "exhaustive_identical": [t.recovered_id for t in exhaustive.tokens] ==
@@ -223,7 +243,8 @@ def default_view(name: str, handle: ModelHandle, prompt: str, layer: int, exhaus
 
 def view_table(rows: list[dict]) -> str:
     lines = ["| model | layer | tokens | recovered | candidates (exhaustive) | attack time | estimate (measured / "
-             "estimate) | floor | time / floor | exhaustive time | sections waiting for a click (estimates) |",
+             "estimate) | floor: forwards + gradient passes | time / floor | exhaustive time | sections waiting "
+             "for a click (estimates) |",
              "|" + "---|" * 11]
     for r in rows:
         waiting = ", ".join(f"{k} {v:,.0f} s" for k, v in r["waiting_estimates"].items())
@@ -232,7 +253,8 @@ def view_table(rows: list[dict]) -> str:
             f"({r['exhaustive_candidates']:,}: {r['exhaustive_candidates'] / max(r['candidates'], 1):,.0f}× more) | "
             f"{r['seconds']:.1f} s | {r['estimate']:.1f} s ({r['estimate_ratio']:.2f}; "
             f"{min(r['estimate_ratios']):.2f}–{max(r['estimate_ratios']):.2f}) | {r['floor']:.1f} s | "
-            f"{r['floor_ratio']:.2f}× ({min(r['floor_ratios']):.2f}–{max(r['floor_ratios']):.2f}) | {r['exhaustive_seconds']:,.0f} s ({r['exhaustive_seconds'] / r['seconds']:,.0f}× "
+            f"{r['floor_ratio']:.2f}× ({min(r['floor_ratios']):.2f}–{max(r['floor_ratios']):.2f}; "
+            f"{r['plain_ratio']:.2f}× without the gradient passes) | {r['exhaustive_seconds']:,.0f} s ({r['exhaustive_seconds'] / r['seconds']:,.0f}× "
             f"the attack) | {waiting} |")
     return "\n".join(lines)
 
