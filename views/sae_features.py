@@ -241,7 +241,8 @@ def steer_section(default: str, image_ref: str, where: str) -> None:
     row = field_row()
     text = row.text_input("Features (feature=strength, comma-separated)", url_param("steer", default, str),
                           key=f"sae_steer_{where}", max_chars=200, width=260)
-    values = form.draw(row, fields_of(sae_v.SteerParams, ["mode", "max_new_tokens"]))
+    values = form.draw(row, fields_of(sae_v.SteerParams, ["mode", "positions", "max_new_tokens"] if is_vlm
+                                      else ["mode", "max_new_tokens"]))
     values |= form.draw(st.container(), fields_of(sae_v.SteerParams, ["prompt"]), width="stretch")
     form.mirror()
     set_url_params(steer=text)

@@ -134,6 +134,8 @@ def usable_batches(handle: ModelHandle, pairs: PairSet, layer: int, which, batch
     which = list(which)
     dataset = dataset_for(pairs.dataset)
     for start in range(0, len(which), batch_size):
+        # reported before the batch runs: a Stop raised here loses no finished batch (the caller kept them)
+        progress(start / max(len(which), 1), f"pairs {start}/{len(which)}")
         batch, images, bad = [], [], []
         for i in which[start:start + batch_size]:
             if handle.kind == "vlm":
@@ -147,6 +149,5 @@ def usable_batches(handle: ModelHandle, pairs: PairSet, layer: int, which, batch
         if batch:
             prompts = [dataset.prompt(handle, pairs.pairs[i].text) for i in batch]
             acts = batch_activations(handle, layer, batch, prompts, images if handle.kind == "vlm" else None)
-        done = min(start + batch_size, len(which))
-        progress(done / max(len(which), 1), f"pairs {done}/{len(which)}")
         yield acts, batch, bad
+    progress(1.0, f"pairs {len(which)}/{len(which)}")

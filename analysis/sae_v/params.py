@@ -226,18 +226,29 @@ class SteerParams(SaeChoice):
     mode: str = setting("add", label="Steering", choices=["add", "clamp"],
                         help="add: strength x the feature's decoder direction at every position; clamp: set the "
                              "feature's activation to the strength at every position.")
-    prompt: str = setting("", label="Prompt", high=2000,
+    prompt: str = setting("", label="Prompt", high=2000, url="sprompt",
                           help="A language model continues it; a vision-language model answers it about the "
                                "image (empty: the model's captioning prompt).")
     image: str = ""  # as ExplainParams.image
-    max_new_tokens: int = setting(24, label="New tokens", low=1, high=256)
+    max_new_tokens: int = setting(24, label="New tokens", low=1, high=256, url="tokens")
+    positions: str = setting("all", label="Steer at", choices=["all", "image", "text"], url="at",
+                             help="Which positions get the feature: every one, the image tokens only, or the text "
+                                  "tokens only (the prompt's and the generated ones).")
+
+    def __post_init__(self) -> None:
+        try:  # JSON keys are text: {"12": 8.0} is feature 12
+            self.features = {int(k): float(v) for k, v in (self.features or {}).items()}
+        except (TypeError, ValueError):
+            pass  # validate() says what is wrong
 
     def validate(self) -> None:
         check_settings(self)
         if not self.features:
             raise SettingsError("Choose at least one feature to steer (feature=strength).")
+        if not all(isinstance(k, int) and isinstance(v, float) for k, v in self.features.items()):
+            raise SettingsError("Steering takes whole feature numbers and numeric strengths (feature=strength).")
         for k, s in self.features.items():
-            if int(k) < 0:
+            if k < 0:
                 raise SettingsError(f"Feature indices start at 0, got {k}.")
             if not -1e4 <= float(s) <= 1e4:
                 raise SettingsError(f"Steering strength must be between -10000 and 10000, got {s}.")

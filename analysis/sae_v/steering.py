@@ -34,11 +34,12 @@ def steer(handle: ModelHandle, params: SteerParams, progress: Progress | None = 
     pairs = store_for(handle, params).pairs if params.image.startswith("pair:") else None
     image = image_from_ref(params.image, pairs)
     return generate_both(handle, sae, meta, params.features, image=image, prompt=params.prompt, mode=params.mode,
-                         max_new_tokens=params.max_new_tokens, progress=progress)
+                         max_new_tokens=params.max_new_tokens, positions=params.positions, progress=progress)
 
 
 def generate_both(handle: ModelHandle, sae, meta, features: dict[int, float], image=None, prompt: str = "",
-                  mode: str = "add", max_new_tokens: int = 24, progress: Progress | None = None) -> SteeringResult:
+                  mode: str = "add", max_new_tokens: int = 24, positions: str = "all",
+                  progress: Progress | None = None) -> SteeringResult:
     """Greedy output without and with `features` ({feature: strength}) steered at the SAE's layer."""
     progress = progress or _noop
     d_sae = int(sae.cfg.d_sae)
@@ -51,13 +52,13 @@ def generate_both(handle: ModelHandle, sae, meta, features: dict[int, float], im
     progress(0.5, "generating with steering")
     mask = (inputs["input_ids"][0] == anatomy.image_token_id(handle)) if handle.kind == "vlm" else None
     with handle.patch() as patch:
-        patch.hook(anatomy.decoder_layers(handle.model)[meta.layer], _Steer(sae, meta, features, mode, mask))
+        patch.hook(anatomy.decoder_layers(handle.model)[meta.layer], _Steer(sae, meta, features, mode, mask, positions))
         steered = _generate(handle, inputs, max_new_tokens)
     progress(1.0, "done")
     a, b = _texts(handle, plain), _texts(handle, steered)
     a.changed, b.changed = _changed(a.tokens, b.tokens)
     return SteeringResult(model=handle.spec.label, layer=meta.layer, features=dict(features), mode=mode,
-                          prompt=text, unsteered=a, steered=b)
+                          prompt=text, unsteered=a, steered=b, positions=positions)
 
 
 def caption_prompt(handle: ModelHandle) -> str:
@@ -106,13 +107,15 @@ def _generate(handle: ModelHandle, inputs: dict, new_tokens: int) -> torch.Tenso
 class _Steer:
     """The forward hook on the SAE's layer that adds the features' directions to its output."""
 
-    def __init__(self, sae, meta, features: dict[int, float], mode: str, image_mask: torch.Tensor | None) -> None:
+    def __init__(self, sae, meta, features: dict[int, float], mode: str, image_mask: torch.Tensor | None,
+                 positions: str = "all") -> None:
         keys = sorted(int(k) for k in features)
         self.keys = torch.tensor(keys)
         self.strength = torch.tensor([float(features[k]) for k in keys])
         self.directions = sae.W_dec.detach().float()[self.keys]  # (K, d) in the SAE's input space
         self.sae, self.scales, self.mode = sae, meta.scales, mode
         self.image_mask = image_mask  # prompt positions that are image tokens (a VLM)
+        self.positions = positions  # all | image | text
 
     def __call__(self, module, args, output):
         hidden = output[0] if isinstance(output, tuple) else output
@@ -129,6 +132,8 @@ class _Steer:
         else:
             amount = self.strength[None, :].expand(n, -1)
         delta = (amount @ self.directions) / scale  # (T, d) in the raw residual
+        if self.positions != "all":
+            delta = delta * (modality == (IMAGE if self.positions == "image" else TEXT)).float()[:, None]
         steered = hidden + delta.to(hidden.dtype).to(hidden.device)[None]
         return (steered,) + tuple(output[1:]) if isinstance(output, tuple) else steered
 

@@ -269,6 +269,7 @@ class SteeringResult(Result):
     prompt: str
     unsteered: SteeredText
     steered: SteeredText
+    positions: str = "all"  # all | image | text: where the features were added
 
     @property
     def changed(self) -> bool:
