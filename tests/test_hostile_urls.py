@@ -31,7 +31,8 @@ PAGES = {
     "views/prompt_reconstruction.py": ["prompt", "layer", "perm", "perturb", "order", "noise", "bits", "seed",
                                        "sweeps", "exhaustive", "parties", "sharding", "attacker", "budget"],
     "views/caption_correction.py": ["src", "seed", "cap", "text", "lm", "dec", "ver", "rew", "pi", "prob", "ground"],
-    "views/sae_features.py": ["sae", "view", "sort", "labels", "feature", "by", "thr", "rule", "keep"],
+    "views/sae_features.py": ["sae", "view", "sort", "labels", "feature", "by", "thr", "rule", "keep", "data", "slayer",
+                              "spair", "img", "steer", "mode", "at", "tokens", "sprompt"],
     "views/overview.py": [],
 }
 for page_params in PAGES.values():

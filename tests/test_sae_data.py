@@ -347,13 +347,22 @@ def test_cli_on_a_model_that_is_not_the_demos_reports_roc_only_with_real_corrupt
 
 
 def test_steering_adds_strength_times_the_decoder_direction():
-    """The hook against a float64 reference: x + S * W_dec[k] / scale(modality) at every position."""
+    """The hook against a float64 reference: x + S * W_dec[k] / scale(modality) at every position (and for an
+    sae-lens TopK SAE that divides activations by the decoder row's norm, S * W_dec[k] / |W_dec[k]|)."""
     from analysis.sae_v.steering import _Steer
 
     torch.manual_seed(0)
 
-    class FakeSae:
+    class FakeSae:  # decode(a) = a @ W_dec + b_dec, as a plain SAE's
         W_dec = torch.randn(6, 5)
+        b_dec = torch.randn(5)
+
+        class cfg:
+            d_sae = 6
+
+        @classmethod
+        def decode(cls, acts):
+            return acts @ cls.W_dec + cls.b_dec
 
     meta = sae_v.SaeMeta(model="m", layer=0, d_in=5, train=None, dataset="", n_pairs=0, n_tokens=0, fve=0, l0=0,
                          dead=0, scales=[0.5, 4.0])
@@ -372,6 +381,16 @@ def test_steering_adds_strength_times_the_decoder_direction():
     one_step = hook(None, None, hidden[:, :1])  # a decode step: one new (text) token
     assert one_step[0, 0, 0] == pytest.approx(float(hidden[0, 0, 0]) + (3.0 * float(FakeSae.W_dec[2, 0])
                                                                       - 1.5 * float(FakeSae.W_dec[4, 0])) / 0.5)
+    from sae_lens import TopKSAE, TopKSAEConfig
+
+    topk = TopKSAE(TopKSAEConfig(d_in=5, d_sae=6, k=2, rescale_acts_by_decoder_norm=True))
+    with torch.no_grad():
+        topk.W_dec.mul_(0.1)
+    real = _Steer(topk, meta, {1: 2.0}, "add", None)(None, None, hidden)
+    row = [float(v) for v in topk.W_dec[1]]
+    norm = math.sqrt(sum(v * v for v in row))
+    assert real[0, 3].tolist() == pytest.approx([float(h) + 2.0 * v / norm / 0.5 for h, v in zip(hidden[0, 3], row)],
+                                                abs=1e-5)
 
 
 def test_steering_a_language_model_changes_its_continuation(tiny_llama, model_root, cache):

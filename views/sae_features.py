@@ -116,6 +116,7 @@ def train_form(has_saes: bool) -> None:
                 params.validate()
                 trained = run_train(params)
             set_url_params(sae=trained.name, view="list")
+            st.session_state.pop("sae_pick", None)
             st.rerun()
 
 
@@ -138,13 +139,14 @@ def outside_form() -> None:
                 show_error(exc)
             else:
                 set_url_params(sae=source.locator, slayer=int(layer), view="list")
+                st.session_state.pop("sae_pick", None)
                 st.rerun()
 
 
 folders = {f.name: f for f in sae_v.available_saes(handle)}
 train_form(bool(folders))
 outside_form()
-sae_name = url_param("sae", next(iter(folders), ""), str)
+sae_name = url_param("sae", next(iter(folders), ""), str).strip() or next(iter(folders), "")
 options = list(folders) + ([sae_name] if sae_name and sae_name not in folders else [])
 if not options:
     st.info("There is no SAE for this model yet: train one above, or use one from elsewhere.")
@@ -159,8 +161,10 @@ outside_layer = url_param("slayer", -1, int, lo=-1, hi=handle.info.layers - 1) i
 
 
 def data_choices(current: str) -> list[str]:
-    ours = sae_name in folders
-    out = ([OWN] if ours else []) + [f"dataset:{name}" for name in sae_v.DATASETS]
+    """The SAE's own pairs (ours) or the model's default generated pairs first, then the others, then yours."""
+    first = sae_v.default_dataset(handle)
+    generated = [f"dataset:{name}" for name in sorted(sae_v.DATASETS, key=lambda n: n != first)]
+    out = ([OWN] if sae_name in folders else []) + generated
     return out + ([current] if current and current not in out else [])
 
 
@@ -184,6 +188,7 @@ def own_data_form() -> None:
             with analysis_errors(stop=False):
                 sae_v.userdata.load(path.strip(), handle.kind)
                 set_url_params(data=path.strip())
+                st.session_state.pop("sae_data", None)  # the picker then starts from the link
                 st.rerun()
         upload = c2.file_uploader("…or upload a zip (up to 50 MB)", type=["zip"], key="sae_data_zip")
         if upload is not None and c2.button("Use this zip", key="sae_data_zip_go"):
@@ -191,6 +196,7 @@ def own_data_form() -> None:
                 locator = sae_v.save_zip(upload.getvalue(), name=f"'{upload.name}'")
                 sae_v.userdata.load(locator, handle.kind)
                 set_url_params(data=locator)
+                st.session_state.pop("sae_data", None)
                 st.rerun()
 
 

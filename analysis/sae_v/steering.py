@@ -1,8 +1,8 @@
 """Steering: add (or clamp) SAE features in the residual stream at the SAE's layer while the model
 generates, and compare with the unsteered output token by token.
 
-Adding feature k at strength S adds S times its decoder direction to the residual after the SAE's
-layer, at the chosen positions (the prompt's text and image tokens, and every generated token): what
+Adding feature k at strength S adds S times its decoder direction (what one unit of the feature adds to
+the SAE's reconstruction) to the residual after the SAE's layer, at the chosen positions (the prompt's text and image tokens, and every generated token): what
 the SAE's reconstruction would add if the feature fired at S there. Our SAEs read each modality scaled
 (`SaeMeta.scales`), so the direction is divided by that position's scale. Clamping sets the feature's
 activation to S: the SAE encodes the residual, and the difference S - f_k(x) times the direction is
@@ -112,7 +112,7 @@ class _Steer:
         keys = sorted(int(k) for k in features)
         self.keys = torch.tensor(keys)
         self.strength = torch.tensor([float(features[k]) for k in keys])
-        self.directions = sae.W_dec.detach().float()[self.keys]  # (K, d) in the SAE's input space
+        self.directions = directions(sae, keys)  # (K, d) in the SAE's input space
         self.sae, self.scales, self.mode = sae, meta.scales, mode
         self.image_mask = image_mask  # prompt positions that are image tokens (a VLM)
         self.positions = positions  # all | image | text
@@ -136,6 +136,15 @@ class _Steer:
             delta = delta * (modality == (IMAGE if self.positions == "image" else TEXT)).float()[:, None]
         steered = hidden + delta.to(hidden.dtype).to(hidden.device)[None]
         return (steered,) + tuple(output[1:]) if isinstance(output, tuple) else steered
+
+
+def directions(sae, keys: list[int]) -> torch.Tensor:
+    """What one unit of each feature adds to the SAE's reconstruction: decode(e_k) - decode(0). Not W_dec[k]
+    itself: sae-lens TopK SAEs trained with `rescale_acts_by_decoder_norm` divide by the row's norm."""
+    with torch.no_grad():
+        eye = torch.zeros(len(keys), int(sae.cfg.d_sae))
+        eye[torch.arange(len(keys)), torch.tensor(keys)] = 1.0
+        return (sae.decode(eye) - sae.decode(torch.zeros(1, int(sae.cfg.d_sae)))).float()
 
 
 def _texts(handle: ModelHandle, ids: torch.Tensor) -> SteeredText:
