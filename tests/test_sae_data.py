@@ -443,3 +443,75 @@ def test_settings_are_the_methods_own_and_old_flat_layouts_still_read():
     with pytest.raises(sae_v.SettingsError, match="No SAE-V score rule has the setting"):
         sae_v.rule_settings(nope=1)
     assert math.isclose(sae_v.score_rule("all-shared").cooccur_threshold, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line on the demo VLM (issue 33's must-show)
+
+
+def _demo_ready() -> bool:
+    from analysis.models import zoo_models
+
+    return "shapes-vlm" in zoo_models() and (sae_v.SAE_ROOT / "shapes-vlm" / "layer1" / sae_v.STORE_FILE).is_file()
+
+
+def _scene_folder(folder, n: int = 9):
+    """Shapes World scenes as PNG files with their captions in captions.jsonl; row 4's image is missing."""
+    from analysis.zoo import shapes_world as sw
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(n):
+        scene = sw.generate_scene(20_950_000 + i)
+        sw.render(scene, 64).save(folder / f"scene{i}.png")
+        lines.append({"image": f"scene{i}.png", "caption": sw.caption(scene)})
+    lines[4]["image"] = "scene404.png"
+    (folder / "captions.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return folder
+
+
+@pytest.mark.skipif(not _demo_ready(), reason="the demo VLM and its SAE are not built")
+def test_cli_ranks_your_folder_with_an_sae_saved_by_sae_lens_and_exports_it(tmp_path, cache, capsys):
+    from analysis.__main__ import main
+
+    sae = save_outside_sae(tmp_path / "their-sae", d_in=128, hook="blocks.1.hook_resid_post", d_sae=64)
+    data = _scene_folder(tmp_path / "scenes")
+    out = tmp_path / "OUT.csv"
+    code = main(["sae", "--model", "zoo:shapes-vlm", "--sae", str(sae), "--data", str(data), "--rank", "--export",
+                 str(out)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "skipped row 5: image 'scene404.png' is missing" in printed.out  # reported, 1-based
+    rows = list(csv.DictReader(open(out)))
+    assert len(rows) == 8 and {r["image"] for r in rows} == {f"scene{i}.png" for i in range(9) if i != 4}
+    assert [float(r["s_i"]) for r in rows] == sorted((float(r["s_i"]) for r in rows), reverse=True)
+    assert [r["kept"] for r in rows] == ["True"] * 4 + ["False"] * 4
+    assert "corrupted" not in rows[0]  # no label column: no labels invented
+    wrong = save_outside_sae(tmp_path / "wrong-sae", d_in=96, hook="blocks.1.hook_resid_post")
+    code = main(["sae", "--model", "zoo:shapes-vlm", "--sae", str(wrong), "--data", str(data), "--rank",
+                 "--export", str(tmp_path / "never.csv")])
+    err = capsys.readouterr().err
+    assert code == 1 and not (tmp_path / "never.csv").exists()
+    assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: This SAE reads 96-wide vectors (cfg.json d_in), but layer 1 of zoo:shapes-vlm is 128-wide: it was "
+        "made for another model."]
+
+
+@pytest.mark.skipif(not _demo_ready(), reason="the demo VLM and its SAE are not built")
+def test_cli_steering_prints_both_captions_as_json(tmp_path, cache, capsys):
+    from analysis.__main__ import main
+    from analysis.zoo import shapes_world as sw
+
+    image = tmp_path / "scene.png"
+    sw.render(sw.generate_scene(20_900_001), 64).save(image)
+    code = main(["sae", "--model", "zoo:shapes-vlm", "--steer", "194=0", "--image", str(image), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["unsteered"] == out["steered"] and out["unsteered"].startswith("there is a")
+    code = main(["sae", "--model", "zoo:shapes-vlm", "--steer", "194=60", "--steer", "810=20", "--image", str(image),
+                 "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["unsteered"] != out["steered"] and out["features"] == {"194": 60.0, "810": 20.0}
+    for bad in (["--steer", "x=1"], ["--steer", "5000=1"], ["--steer", "3=1", "--image", str(tmp_path / "no.png")]):
+        code = main(["sae", "--model", "zoo:shapes-vlm", *bad, "--image", str(image)][: 4 + len(bad)])
+        err = capsys.readouterr().err
+        assert code == 1 and len([ln for ln in err.splitlines() if ln.startswith("error:")]) == 1, err

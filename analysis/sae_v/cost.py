@@ -4,7 +4,7 @@ Collecting activations is a forward per batch stopped after the SAE's layer (`Wo
 image's patches through the vision tower; the SAE's own matmuls (encode, training steps) are counted as
 tokens of the model by FLOPs (one model token costs 2 x the body's parameters; one SAE row costs
 2 x d_in x d_sae to encode, three times that to train); building a feature store costs a pass per
-feature over the tokens it holds (measured: see STORE_ROW_PASSES).
+feature over the tokens it holds (measured: see STORE_CALLS_PER_FEATURE).
 """
 from __future__ import annotations
 
@@ -18,9 +18,13 @@ from analysis.sae_v.datasets import default_dataset, make_pairs
 from analysis.sae_v.params import BuildParams, ExplainParams, RankParams, SaeChoice, SteerParams
 from analysis.sae_v.types import STORE_FILE
 
-# A feature card reads its column of the codes about this many times (top tokens, quantiles, histogram,
-# densities, concepts; measured on the demo store: 1,024 features x 11.5 k tokens in 9-14 s here).
-STORE_ROW_PASSES = 60.0
+# Measured on shapes-vlm on an idle machine (per_call 1.2 ms): a feature card costs Python work of about one
+# call plus passes over its column of codes worth 6 embedding rows per token (top tokens, quantiles,
+# histogram, densities, concepts: 1,024 cards over 4.8 k tokens take 2.2 s).
+STORE_CALLS_PER_FEATURE = 1.0
+STORE_ROWS_PER_TOKEN = 6.0
+PAIR_CALLS = {"vlm": 2.0, "causal_lm": 0.3}  # the processor's work and bookkeeping per pair
+GENERATE_STEP_CALLS = 0.5  # generate()'s own work per new token beyond the forward (logits processing, cache)
 STEER_HOOK_OVERHEAD = 1.3  # decode steps with the steering hook (a small matmul per step)
 SAMPLE = 24  # pairs tokenized to measure the mean caption length
 
@@ -65,7 +69,12 @@ def collection(handle: ModelHandle, pairs: int, text_tokens: float, layer: int, 
     depth = min(1.0, (layer + 1) / max(handle.info.layers, 1))
     calls = math.ceil(pairs / max(batch, 1))
     work = Work().stopped(calls, depth, tokens=pairs * per, attended=pairs * per * (per + 1) / 2)
-    return work.add(patches=pairs * image)
+    return work.add(patches=pairs * image, overhead=pairs * PAIR_CALLS.get(handle.kind, 1.0))
+
+
+def cards(rows: float, d_sae: int, d: int) -> Work:
+    """Building `d_sae` feature cards over `rows` token vectors of width `d` (see STORE_CALLS_PER_FEATURE)."""
+    return Work(overhead=d_sae * STORE_CALLS_PER_FEATURE, rows=rows * d_sae * STORE_ROWS_PER_TOKEN)
 
 
 def encoding(handle: ModelHandle, rows: float, d_in: int, d_sae: int, passes: float = 1.0) -> Work:
@@ -103,7 +112,7 @@ def store_work(handle: ModelHandle, choice: SaeChoice, kwargs: dict) -> Work:
     rows = pairs * (text + ((handle.info.image_tokens or 0) if handle.kind == "vlm" else 0))
     work = collection(handle, pairs, text, layer, choice.batch_pairs)
     work.add(**vars(encoding(handle, rows, d_in, d_sae, passes=2)))  # codes, and the fit's reconstruction
-    return work.add(rows=rows * d_sae * STORE_ROW_PASSES / max(d_in, 1))
+    return work.add(**vars(cards(rows, d_sae, d_in)))
 
 
 def rank_work(handle: ModelHandle, params: RankParams, kwargs: dict) -> Work:
@@ -136,7 +145,8 @@ def steer_work(handle: ModelHandle, params: SteerParams, kwargs: dict) -> Work:
     prompt = int(_text_tokens(handle, [params.prompt or "describe the image"]) + image + 8)
     work = Work().add(**vars(cost.sequence(prompt, prompt, generate=params.max_new_tokens)))
     work.add(**vars(cost.sequence(prompt, prompt, generate=params.max_new_tokens, overhead=STEER_HOOK_OVERHEAD)))
-    return work.add(patches=2 * image)
+    return work.add(patches=2 * image, overhead=2 * params.max_new_tokens * GENERATE_STEP_CALLS
+                    + 2 * PAIR_CALLS.get(handle.kind, 1.0))
 
 
 def train_work(handle: ModelHandle, params: BuildParams, kwargs: dict) -> Work:
@@ -152,4 +162,4 @@ def train_work(handle: ModelHandle, params: BuildParams, kwargs: dict) -> Work:
     work.add(**vars(encoding(handle, steps * params.train.batch_size, d_in, d_sae, passes=6)))  # fwd + bwd, enc + dec
     work.add(overhead=steps * 2)  # the optimiser's Python per step
     rows = params.eval_pairs * (text + image)
-    return work.add(rows=rows * d_sae * STORE_ROW_PASSES / max(d_in, 1))
+    return work.add(**vars(cards(rows, d_sae, d_in)))

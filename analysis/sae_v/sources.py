@@ -167,21 +167,33 @@ def store_for(handle: ModelHandle, choice: SaeChoice, progress: Progress | None 
     progress = progress or _noop
     source = locate(handle, choice.sae)
     if not source.outside and not choice.data:
-        return load_store(source.folder)
+        return _stored(source.folder)
     folder = store_folder(handle, choice)
     if (folder / STORE_FILE).is_file():
-        return load_store(folder)
+        return _stored(folder)
     store = build_store(handle, choice, progress)
     folder.mkdir(parents=True, exist_ok=True)
     save_store(store, folder)
     return store
 
 
+def _stored(folder: Path) -> FeatureStore:
+    return _read_store(str(folder), (folder / STORE_FILE).stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_store(folder: str, stamp: int) -> FeatureStore:
+    """A store read from disk, kept while its file is unchanged (reading the demo's takes about a second).
+    Callers never change it."""
+    return load_store(folder)
+
+
 def build_store(handle: ModelHandle, choice: SaeChoice, progress: Progress) -> FeatureStore:
     """Activations of the first `store_pairs` usable pairs (unreadable images reported, not fatal), the SAE's
     fit on them (variance explained, L0, dead features), then the feature cards."""
     sae, meta = open_sae(handle, choice)
-    own = load_store(locate(handle, choice.sae).folder).pairs if not locate(handle, choice.sae).outside else None
+    source = locate(handle, choice.sae)
+    own = _stored(source.folder).pairs if not source.outside else None
     pairs, skipped, _ = data_pairs(handle, choice, own)
     wanted, parts, used = choice.store_pairs, [], []
     for acts, batch, bad in usable_batches(handle, pairs, meta.layer, range(len(pairs.pairs)), choice.batch_pairs,
