@@ -148,11 +148,17 @@ def directions(sae, keys: list[int]) -> torch.Tensor:
 
 
 def _texts(handle: ModelHandle, ids: torch.Tensor) -> SteeredText:
+    """The output's text and its tokens as they read in it (each the difference of two decoded prefixes, so a
+    word-level tokenizer's spaces and a BPE tokenizer's pieces both come out right)."""
     tok = handle.tokenizer
     special = set(tok.all_special_ids)
     kept = [int(i) for i in ids if int(i) not in special]
-    return SteeredText(text=tok.decode(kept, skip_special_tokens=True).strip(),
-                       tokens=[tok.decode([i]) for i in kept], changed=[])
+    pieces, previous = [], ""
+    for n in range(1, len(kept) + 1):
+        text = tok.decode(kept[:n], skip_special_tokens=True)
+        pieces.append(text[len(previous):] if text.startswith(previous) else tok.decode([kept[n - 1]]))
+        previous = text
+    return SteeredText(text=previous.strip(), tokens=pieces, changed=[])
 
 
 def _changed(a: list[str], b: list[str]) -> tuple[list[bool], list[bool]]:
