@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Literal
 
 import torch
 
+from analysis import config
 from analysis.model_lock import ModelLock
 from analysis.results import Result
 
@@ -221,16 +222,24 @@ def _all_configs(cfg: Any) -> list[Any]:
 
 
 def allowed_roots() -> list[Path]:
-    """Folders a local model may live under: $MODEL_INSPECTOR_ROOTS (os.pathsep list) or zoo + cwd."""
+    """Folders a local model may live under: $MODEL_INSPECTOR_ROOTS (os.pathsep list), else the
+    deployment configuration's `models.local_folders`, else zoo + cwd."""
     env = os.environ.get("MODEL_INSPECTOR_ROOTS")
+    try:
+        configured = None if env else config.current().local_roots()
+    except config.ConfigError as exc:
+        raise ModelLoadError(f"This server's configuration is invalid: {exc}") from None
+    if configured is not None:
+        return configured
     roots = [Path(p) for p in env.split(os.pathsep) if p] if env else [ZOO_DIR, Path.cwd()]
     return [r.expanduser().resolve() for r in roots]
 
 
 def max_params() -> int:
+    """$MODEL_INSPECTOR_MAX_PARAMS, else the deployment configuration's `models.max_params`."""
     try:
-        return int(float(os.environ.get("MODEL_INSPECTOR_MAX_PARAMS", DEFAULT_MAX_PARAMS)))
-    except ValueError:
+        return config.current().models.max_params
+    except config.ConfigError:
         return DEFAULT_MAX_PARAMS
 
 
@@ -242,6 +251,12 @@ def zoo_models() -> list[str]:
 
 
 def resolve_folder(spec: ModelSpec) -> Path:
+    try:  # the deployment's allow-list, before anything is read or fetched
+        refusal = config.current().model_refusal(spec.source, spec.name)
+    except config.ConfigError as exc:
+        raise ModelLoadError(f"This server's configuration is invalid: {exc}") from None
+    if refusal:
+        raise ModelLoadError(refusal)
     if spec.source == "zoo":
         names = zoo_models()
         if spec.name not in names:
