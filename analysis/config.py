@@ -77,6 +77,13 @@ class Panels:
 
 
 @dataclass(frozen=True)
+class Embeds:
+    # True: ?embed=true (and a saved analysis's embed link) shows the view alone. A host whose own page
+    # always adds ?embed=true to the app's address would then hide the controls there too: set false.
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
 class Auth:
     mode: str = "none"  # none | token (shared access token) | oidc (st.login)
     provider: str = ""  # oidc: the provider's name under [auth] in .streamlit/secrets.toml ("" : the default)
@@ -90,6 +97,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     gallery: Gallery = field(default_factory=Gallery)
     panels: Panels = field(default_factory=Panels)
+    embeds: Embeds = field(default_factory=Embeds)
     auth: Auth = field(default_factory=Auth)
     store: str = ""  # SQLite path or postgresql:// URL; "": .model_inspector/analyses.db
     trust_proxy: bool = False  # behind a reverse proxy: the visitor is X-Forwarded-For's first address
@@ -177,7 +185,7 @@ def upload_problem(data: bytes, name: str, uploads: Uploads) -> str | None:
 # Reading the file
 
 _SECTIONS = {"models": Models, "uploads": Uploads, "limits": Limits, "gallery": Gallery, "panels": Panels,
-             "auth": Auth}
+             "embeds": Embeds, "auth": Auth}
 _TOP = {"name", "store", "trust_proxy"}
 
 

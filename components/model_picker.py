@@ -2,12 +2,18 @@
 
 The loaded model lives in `st.cache_resource` (bounded), keyed on its spec; the session only keeps
 the spec. A failed load shows `st.error` and leaves the previous model in place.
+
+The deployment configuration (`analysis/config.py`) decides which sources the picker offers, which
+Hub ids (a list to pick from instead of a free box) and which default model a visitor gets. A spec
+it does not allow (a shared link's `?model=hub:...`, a local path) is refused here, before the loader
+is called: the visitor is told so and gets the default; nothing is read or downloaded.
 """
 from __future__ import annotations
 
 import streamlit as st
 
 from analysis.models import ModelHandle, ModelLoadError, ModelSpec, load_model, zoo_models
+from components import hosting
 
 SOURCES = {"zoo": "Demo zoo", "hub": "Hugging Face Hub", "local": "Local folder"}
 STATE_KEY = "model_spec"
@@ -19,10 +25,14 @@ def _load_cached(spec: ModelSpec) -> ModelHandle:
 
 
 def default_spec() -> ModelSpec | None:
+    """The configuration's default model (locally: zoo:shapes-lm, else the first demo model)."""
+    configured = ModelSpec.parse(hosting.settings().models.default)
+    if configured.source != "zoo":
+        return configured
     names = zoo_models()
     if not names:
         return None
-    return ModelSpec("zoo", "shapes-lm" if "shapes-lm" in names else names[0])
+    return configured if configured.name in names else ModelSpec("zoo", names[0])
 
 
 def _spec_from_url() -> ModelSpec | None:
@@ -36,7 +46,13 @@ def _spec_from_url() -> ModelSpec | None:
 
 
 def try_load(spec: ModelSpec) -> ModelHandle | None:
-    """Load (or fetch from cache) and make it the session's model; on failure keep the old one."""
+    """Load (or fetch from cache) and make it the session's model; on failure keep the old one.
+    A spec the deployment does not allow never reaches the loader."""
+    refusal = hosting.settings().model_refusal(spec.source, spec.name)
+    if refusal:
+        st.warning(f"{hosting.escape_markdown(spec.label)} was not loaded. {hosting.escape_markdown(refusal)}",
+                   icon=":material/block:")
+        return None
     try:
         with st.spinner(f"Loading {spec.label} ..."):
             handle = _load_cached(spec)
@@ -57,8 +73,12 @@ def current_handle() -> ModelHandle | None:
             return None
         handle = try_load(spec)
         if handle is None and spec != default_spec() and default_spec() is not None:
+            st.caption(f"Showing the default model, {hosting.escape_markdown(default_spec().label)}, instead.")
             handle = try_load(default_spec())
         return handle
+    if hosting.settings().model_refusal(spec.source, spec.name):  # the configuration changed under the session
+        st.session_state.pop(STATE_KEY, None)
+        return current_handle()
     try:
         return _load_cached(spec)
     except ModelLoadError as exc:  # evicted from cache and no longer loadable
@@ -68,12 +88,15 @@ def current_handle() -> ModelHandle | None:
 
 def render_sidebar() -> ModelHandle | None:
     """Draw the picker in the sidebar and return the session's current model (or None)."""
+    config = hosting.settings()
     with st.sidebar:
+        hosting.account_box()
         st.subheader("Model")
         loaded = current_handle()  # so the widgets start on the model the URL or session names
         start = loaded.spec if loaded is not None else ModelSpec()
-        source = st.radio("Source", list(SOURCES), format_func=SOURCES.get, key="picker_source",
-                          horizontal=True, index=list(SOURCES).index(start.source))
+        sources = [s for s in SOURCES if s in config.models.sources]
+        source = st.radio("Source", sources, format_func=SOURCES.get, key="picker_source", horizontal=True,
+                          index=sources.index(start.source) if start.source in sources else 0)
         spec = None
         if source == "zoo":
             names = zoo_models()
@@ -83,6 +106,14 @@ def render_sidebar() -> ModelHandle | None:
                 name = st.selectbox("Demo model", names, key="picker_zoo",
                                     index=names.index(start.name) if start.name in names else 0)
                 spec = ModelSpec("zoo", name)
+        elif source == "hub" and config.hub_allow_list() is not None:
+            offered = config.hub_allow_list()
+            if not offered:
+                st.info("This instance lists no Hub models.")
+            else:
+                repo = st.selectbox("Model", offered, key="picker_hub_list",
+                                    index=offered.index(start.name) if start.name in offered else 0)
+                spec = ModelSpec("hub", repo)
         elif source == "hub":
             hub = start.source == "hub"
             repo = st.text_input("Model id", placeholder="owner/name", key="picker_hub",

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis import config
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -28,7 +30,8 @@ class Panel:
 
     @property
     def available(self) -> bool:
-        return self.path.is_file()
+        """The page exists and the deployment configuration does not hide it (`panels.hidden`)."""
+        return self.path.is_file() and config.current().panel_shown(self.url_path)
 
 
 PANELS = [

@@ -43,6 +43,7 @@ import streamlit as st
 
 from analysis import cost, precompute
 from analysis.model_lock import activity
+from components import hosting
 
 MAX_ENTRIES = 48
 
@@ -132,6 +133,7 @@ def precomputed(key: RunKey, handle, params, models: dict | None = None) -> Any 
 
 
 add_source(precomputed)
+add_guard(hosting.check_run)  # the deployment's limits: longest prompt, runs per visitor per minute
 
 
 def _as_json(params: Any) -> str:
@@ -214,7 +216,8 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
             if on_demand:
                 return None
             st.stop()
-        result, seconds = _compute(key, fn, handle, params, label, {**models, **kwargs}, estimate)
+        with hosting.run_slot(label):  # counted per visitor; waits for a free slot (concurrency limit)
+            result, seconds = _compute(key, fn, handle, params, label, {**models, **kwargs}, estimate)
         store.put(key, result)
         for sink in _SINKS:
             sink(key, handle, params, fn, kwargs, result, seconds, models)
