@@ -312,11 +312,11 @@ def visitor_id() -> str:
     if settings().trust_proxy:
         with contextlib.suppress(Exception):
             forwarded = st.context.headers.get("X-Forwarded-For", "")
-            address = forwarded.split(",")[0].strip() or None
+            address = forwarded.split(",")[0].strip() if isinstance(forwarded, str) else None
     if address is None:
         with contextlib.suppress(Exception):
             address = st.context.ip_address
-    if address:
+    if isinstance(address, str) and address:
         return f"ip:{address}"
     from streamlit.runtime.scriptrunner import get_script_run_ctx
 
@@ -344,14 +344,19 @@ def _texts(value: Any, out: list[str], depth: int = 0) -> list[str]:
     return out
 
 
+def check_texts(*texts: str) -> None:
+    """A page's own free text (a prompt it runs itself) above the longest prompt: one line, page stopped."""
+    problem = settings().prompt_problem([t for t in texts if isinstance(t, str)])
+    if problem:
+        st.error(problem, icon=":material/text_fields:")
+        st.stop()
+
+
 def check_run(key, handle, params) -> None:
     """components/runs.py's guard, before anything is estimated or computed: a text above the
     longest prompt, or a visitor over the per-minute limit, gets one line and a stopped page."""
     config = settings()
-    problem = config.prompt_problem(_texts(params, []))
-    if problem:
-        st.error(problem, icon=":material/text_fields:")
-        st.stop()
+    check_texts(*_texts(params, []))
     wait = _LIMITER.wait_s(visitor_id(), config.limits.runs_per_minute)
     if wait:
         _over_limit(config, wait)

@@ -237,6 +237,8 @@ def confirm(kind: str, fn: Callable, handle, params: Any, *, label: str, models:
     `inputs` stands for them in the key when their repr is not stable (an upload: its hash)."""
     keyed = {"inputs": inputs} if inputs is not None else kwargs
     key = run_key(kind, handle, params, models, **keyed)
+    for guard in _GUARDS:
+        guard(key, handle, params)
     passed, name = st.session_state.setdefault("_runs_confirmed", {}), _widget_key("confirmed", key)
     if ASK_ABOVE_S == math.inf or name in passed:
         return

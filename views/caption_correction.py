@@ -15,6 +15,7 @@ from components.common import (analysis_errors, explain, field_row, metric_row, 
 from components.presets import preset_bar
 from components.runs import cached_run, confirm, ready, remember
 from components.share import share_bar
+from components import hosting  # uploads under the deployment's limits
 
 st.title("Caption correction")
 st.write(
@@ -86,8 +87,8 @@ with left:
         data = scene_png(seed)
         image_key = f"scene:{seed}"
     else:
-        upload = st.file_uploader("Image (PNG, JPEG, GIF, BMP, WebP)", key="cap_upload",
-                                  type=["png", "jpg", "jpeg", "gif", "bmp", "webp"])
+        upload = hosting.file_uploader("Image (PNG, JPEG, GIF, BMP, WebP)", key="cap_upload",
+                                       type=["png", "jpg", "jpeg", "gif", "bmp", "webp"])
         if upload is None:
             st.info("Upload an image, or switch to a Shapes World scene.")
             st.stop()

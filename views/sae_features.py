@@ -14,6 +14,7 @@ from components.common import (EMPTY_LIST, charts_side_by_side, explain, field_r
                                require_model, set_url_params, url_list, url_param)
 from components.model_picker import try_load
 from components.presets import preset_bar
+from components import hosting  # uploads under the deployment's limits
 
 VIEWS = {"list": "Feature list", "feature": "Feature page", "explain": "Explain an input", "ranking": "Data ranking"}
 
@@ -312,7 +313,7 @@ def show_explain() -> None:
             image = store.pairs.image(i)
             default_text = store.pairs.pairs[i].text
         else:
-            upload = st.file_uploader("Upload an image", key="sae_upload")
+            upload = hosting.file_uploader("Upload an image", key="sae_upload")
             if upload is None:
                 st.info("Choose an image file to explain.")
                 return
