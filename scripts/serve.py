@@ -22,8 +22,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import components.preload  # noqa: E402  (the same module app.py imports first)
-from streamlit.web import cli as streamlit_cli  # noqa: E402
 
 def check_deployment(argv: list[str]) -> list[str]:
     """The configuration and the store, checked before the server starts; extra Streamlit options."""
@@ -45,7 +43,9 @@ def check_deployment(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    extra = check_deployment(sys.argv[1:])
+    extra = check_deployment(sys.argv[1:])  # in a second, before the heavy imports below
+    import components.preload  # (the same module app.py imports first)
+    from streamlit.web import cli as streamlit_cli
     # Each demo model's speed, measured now while the machine is idle (a fraction of a second each):
     # measured later, inside a crowd's first burst, it reads far too slow (components/preload.py).
     components.preload.calibrate_zoo()
