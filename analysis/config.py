@@ -165,16 +165,16 @@ def upload_problem(data: bytes, name: str, uploads: Uploads) -> str | None:
     if len(data) > uploads.max_mb * 2**20:
         return (f"'{shown}' is {len(data) / 2**20:.1f} MB; this instance accepts files up to "
                 f"{uploads.max_mb:g} MB.")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
-        try:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the pixel check below decides
             with Image.open(io.BytesIO(data)) as probe:  # the header only
                 width, height = probe.size
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-            return (f"'{shown}' declares far more pixels than this instance accepts ({uploads.max_pixels:,}); "
-                    "it was not decoded (possible decompression bomb).")
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
-            return f"'{shown}' is not an image that can be read (PNG, JPEG, GIF, BMP or WebP)."
+    except Image.DecompressionBombError:  # PIL's own refusal, far above any limit
+        return (f"'{shown}' declares far more pixels than this instance accepts ({uploads.max_pixels:,}); "
+                "it was not decoded (possible decompression bomb).")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        return f"'{shown}' is not an image that can be read (PNG, JPEG, GIF, BMP or WebP)."
     if width * height > uploads.max_pixels:
         return (f"'{shown}' is {width} x {height} pixels; this instance accepts up to {uploads.max_pixels:,} "
                 "pixels. It was not decoded; resize it and upload again.")

@@ -381,18 +381,40 @@ st.write(f"result {cached_run('rate', work, H(), P(n), label='Working')}")
 
 
 def test_visitor_over_the_rate_limit_is_told_when_to_come_back(monkeypatch, public):
+    from components import runs
+
     use(monkeypatch, write_config(public, "limits.runs_per_minute = 2"))
+    runs.run_store().clear()  # nothing computed by another test counts as ready
+    estimated = []
+    real_estimate = runs.cost.estimate
+    monkeypatch.setattr(runs.cost, "estimate", lambda *a, **k: estimated.append(1) or real_estimate(*a, **k))
     at = AppTest.from_string(RATE_PAGE, default_timeout=30)
     at.run()
     at.run()
-    assert at.session_state["calls"] == [0, 1] and not at.warning
+    assert at.session_state["calls"] == [0, 1] and not at.warning and len(estimated) == 2
     at.run()  # a third new computation within the minute
     assert not at.exception
     assert at.session_state["calls"] == [0, 1]  # not started
+    assert len(estimated) == 2  # refused before the estimate too (it may run the model)
     message = at.warning[0].value
     assert "You have started 2 analyses in the last minute" in message and "You can run again in" in message
     at.run()  # still over: nothing starts, the page says so again
     assert at.session_state["calls"] == [0, 1] and "You can run again in" in at.warning[0].value
+
+
+def test_rate_limit_holds_where_two_tabs_pass_the_guard_together(monkeypatch, public):
+    """The guard before the estimate only reads the count; the start itself is counted (and refused)
+    where the computation begins, so two tabs of one visitor cannot both slip past the guard."""
+    from components import hosting, runs
+
+    use(monkeypatch, write_config(public, "limits.runs_per_minute = 2"))
+    monkeypatch.setattr(runs, "_GUARDS", [g for g in runs._GUARDS if g is not hosting.check_run])
+    runs.run_store().clear()  # nothing computed by another test counts as ready
+    at = AppTest.from_string(RATE_PAGE, default_timeout=30)
+    for _ in range(3):
+        at.run()
+    assert not at.exception and at.session_state["calls"] == [0, 1]
+    assert "You can run again in" in at.warning[0].value
 
 
 def test_rate_limiter_window():
@@ -543,7 +565,7 @@ def test_hidden_panel_is_left_out_and_pages_still_work(monkeypatch, public):
     at = app()
     assert not at.exception
     links = [p.proto.page for p in at.get("page_link")]
-    assert links and not any("prompt_reconstruction" in link or "saved_analyses" in link for link in links)
+    assert "kv-cache" in links and not {"prompt-reconstruction", "saved-analyses"} & set(links)
     assert "Coming next" not in texts(at)
     shared = open_share()  # its "open saved analysis" link has nowhere to go: no error either
     assert not shared.exception

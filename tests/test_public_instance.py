@@ -149,12 +149,14 @@ def test_upload_endpoint_refuses_fifty_megabytes(instance):
         session = client.session_id
         small = load_test.upload(base, session, b"\x89PNG\r\n\x1a\n" + b"\0" * (2 * 2**20), "small.png")
         big = b"\x89PNG\r\n\x1a\n" + b"\0" * (50 * 2**20)
+        # 8 MB: under Streamlit's default 20 MB, over the public example's 5 (serve.py passes it on)
+        eight = load_test.upload(base, session, b"\x89PNG\r\n\x1a\n" + b"\0" * (8 * 2**20), "eight.png")
         with_length = load_test.upload(base, session, big, "big.png")
         chunked = load_test.upload(base, session, big, "big.png", chunked=True)
     finally:
         client.close()
     assert small in (200, 204)  # the endpoint itself works: the refusals below are about size
-    assert with_length == 413 and chunked == 413
+    assert eight == 413 and with_length == 413 and chunked == 413
     screenshot.wait_healthy(instance["procs"][0], int(base.rsplit(":", 1)[1]), timeout_s=10, poll_s=0.2)
 
 
