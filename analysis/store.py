@@ -61,30 +61,8 @@ MIGRATIONS = [
     ALTER TABLE analyses ADD COLUMN saved_by TEXT NOT NULL DEFAULT '';
     """,
 ]
-# PostgreSQL: the same table in one step per version (REAL is 4 bytes there: timestamps need DOUBLE).
-PG_MIGRATIONS = [
-    """
-    CREATE TABLE IF NOT EXISTS analyses (
-        id TEXT PRIMARY KEY,
-        created DOUBLE PRECISION NOT NULL,
-        title TEXT NOT NULL,
-        note TEXT NOT NULL DEFAULT '',
-        panel TEXT NOT NULL,
-        model TEXT NOT NULL,
-        params TEXT NOT NULL,
-        result TEXT NOT NULL
-    )
-    """,
-    """
-    ALTER TABLE analyses ADD COLUMN figures TEXT NOT NULL DEFAULT '[]';
-    ALTER TABLE analyses ADD COLUMN tables TEXT NOT NULL DEFAULT '{}';
-    ALTER TABLE analyses ADD COLUMN url TEXT NOT NULL DEFAULT '';
-    CREATE INDEX analyses_created ON analyses(created)
-    """,
-    """
-    ALTER TABLE analyses ADD COLUMN saved_by TEXT NOT NULL DEFAULT ''
-    """,
-]
+# PostgreSQL: the same steps, with timestamps as DOUBLE PRECISION (REAL is 4 bytes there: seconds lost).
+PG_MIGRATIONS = [m.replace("created REAL", "created DOUBLE PRECISION") for m in MIGRATIONS]
 PG_LOCK_ID = 0x4D_49_53_54  # "MIST": the advisory lock migrations are run under
 
 

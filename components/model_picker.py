@@ -86,6 +86,15 @@ def current_handle() -> ModelHandle | None:
         return None
 
 
+def _pick(source: str, names: list[str], start: ModelSpec, label: str, key: str, none: str) -> ModelSpec | None:
+    """A select box over a fixed list of models (the zoo, a configured Hub allow-list)."""
+    if not names:
+        st.warning(none)
+        return None
+    name = st.selectbox(label, names, key=key, index=names.index(start.name) if start.name in names else 0)
+    return ModelSpec(source, name)
+
+
 def render_sidebar() -> ModelHandle | None:
     """Draw the picker in the sidebar and return the session's current model (or None)."""
     config = hosting.settings()
@@ -99,21 +108,11 @@ def render_sidebar() -> ModelHandle | None:
                           index=sources.index(start.source) if start.source in sources else 0)
         spec = None
         if source == "zoo":
-            names = zoo_models()
-            if not names:
-                st.warning("No demo models are installed. Build them with `python -m analysis.zoo build`.")
-            else:
-                name = st.selectbox("Demo model", names, key="picker_zoo",
-                                    index=names.index(start.name) if start.name in names else 0)
-                spec = ModelSpec("zoo", name)
+            spec = _pick("zoo", zoo_models(), start, "Demo model", "picker_zoo",
+                         "No demo models are installed. Build them with `python -m analysis.zoo build`.")
         elif source == "hub" and config.hub_allow_list() is not None:
-            offered = config.hub_allow_list()
-            if not offered:
-                st.info("This instance lists no Hub models.")
-            else:
-                repo = st.selectbox("Model", offered, key="picker_hub_list",
-                                    index=offered.index(start.name) if start.name in offered else 0)
-                spec = ModelSpec("hub", repo)
+            spec = _pick("hub", config.hub_allow_list(), start, "Model", "picker_hub_list",
+                         "This instance lists no Hub models.")
         elif source == "hub":
             hub = start.source == "hub"
             repo = st.text_input("Model id", placeholder="owner/name", key="picker_hub",
