@@ -56,7 +56,7 @@ class Models:
 class Uploads:
     enabled: bool = True
     max_mb: float = 20.0  # also Streamlit's server.maxUploadSize when started by scripts/serve.py
-    max_pixels: int = 4096 * 4096
+    max_pixels: int = 0  # refused above this from the header, before decoding; 0: the pages' own limits only
 
 
 @dataclass(frozen=True)
@@ -171,13 +171,13 @@ def upload_problem(data: bytes, name: str, uploads: Uploads) -> str | None:
             with Image.open(io.BytesIO(data)) as probe:  # the header only
                 width, height = probe.size
     except Image.DecompressionBombError:  # PIL's own refusal, far above any limit
-        return (f"'{shown}' declares far more pixels than this instance accepts ({uploads.max_pixels:,}); "
-                "it was not decoded (possible decompression bomb).")
+        return (f"'{shown}' declares far more pixels than an image may have; it was not decoded "
+                "(possible decompression bomb).")
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
         return f"'{shown}' is not an image that can be read (PNG, JPEG, GIF, BMP or WebP)."
-    if width * height > uploads.max_pixels:
+    if uploads.max_pixels and width * height > uploads.max_pixels:
         return (f"'{shown}' is {width} x {height} pixels; this instance accepts up to {uploads.max_pixels:,} "
-                "pixels. It was not decoded; resize it and upload again.")
+                "pixels. It was not decoded (possible decompression bomb); resize it and upload again.")
     return None
 
 
@@ -280,8 +280,6 @@ def _check(config: Config, where: str) -> None:
     if config.auth.mode == "token" and not os.environ.get(TOKEN_ENV):
         raise ConfigError(f"auth.mode is 'token'{where} but {TOKEN_ENV} is not set (the token is a secret: "
                           "it goes in the environment, not in the file)")
-    if config.uploads.max_pixels < 1:
-        raise ConfigError(f"uploads.max_pixels{where} must be at least 1")
 
 
 _CACHE: dict[tuple, Config] = {}

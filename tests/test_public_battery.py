@@ -246,6 +246,25 @@ def test_views_take_uploads_only_through_the_checked_uploader():
 
 
 @pytest.mark.skipif("shapes-vlm" not in zoo_models(), reason="needs the demo VLM")
+@pytest.mark.parametrize("name,data,expected", [
+    ("big.png", b"\x89PNG\r\n\x1a\n" + b"\0" * (6 * 2**20), "accepts files up to 5 MB"),
+    ("wide.png", png_claiming(3000, 3000), "accepts up to 4,194,304"),
+    ("bomb.png", png_claiming(100_000, 100_000), "decompression bomb"),
+    ("notes.png", SCRIPT.encode(), "not an image"),
+])
+def test_upload_refused_on_the_page_with_one_line(public, monkeypatch, name, data, expected):
+    from analysis import captions
+
+    monkeypatch.setattr(captions, "open_image", lambda *a, **k: pytest.fail("the page decoded a refused upload"))
+    at = app("views/caption_correction.py", query={"model": "zoo:shapes-vlm", "src": "upload"})
+    at.file_uploader(key="cap_upload").set_value((name, data, "image/png"))
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert expected in " ".join(e.value.replace("\\", "") for e in at.error)
+    no_raw_script(at)
+
+
+@pytest.mark.skipif("shapes-vlm" not in zoo_models(), reason="needs the demo VLM")
 def test_uploads_off_says_so_on_the_caption_page(monkeypatch, tmp_path, public):
     use(monkeypatch, write_config(tmp_path, "uploads.enabled = false"))
     at = app("views/caption_correction.py", query={"model": "zoo:shapes-vlm", "src": "upload"})
