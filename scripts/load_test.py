@@ -198,6 +198,8 @@ def load_test(base: str, clients: int = 20, seconds: float = 60, pid: int | None
     pages = pages or PAGES
     lock = threading.Lock()
     latencies: list[float] = []
+    slowest: dict[str, float] = {}  # page -> its slowest script run
+    slow_runs: list[tuple] = []  # (seconds since start, client, page, open/save, run index, seconds) above 5 s
     errors: list[str] = []
     confirmed: list[str] = []
     requests = [0]
@@ -220,7 +222,8 @@ def load_test(base: str, clients: int = 20, seconds: float = 60, pid: int | None
             while time.perf_counter() < end_at:
                 page, query = pages[step % len(pages)]
                 try:
-                    if page in SAVABLE and step % save_every == 0:
+                    step_kind = "save" if page in SAVABLE and step % save_every == 0 else "open"
+                    if step_kind == "save":
                         saved, runs = session.save(page, query, f"{label} client {c} step {step}")
                         problem = [] if saved else [f"{page}: save not confirmed"]
                     else:
@@ -237,6 +240,9 @@ def load_test(base: str, clients: int = 20, seconds: float = 60, pid: int | None
                 with lock:
                     requests[0] += len(runs)
                     latencies.extend(r.seconds for r in runs)
+                    slowest[page] = round(max([slowest.get(page, 0.0)] + [r.seconds for r in runs]), 2)
+                    slow_runs.extend((round(time.perf_counter() - start_at, 1), c, page, step_kind, i, round(r.seconds, 1))
+                                     for i, r in enumerate(runs) if r.seconds > 5)
                     errors.extend(f"client {c} {page}: {e}" for r in runs for e in r.errors())
                     errors.extend(f"client {c}: {p}" for p in problem)
                     if saved:
@@ -269,6 +275,7 @@ def load_test(base: str, clients: int = 20, seconds: float = 60, pid: int | None
         "latency_s": {"p50": round(statistics.median(lat), 3) if lat else None,
                       "p95": round(lat[int(0.95 * (len(lat) - 1))], 3) if lat else None,
                       "max": round(lat[-1], 3) if lat else None},
+        "slowest_run_s_by_page": slowest, "runs_over_5_s": slow_runs[:20],
         "rss_mb": memory,
     }
 
