@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Literal
 import torch
 
 from analysis import config
+from analysis.errors import ModelLoadError
 from analysis.model_lock import ModelLock
 from analysis.results import Result
 
@@ -37,10 +38,6 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 Source = Literal["zoo", "hub", "local"]
 Kind = Literal["causal_lm", "vlm"]
 KIND_NAMES = {"causal_lm": "a causal language model", "vlm": "a vision-language model"}
-
-
-class ModelLoadError(Exception):
-    """A model could not be loaded; the message says why, in words for the user."""
 
 
 @dataclass(frozen=True)
