@@ -20,12 +20,10 @@ line can use it too.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import os
 import sys
 import tomllib
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,27 +155,17 @@ def _short(text: str, n: int = 80) -> str:
 
 
 def upload_problem(data: bytes, name: str, uploads: Uploads) -> str | None:
-    from PIL import Image, UnidentifiedImageError
+    """The app's one upload decoder (analysis/images.py) under this instance's limits: it reads the
+    header first, so a file above the limits, or a decompression bomb, is refused undecoded."""
+    from analysis import images
 
-    shown = _short(name, 60)
     if not uploads.enabled:
         return "Uploads are turned off on this instance; use the demo scenes."
-    if len(data) > uploads.max_mb * 2**20:
-        return (f"'{shown}' is {len(data) / 2**20:.1f} MB; this instance accepts files up to "
-                f"{uploads.max_mb:g} MB.")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the pixel check below decides
-            with Image.open(io.BytesIO(data)) as probe:  # the header only
-                width, height = probe.size
-    except Image.DecompressionBombError:  # PIL's own refusal, far above any limit
-        return (f"'{shown}' declares far more pixels than an image may have; it was not decoded "
-                "(possible decompression bomb).")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
-        return f"'{shown}' is not an image that can be read (PNG, JPEG, GIF, BMP or WebP)."
-    if uploads.max_pixels and width * height > uploads.max_pixels:
-        return (f"'{shown}' is {width} x {height} pixels; this instance accepts up to {uploads.max_pixels:,} "
-                "pixels. It was not decoded (possible decompression bomb); resize it and upload again.")
+        images.open_image(data, f"'{_short(name, 60)}'", max_bytes=int(uploads.max_mb * 2**20),
+                          max_pixels=uploads.max_pixels or images.MAX_IMAGE_PIXELS)
+    except images.ImageError as exc:
+        return str(exc)
     return None
 
 
