@@ -397,8 +397,9 @@ def test_chat_rewriter_writes_nothing_when_nothing_is_kept_and_checks_what_it_wr
     assert rewriter.rewrite(caption, [], ["There is a cat.", "The sofa is red."]) == ""
     assert rewriter.calls(caption, [], ["There is a cat."]) == [] and "no corrected caption" in rewriter.note
     kept, dropped = ["There is a black cat.", "The cat sleeps on a sofa"], ["The sofa is red."]
-    for answer, problem in [("", "is empty"), ("A black cat sleeps on a sofa and a dog plays with a ball in the sun .",
-                                              "longer than the caption"), ("A black dog sleeps.", "words the caption does not")]:
+    long = "A black cat sleeps on a sofa and a dog plays with a ball in the sun ."
+    for answer, problem in [("", "is empty"), (long, "longer than the caption"),
+                            ("A black dog sleeps.", "words the caption does not")]:
         answers.append(answer)
         assert rewriter.rewrite(caption, kept, dropped) == "There is a black cat. The cat sleeps on a sofa."
         assert problem in rewriter.note

@@ -127,7 +127,7 @@ with right:
         with analysis_errors():
             chosen = {"decomposer": captions.resolve_agent("decomposer", form.values["decomposer"], lm),
                       "rewriter": captions.resolve_agent("rewriter", form.values["rewriter"], lm),
-                      "verifier": captions.verifiers.resolve_verifier(form.values["verifier"], handle)}
+                      "verifier": captions.resolve_verifier(form.values["verifier"], handle)}
         # each chosen agent's own settings (a role's settings keep one URL name: dec_tokens, rew_tokens, ...)
         agent_forms = {role: ParamsForm(f"cap_{role[:3]}_") for role in ROLES}
         row = field_row()

@@ -65,8 +65,11 @@ from analysis.captions.score import (
 )
 from analysis.captions.verifiers import (
     GENERIC_QUESTION, VERIFIERS, ChatYesNoVerifier, ShapesVLMVerifier, YesNoVerifier, make_verifier,
+    resolve_verifier,
 )
-from analysis.captions.world import CaptionError, grammar_covers, has_shapes_world, scene_image, shapes_text, shapes_world
+from analysis.captions.world import (
+    CaptionError, grammar_covers, has_shapes_world, scene_image, shapes_text, shapes_world,
+)
 from analysis.panels import Analysis, Run
 
 ANALYSIS = Analysis(
@@ -99,6 +102,7 @@ __all__ = [
     "PopeMetrics", "SweepPoint", "Verification", "DEFAULT_EPS", "DEFAULT_PI", "DEFAULT_PROBABILITIES", "LOW_MASS",
     "PROBABILITY_FORMS", "ProbabilityForm", "RawProbabilities", "RenormalisedProbabilities",
     "hallucination_score", "probability_form", "GENERIC_QUESTION", "VERIFIERS", "ChatYesNoVerifier",
-    "ShapesVLMVerifier", "YesNoVerifier", "make_verifier", "CaptionError", "grammar_covers", "has_shapes_world",
+    "ShapesVLMVerifier", "YesNoVerifier", "make_verifier", "resolve_verifier", "CaptionError", "grammar_covers",
+    "has_shapes_world",
     "scene_image", "shapes_text", "shapes_world",
 ]

@@ -291,13 +291,23 @@ def says_nothing(claim: str) -> bool:
     return bool(subject) and all(any(same_word(w, s) for s in subject) for w in rest)
 
 
+def _plain(text: str) -> str:
+    """Lower-case words without articles ('An old man.' -> 'old man')."""
+    return " ".join(w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in ("a", "an", "the"))
+
+
+def copies(line: str, caption: str, short: int = 5) -> bool:
+    """The line repeats the caption or one of its sentences of more than `short` words (it splits nothing)."""
+    return any(_plain(line) == _plain(s) and len(s.split()) > short for s in [caption, *sentences(caption)])
+
+
 def claims_about(lines: list[str], caption: str) -> tuple[list[str], list[str]]:
-    """(claims, refused): the lines that are one sentence about the caption, no longer than it and saying
-    something, and the rest."""
+    """(claims, refused): the lines that are one sentence about the caption, no longer than it, not a copy of
+    it and saying something; and the rest."""
     kept, refused = [], []
     for line in lines:
         ok = (is_sentence(line) and len(sentences(line)) == 1 and about_caption(line, caption)
-              and len(line.split()) <= len(caption.split()) and not says_nothing(line))
+              and len(line.split()) <= len(caption.split()) and not copies(line, caption) and not says_nothing(line))
         (kept if ok else refused).append(line)
     return kept, refused
 
