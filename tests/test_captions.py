@@ -1,7 +1,6 @@
 """Caption correction (CapMAS): agents, score, pipeline, grounding, metrics, image checks."""
 from __future__ import annotations
 
-import json
 import math
 import struct
 import zlib

@@ -31,18 +31,7 @@ SETTINGS_FIELD = {"decomposer": "decomposers", "verifier": "verifiers", "rewrite
 def agent_settings(role: str, **flat) -> dict[str, dict]:
     """{agent name: its settings} of one role from settings named by field (`max_new_tokens=60`): each goes
     to every agent of the role that declares a field of that name; names no such agent declares are refused."""
-    registry = ROLES[role]
-    out: dict[str, dict] = {}
-    used = set()
-    for name, cls in registry.items():
-        chosen = {f.name: flat[f.name] for f in labelled(cls) if f.name in flat}
-        used |= set(chosen)
-        if chosen:
-            out[name] = chosen
-    unknown = set(flat) - used
-    if unknown:
-        raise SettingsError(f"No {registry.family} has the setting(s) {', '.join(sorted(unknown))}.")
-    return out
+    return ROLES[role].split_settings(**flat)
 
 
 def _agent_choice(role: str, url: str, help_text: str):
