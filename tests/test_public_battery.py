@@ -256,7 +256,7 @@ def test_views_take_uploads_only_through_the_checked_uploader():
 def test_upload_refused_on_the_page_with_one_line(public, monkeypatch, name, data, expected):
     from analysis import captions
 
-    monkeypatch.setattr(captions, "open_image", lambda *a, **k: pytest.fail("the page decoded a refused upload"))
+    monkeypatch.setattr(captions, "Upload", lambda *a, **k: pytest.fail("the page took a refused upload"))
     at = app("views/caption_correction.py", query={"model": "zoo:shapes-vlm", "src": "upload"})
     at.file_uploader(key="cap_upload").set_value((name, data, "image/png"))
     at.run()
