@@ -30,6 +30,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:10s} {help_text}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     module_name, _ = COMMANDS[argv[0]]
+    from analysis import threads
+
+    try:  # before torch is imported: two analyses in two processes must not starve each other
+        threads.configure()
+    except threads.ThreadsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

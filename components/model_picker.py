@@ -1,4 +1,5 @@
-"""Sidebar model picker: demo zoo (default), Hugging Face Hub id, or a local folder.
+"""Sidebar model picker: the zoo (its demo models, default shapes-lm, and its real trained models,
+converted on first load), a Hugging Face Hub id, or a local folder.
 
 The loaded model lives in `st.cache_resource` (bounded), keyed on its spec; the session only keeps
 the spec. A failed load shows `st.error` and leaves the previous model in place.
@@ -7,9 +8,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis.models import ModelHandle, ModelLoadError, ModelSpec, load_model, zoo_models
+from analysis.models import ModelHandle, ModelLoadError, ModelSpec, all_zoo_models, load_model, zoo_models
+from analysis.zoo import real
 
-SOURCES = {"zoo": "Demo zoo", "hub": "Hugging Face Hub", "local": "Local folder"}
+SOURCES = {"zoo": "Zoo", "hub": "Hugging Face Hub", "local": "Local folder"}
 STATE_KEY = "model_spec"
 
 
@@ -19,7 +21,7 @@ def _load_cached(spec: ModelSpec) -> ModelHandle:
 
 
 def default_spec() -> ModelSpec | None:
-    names = zoo_models()
+    names = zoo_models()  # a demo model: the real ones are offered, never the default
     if not names:
         return None
     return ModelSpec("zoo", "shapes-lm" if "shapes-lm" in names else names[0])
@@ -37,8 +39,12 @@ def _spec_from_url() -> ModelSpec | None:
 
 def try_load(spec: ModelSpec) -> ModelHandle | None:
     """Load (or fetch from cache) and make it the session's model; on failure keep the old one."""
+    message = f"Loading {spec.label} ..."
+    if spec.source == "zoo" and spec.name in real.REAL_MODELS and not real.is_built(spec.name):
+        message = (f"Converting {spec.label} from its GGUF file (first use on this machine, about 30 s), "
+                   "then loading it ...")
     try:
-        with st.spinner(f"Loading {spec.label} ..."):
+        with st.spinner(message):
             handle = _load_cached(spec)
     except ModelLoadError as exc:
         st.error(f"Could not load {spec.label}: {exc}")
@@ -66,6 +72,13 @@ def current_handle() -> ModelHandle | None:
         return None
 
 
+def _zoo_label(name: str) -> str:
+    """Demo models by name; a real model says so (and that it is converted when first loaded)."""
+    if name not in real.REAL_MODELS:
+        return name
+    return f"{name} (real trained model{'' if real.is_built(name) else ', converted on first load'})"
+
+
 def render_sidebar() -> ModelHandle | None:
     """Draw the picker in the sidebar and return the session's current model (or None)."""
     with st.sidebar:
@@ -76,11 +89,11 @@ def render_sidebar() -> ModelHandle | None:
                           horizontal=True, index=list(SOURCES).index(start.source))
         spec = None
         if source == "zoo":
-            names = zoo_models()
+            names = all_zoo_models()
             if not names:
                 st.warning("No demo models are installed. Build them with `python -m analysis.zoo build`.")
             else:
-                name = st.selectbox("Demo model", names, key="picker_zoo",
+                name = st.selectbox("Zoo model", names, key="picker_zoo", format_func=_zoo_label,
                                     index=names.index(start.name) if start.name in names else 0)
                 spec = ModelSpec("zoo", name)
         elif source == "hub":

@@ -8,6 +8,9 @@ once and the first script run imports everything. Here the import happens first,
 own process, so the first page a visitor opens finds every module loaded. It also measures this
 machine's speed on each demo model while the machine is idle (`preload.calibrate_zoo`), for the
 pages' cost estimates.
+
+Torch's threads: every core, waiting passively between parallel regions, or MODEL_INSPECTOR_THREADS=N
+(analysis/threads.py), set before anything imports torch.
 """
 from __future__ import annotations
 
@@ -16,6 +19,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from analysis import threads  # noqa: E402  (imports nothing heavy)
+
+try:  # before torch is imported (components.preload): see analysis/threads.py
+    threads.configure()
+except threads.ThreadsError as exc:
+    sys.exit(f"error: {exc}")
 
 import components.preload  # noqa: E402  (the same module app.py imports first)
 from streamlit.web import cli as streamlit_cli  # noqa: E402
