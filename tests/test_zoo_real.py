@@ -241,3 +241,17 @@ def test_the_committed_card_describes_this_model(handle):
     assert "Paris" in card["metrics"]["example"]["answer"]
     text = md_path.read_text()
     assert "Q4_1" in text and "Apache-2.0" in text and "Per-panel results" in text
+
+
+def test_the_picker_offers_it_after_the_demo_models_and_loads_it(handle):
+    from conftest import app_with_model
+
+    at = app_with_model(None)
+    box = at.sidebar.selectbox(key="picker_zoo")
+    assert box.options[-1] == f"{NAME} (real trained model)"  # converted already: no "on first load"
+    if "shapes-lm" in zoo_models():
+        assert box.value == "shapes-lm"  # the default stays a demo model
+    box.set_value(NAME).run()
+    at.sidebar.button(key="picker_load").click().run(timeout=120)
+    assert not at.exception and not at.error
+    assert any(f"zoo:{NAME}" in c.value and "134,515,008" in c.value for c in at.sidebar.caption)

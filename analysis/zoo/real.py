@@ -24,6 +24,7 @@ independent dequantisation and float64 forward in `tests/test_zoo_real.py`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -89,14 +90,20 @@ def is_built(name: str, root: Path | None = None) -> bool:
 
 
 def is_installed(name: str) -> bool:
-    """Whether the pinned package is installed (cheap: package metadata only, nothing imported)."""
+    """Whether the pinned package is installed (package metadata only, nothing imported; the picker
+    asks on every rerun, and what is installed does not change under a running process)."""
+    spec = REAL_MODELS[name]
+    return _installed_version(spec.package) == spec.version
+
+
+@functools.lru_cache(maxsize=None)
+def _installed_version(package: str) -> str | None:
     from importlib import metadata
 
-    spec = REAL_MODELS[name]
     try:
-        return metadata.version(spec.package) == spec.version
+        return metadata.version(package)
     except metadata.PackageNotFoundError:
-        return False
+        return None
 
 
 def available() -> list[str]:
