@@ -1,56 +1,56 @@
 """Command line: `python -m analysis <command> ... [--json]`.
 
-Each command lives in its analysis module as `cli(argv) -> int`; modules are imported only
-when their command runs, so one slow import (sae-lens) never slows the others.
+The panels' commands come from the panel table (analysis/panels.py): each panel's `ANALYSIS.cli(argv)`.
+A package is imported only when its command runs, so one slow import (sae-lens) never slows the others.
+Every user-facing error (analysis/errors.py) is printed as one `error: ...` line with exit status 1.
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-COMMANDS = {
+from analysis import panels, threads
+from analysis.errors import UserError
+
+# Commands that are not panels: (module with `cli(argv)`, help).
+TOOLS = {
     "info": ("analysis.models", "describe a model"),
-    "sharpness": ("analysis.sharpness", "attention sharpness and temperature"),
-    "kv": ("analysis.kv_eviction", "KV-cache eviction policies"),
-    "invert": ("analysis.inversion", "prompt reconstruction from hidden states"),
-    "sae": ("analysis.sae_v", "SAE-V features"),
-    "captions": ("analysis.captions", "caption hallucination correction"),
     # It opens the app's pages (Streamlit), so it lives beside them; analysis/ never imports Streamlit.
     "warm": ("components.warm", "precompute every panel's default view and presets"),
 }
 
 
+def commands() -> dict[str, str]:
+    """Every command with its one-line help, panels first (in the table's order)."""
+    out = {e.name: e.help for e in panels.TABLE}
+    out.update({name: help_text for name, (_, help_text) in TOOLS.items()})
+    return out
+
+
+def _command(name: str):
+    if name in TOOLS:
+        return importlib.import_module(TOOLS[name][0]).cli
+    analysis = panels.load(name)
+    if analysis.cli is None:
+        raise UserError(f"the {name} panel has no command line.")
+    return analysis.cli
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    known = commands()
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in known:
         if argv and argv[0] not in ("-h", "--help"):
             print(f"unknown command '{argv[0]}'", file=sys.stderr)
         print("usage: python -m analysis <command> [options]\n\ncommands:")
-        for name, (module, help_text) in COMMANDS.items():
+        for name, help_text in known.items():
             print(f"  {name:10s} {help_text}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
-    module_name, _ = COMMANDS[argv[0]]
-    from analysis import threads
-
-    try:  # before torch is imported: two analyses in two processes must not starve each other
-        threads.configure()
-    except threads.ThreadsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            print(f"command '{argv[0]}' is not available yet", file=sys.stderr)
-            return 2
-        raise
-    from analysis.models import ModelLoadError
-    from analysis.registry import SettingsError
-
-    try:
-        return int(module.cli(argv[1:]) or 0)
-    except (ModelLoadError, SettingsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        threads.configure()  # before torch loads: two analyses in two processes must not starve each other
+        return int(_command(argv[0])(argv[1:]) or 0)
+    except UserError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     except Exception as exc:
         from analysis.anatomy import raised_by_model

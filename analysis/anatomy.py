@@ -17,19 +17,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from analysis.models import ModelLoadError
+from analysis.errors import AnatomyError, ModelLoadError, ModelRunError  # noqa: F401  (AnatomyError, ModelRunError: re-exported)
 
 FINAL_NORM_NAMES = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f")
 LAYER_LIST_NAMES = ("layers", "h", "blocks", "layer")
-
-
-class AnatomyError(ModelLoadError, ValueError):
-    """A part of the model could not be found (or a layer is out of range); the message names the part
-    and the model. A `ModelLoadError`, so the CLI and the pages show it as one line."""
-
-
-class ModelRunError(ModelLoadError):
-    """The model itself raised while running a step; the message names the model and the step."""
 
 
 def _model(obj: Any) -> torch.nn.Module:

@@ -21,16 +21,15 @@ POPE-style verifier scores are exact.
 from __future__ import annotations
 
 import difflib
-import io
 import math
 import re
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import torch
 
 from analysis import anatomy
+from analysis.images import open_image  # noqa: F401  (uploads: one decoder for every panel)
 from analysis.models import ModelHandle, ModelLoadError, ModelSpec, load_model, require_kind
 from analysis.registry import Method, Registry, SettingsError, check_range
 from analysis.results import Result
@@ -42,8 +41,6 @@ DEFAULT_PI = 1.0
 DEFAULT_EPS = 1e-4
 DEFAULT_PROBABILITIES = "raw"  # the paper's H reads the raw p(T|x,Q(u)), p(F|x,Q(u))
 LOW_MASS = 0.5  # below this yes+no mass the verifier is mostly answering something else
-MAX_IMAGE_PIXELS = 4096 * 4096
-MAX_IMAGE_BYTES = 20 * 1024 * 1024
 GENERIC_CAPTION_PROMPT = "Describe this image in detail."
 CAPTION_TOKENS = 96  # tokens a generated caption may have
 
@@ -959,39 +956,6 @@ def pi_sweep(verdicts: list[ClaimVerdict], scene=None, pis: list[float] | None =
 
 
 # ---------------------------------------------------------------------------------------------
-# Images: uploads are checked before decoding (size from the header, decompression-bomb guard)
-
-
-def open_image(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS):
-    """Decode an uploaded image safely, or raise CaptionError with a message for the user."""
-    from PIL import Image, UnidentifiedImageError
-
-    if len(data) > MAX_IMAGE_BYTES:
-        raise CaptionError(f"The file is {len(data) / 2**20:.1f} MB; images up to "
-                           f"{MAX_IMAGE_BYTES // 2**20} MB are accepted.")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
-        try:
-            image = Image.open(io.BytesIO(data))  # reads the header only
-            width, height = image.size
-            if width * height > max_pixels:
-                raise CaptionError(f"The image is {width} x {height} pixels, above the limit of "
-                                   f"{max_pixels:,} pixels; it was not decoded (possible "
-                                   "decompression bomb). Resize it and upload again.")
-            image.load()
-        except CaptionError:
-            raise
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-            # PIL refuses such headers itself, before we see the size.
-            raise CaptionError(f"The image is far above the limit of {max_pixels:,} pixels; it was not "
-                               f"decoded (possible decompression bomb: {exc}). Resize it and upload again.") from exc
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-            raise CaptionError("The file is not an image that can be read (PNG, JPEG, GIF, BMP or "
-                               "WebP expected).") from exc
-    return image.convert("RGB")
-
-
-# ---------------------------------------------------------------------------------------------
 # Command line
 
 
@@ -1072,3 +1036,25 @@ def load_agent_lm(text: str | None, vlm: ModelHandle) -> ModelHandle | None:
     if "shapes-lm" in zoo_models():
         return load_model(ModelSpec("zoo", "shapes-lm"))
     return vlm
+
+
+# ---------------------------------------------------------------------------------------------
+# The panel's declaration (analysis/panels.py)
+
+def _declare():
+    from analysis import cost
+    from analysis.panels import Analysis, Run
+
+    return Analysis(
+        name="captions", title="Caption correction", icon=":material/fact_check:", page="caption_correction.py",
+        summary="Split a detailed caption into claims, verify each against the image, rewrite without "
+                "the hallucinated ones.",
+        paper="CapMAS (ICML 2025)", kinds=("vlm",),
+        runs=(Run(caption_scene, cost._captions_scene_caption), Run(caption_image, cost._captions_image_caption),
+              Run(verify_scene, cost._captions_scene_verification),
+              Run(verify_caption, cost._captions_image_verification),
+              Run(apply_threshold, cost._captions_rewrite)),
+        cli=cli)
+
+
+ANALYSIS = _declare()

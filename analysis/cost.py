@@ -37,7 +37,6 @@ from analysis.models import ModelHandle
 
 LIMIT_S = 10.0  # work expected to take longer is not started without the user asking
 EAGER_ATTENTION_OVERHEAD = 3.0  # eager softmax attention runs well below the matmul FLOP rate
-HOOK_OVERHEAD = 1.6  # decode steps with eviction hooks (select + gather per layer) vs a plain call
 TEMPERATURE_OVERHEAD = 1.5  # the adaptive-temperature attention function with its recorder
 BACKWARD = 3.0  # a forward plus backward costs about three forwards
 # A forward plus a backward for the input's gradient alone costs about two: Captum's Integrated
@@ -260,44 +259,27 @@ def _row_pass_seconds(lm, repeats: int = 3, rows: int = 16_384) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# Counting work from the settings, per analysis
-
-Estimator = Callable[[ModelHandle, Any, dict], Work]
-ESTIMATORS: dict[str, Estimator] = {}
+# Counting work from the settings: each panel declares a work count per run function
+# (`Run(fn, estimate)` in its ANALYSIS, analysis/panels.py)
 
 
-def estimator(qualname: str) -> Callable[[Estimator], Estimator]:
-    """Register the work count of the analysis `module:function` (as the pages call it)."""
-    def register(fn: Estimator) -> Estimator:
-        ESTIMATORS[qualname] = fn
-        return fn
-    return register
+def estimate_work(fn: Callable, handle: ModelHandle, params: Any, kwargs: dict | None = None) -> Work:
+    """Forward calls, tokens and attended pairs the analysis will run.
+
+    Raises MissingEstimator when no panel declares `fn` (the runner then asks before starting: the gate
+    fails closed), and the estimator's own UserError for bad settings (the analysis reports the same)."""
+    from analysis import panels
+
+    return panels.run_for(fn).estimate(handle, params, dict(kwargs or {}))
 
 
-def qualname(fn: Callable) -> str:
-    return f"{fn.__module__}:{fn.__qualname__}"
-
-
-def estimate_work(fn: Callable, handle: ModelHandle, params: Any, kwargs: dict | None = None) -> Work | None:
-    """Forward calls, tokens and attended pairs the analysis will run; None when not known."""
-    counter = ESTIMATORS.get(qualname(fn))
-    if counter is None:
-        return None
-    try:
-        return counter(handle, params, dict(kwargs or {}))
-    except Exception:  # bad settings: the analysis itself will report them
-        return None
-
-
-def estimate(fn: Callable, handle: ModelHandle, params: Any, kwargs: dict | None = None) -> Estimate | None:
+def estimate(fn: Callable, handle: ModelHandle, params: Any, kwargs: dict | None = None) -> Estimate:
     work = estimate_work(fn, handle, params, kwargs)
-    if work is None:
-        return None
     t = calibrate(handle)
     return Estimate(seconds=work.seconds(t), work=work, throughput=t)
 
 
-def _sequence(prefill: int, total: int, *, overhead: float = 1.0, generate: int = 0) -> Work:
+def sequence(prefill: int, total: int, *, overhead: float = 1.0, generate: int = 0) -> Work:
     """A prefill of `prefill` tokens then one call per further token (decode with a growing cache)."""
     steps = max(0, total + generate - 1 - prefill)
     w = Work(calls=1, tokens=prefill, attended=prefill * (prefill + 1) / 2)
@@ -307,40 +289,7 @@ def _sequence(prefill: int, total: int, *, overhead: float = 1.0, generate: int 
     return w
 
 
-# -- KV-cache eviction ---------------------------------------------------------------------------
-
-
-def _kv_shape(handle: ModelHandle, params) -> tuple[int, int, int]:
-    """(task length, prefill length, start of the generated-text comparison) without running the model."""
-    from analysis import kv_eviction as kv
-
-    if params.prompt.strip():
-        n = len(handle.tokenizer(params.prompt, add_special_tokens=True)["input_ids"])
-        total = n + params.generated
-        return total, max(1, round(params.prefill * n)), n
-    task = kv.build_task(handle, params)
-    return len(task.tokens), task.prefill_len, kv.text_start(task)
-
-
-@estimator("analysis.kv_eviction:analyze")
-def _kv_analyze(handle, params, kwargs) -> Work:
-    from analysis import kv_eviction as kv
-
-    total, prefill, start = _kv_shape(handle, params)
-    policies = len(kv.POLICIES)
-    runs = policies  # full and every other policy (the chosen one's kept sets come from its run among them)
-    main = kv.main_policies()
-    texts = len(main) + (0 if params.policy in main else 1)  # generated text: main policies (+ a chosen variant)
-    work = Work()
-    if params.prompt.strip():  # the reference continuation is generated first
-        work.add(**vars(_sequence(start, start, generate=params.generated)))
-    work.add(**vars(_sequence(prefill, total, overhead=HOOK_OVERHEAD)), times=runs)
-    # each text continues its policy's own run from `start` (a fork): only the generated tokens are new
-    work.add(**vars(_continuation(start, params.generated, overhead=HOOK_OVERHEAD)), times=texts)
-    return work
-
-
-def _continuation(start: int, generate: int, *, overhead: float = 1.0) -> Work:
+def continuation(start: int, generate: int, *, overhead: float = 1.0) -> Work:
     """`generate` greedy tokens continued from a cache that has read `start` tokens: the first comes with
     the forward that read the last of them, each further one costs a call."""
     steps = max(0, generate - 1)
@@ -348,21 +297,9 @@ def _continuation(start: int, generate: int, *, overhead: float = 1.0) -> Work:
                 overhead=steps * (overhead - 1))
 
 
-@estimator("analysis.kv_eviction:budget_sweep")
-def _kv_sweep(handle, params, kwargs) -> Work:
-    from analysis import kv_eviction as kv
-
-    total, prefill, _ = _kv_shape(handle, params)
-    examples = 1 if params.prompt.strip() else max(1, params.examples)
-    names = [n for n in (kwargs.get("names") or kv.POLICIES) if n != "full"]
-    runs = examples * (1 + len(params.sweep) * len(names))
-    return Work().add(**vars(_sequence(prefill, total, overhead=HOOK_OVERHEAD)), times=runs)
-
-
 # -- attention sharpness -------------------------------------------------------------------------
 
 
-@estimator("analysis.sharpness:size_sweep")
 def _sharpness_sweep(handle, params, kwargs) -> Work:
     from analysis import sharpness as S
 
@@ -381,7 +318,6 @@ def _sharpness_sweep(handle, params, kwargs) -> Work:
     return work
 
 
-@estimator("analysis.sharpness:analyse_prompt")
 def _sharpness_prompt(handle, params, kwargs) -> Work:
     from analysis import sharpness as S
 
@@ -457,12 +393,10 @@ def _n_tokens(handle, params) -> int:
     return len(inv.tokenize(handle, params.prompt, params.max_tokens))
 
 
-@estimator("analysis.inversion:reconstruct")
 def _inv_attack(handle, params, kwargs) -> Work:
     return _attack(handle, params, _n_tokens(handle, params), params.exhaustive, _noisy(params))
 
 
-@estimator("analysis.inversion:sweep_layers")
 def _inv_layers(handle, params, kwargs) -> Work:
     from analysis.inversion import AttackParams
 
@@ -473,7 +407,6 @@ def _inv_layers(handle, params, kwargs) -> Work:
     return work
 
 
-@estimator("analysis.inversion:sweep_noise")
 def _inv_noise(handle, params, kwargs) -> Work:
     from analysis import inversion as inv
 
@@ -484,7 +417,6 @@ def _inv_noise(handle, params, kwargs) -> Work:
     return work
 
 
-@estimator("analysis.inversion:compare_exhaustive")
 def _inv_speed(handle, params, kwargs) -> Work:
     from analysis.inversion import AttackParams
 
@@ -493,6 +425,33 @@ def _inv_speed(handle, params, kwargs) -> Work:
     work = _attack(handle, params, n, False, _noisy(params))
     p = AttackParams.from_dict({**params.to_dict(), "positions": min(measured, n)})
     return work.add(**vars(_attack(handle, p, n, True, True)))
+
+
+def _inv_cascade(handle, params, kwargs) -> Work:
+    """What `inversion.simulate_cascade` runs: the attacker's observed states and noise floor, then, when its
+    view is cheap enough to brute-force, every sequence filling each gap before a seen position (an upper
+    bound: the search stops at the first match), in batches of 2048 through the first `layer` blocks."""
+    from analysis import inversion as inv
+
+    params.validate()
+    ids = inv.tokenize(handle, params.prompt, params.max_tokens)
+    if not 1 <= params.parties <= len(ids) or not 0 <= params.attacker < params.parties:
+        return Work()
+    vocab = int(inv.vocab_size(handle))
+    assignment = inv.SHARDINGS.create(params.sharding).assign(len(ids), params.parties)
+    view = inv._party_view(params.attacker, assignment, vocab)
+    if view.log10_cost > math.log10(max(params.budget, 1)):
+        return Work()
+    depth = max(params.layer, 1) / max(handle.info.layers, 1)
+    n = len(ids)
+    work = Work().stopped(1 + 2 * min(n, 4), depth, tokens=n + 33 * min(n, 4), attended=n * n / 2)
+    known = 0
+    for pos, gap in zip(view.positions, view.gaps):
+        width = gap + 1
+        count = float(vocab) ** width
+        work.stopped(math.ceil(count / 2048), depth, tokens=count * width, attended=count * width * (known + width))
+        known = pos + 1
+    return work
 
 
 # -- caption correction --------------------------------------------------------------------------
@@ -519,7 +478,7 @@ def _generation(handle, prompt: str, new_tokens: int) -> Work:
     is the agent's bound (or the demo LM's trained answer length): greedy generation may stop sooner."""
     n = len(handle.tokenizer(prompt, add_special_tokens=False)["input_ids"])
     room = (handle.info.max_positions or 1 << 30) - n
-    return _sequence(n, n, generate=max(1, min(new_tokens, room)))
+    return sequence(n, n, generate=max(1, min(new_tokens, room)))
 
 
 def _caption(handle, image, prompt: str | None, new_tokens: int) -> Work:
@@ -529,7 +488,7 @@ def _caption(handle, image, prompt: str | None, new_tokens: int) -> Work:
     from analysis import captions as C
 
     [n], patches = _prompt_lengths(handle, image, [prompt if prompt is not None else C.caption_prompt(handle)])
-    return _sequence(n, n, generate=new_tokens).add(patches=patches)
+    return sequence(n, n, generate=new_tokens).add(patches=patches)
 
 
 def expected_claims(caption: str) -> list[str]:
@@ -577,7 +536,6 @@ def _verification(handle, params, image, lm) -> Work:
     return work
 
 
-@estimator("analysis.captions:caption_scene")
 def _captions_scene_caption(handle, params, kwargs) -> Work:
     from analysis import captions as C
 
@@ -585,7 +543,6 @@ def _captions_scene_caption(handle, params, kwargs) -> Work:
     return _caption(handle, C.scene_image(params.scene_seed), None, params.max_new_tokens)
 
 
-@estimator("analysis.captions:caption_image")
 def _captions_image_caption(handle, params, kwargs) -> Work:
     """An uploaded image (`image=`): `params` is unused, `prompt` and `max_new_tokens` as the function's."""
     from analysis import captions as C
@@ -593,19 +550,16 @@ def _captions_image_caption(handle, params, kwargs) -> Work:
     return _caption(handle, kwargs["image"], kwargs.get("prompt"), kwargs.get("max_new_tokens", C.CAPTION_TOKENS))
 
 
-@estimator("analysis.captions:verify_scene")
 def _captions_scene_verification(handle, params, kwargs) -> Work:
     from analysis import captions as C
 
     return _verification(handle, params, C.scene_image(params.scene_seed), kwargs.get("lm"))
 
 
-@estimator("analysis.captions:verify_caption")
 def _captions_image_verification(handle, params, kwargs) -> Work:
     return _verification(handle, params, kwargs["image"], kwargs.get("lm"))
 
 
-@estimator("analysis.captions:apply_threshold")
 def _captions_rewrite(handle, params, kwargs) -> Work:
     """`handle` is the rewriter's model, the verification comes as `verification=`: nothing to run when no
     claim is flagged or the rewriter runs no model, else its prompt and answer."""

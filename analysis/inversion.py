@@ -992,3 +992,24 @@ def cli(argv: list[str]) -> int:
         print(f"{t.position:4d} {mark} {t.true_token!s:>14} -> {t.recovered_token!s:<14} "
               f"dist {t.distance:.3g} rank {t.rank} evals {t.evaluations}")
     return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The panel's declaration (analysis/panels.py)
+
+def _declare():
+    from analysis import cost
+    from analysis.panels import Analysis, Run
+
+    return Analysis(
+        name="invert", title="Prompt reconstruction", icon=":material/lock_open:", page="prompt_reconstruction.py",
+        summary="Recover a prompt from hidden states, with and without defences, and see why sequence "
+                "sharding (Cascade) resists it.",
+        paper="Hidden No More / Cascade (ICML 2025)", kinds=("causal_lm", "vlm"),
+        runs=(Run(reconstruct, cost._inv_attack), Run(sweep_layers, cost._inv_layers),
+              Run(sweep_noise, cost._inv_noise), Run(compare_exhaustive, cost._inv_speed),
+              Run(simulate_cascade, cost._inv_cascade)),
+        cli=cli)
+
+
+ANALYSIS = _declare()

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Literal
 
 import torch
 
+from analysis.errors import ModelLoadError
 from analysis.model_lock import ModelLock
 from analysis.results import Result
 
@@ -36,10 +37,6 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 Source = Literal["zoo", "hub", "local"]
 Kind = Literal["causal_lm", "vlm"]
 KIND_NAMES = {"causal_lm": "a causal language model", "vlm": "a vision-language model"}
-
-
-class ModelLoadError(Exception):
-    """A model could not be loaded; the message says why, in words for the user."""
 
 
 @dataclass(frozen=True)
@@ -258,11 +255,8 @@ def resolve_folder(spec: ModelSpec) -> Path:
     if spec.source == "zoo":
         from analysis.zoo import real
 
-        if spec.name in real.REAL_MODELS:
-            try:  # converted once, at first use; then a plain local folder (checked and loaded as any other)
-                return real.ensure(spec.name, progress=real.stderr_progress)
-            except real.RealModelError as exc:
-                raise ModelLoadError(str(exc)) from exc
+        if spec.name in real.REAL_MODELS:  # converted once, at first use; then loaded as any local folder
+            return real.ensure(spec.name, progress=real.stderr_progress)
         names = zoo_models()
         if spec.name not in names:
             listed = ", ".join(all_zoo_models()) or "none are installed"
@@ -517,7 +511,7 @@ class DecoderWithHead(torch.nn.Module):
 
 
 def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, processor: Any = None) -> ModelInfo:
-    from analysis import anatomy
+    from analysis import anatomy, processor_info
 
     cfg = model.config
     text = cfg.get_text_config()
@@ -526,7 +520,7 @@ def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, pro
     max_pos = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     image_size = image_tokens = None
     if kind == "vlm":
-        measured = processor_image_geometry(model, processor)
+        measured = processor_info.image_geometry(model, processor)
         image_size, image_tokens = measured or (None, None)
         if image_size is None:  # no processor, or it resizes each image its own way: the tower's size
             image_size = int(getattr(cfg.vision_config, "image_size", 0) or 0) or None
@@ -552,47 +546,6 @@ def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, pro
         image_tokens=image_tokens,
         image_size=image_size,
     )
-
-
-# Two probe images of different sizes and shapes: a processor that crops every image to one size
-# gives both the same pixels and the same number of image tokens; one that keeps (part of) the
-# image's own resolution (Qwen2-VL, LLaVA-NeXT's tiles, Idefics3's splits) gives different counts.
-IMAGE_PROBES = ((640, 480), (224, 352))
-
-
-def processor_image_geometry(model: torch.nn.Module, processor: Any) -> tuple[int | None, int | None] | None:
-    """(side in pixels, image tokens per image) as the VLM's processor really makes them: it is run on
-    the probe images, and the pixels it hands the tower and the image tokens it inserts are read back
-    (not `vision_config.image_size`, the tower's pretraining size, which a processor may not use).
-    Side is None unless every probe becomes the same square; tokens None unless every probe inserts
-    the same number. None without a processor, or when it fails on the probes."""
-    if processor is None:
-        return None
-    import types
-
-    from PIL import Image
-
-    from analysis import anatomy
-
-    view = types.SimpleNamespace(model=model, processor=processor, spec=None,
-                                 tokenizer=getattr(processor, "tokenizer", None))
-    sides, counts = set(), set()
-    try:
-        text = anatomy.image_prompt(view, "describe")
-        for width, height in IMAGE_PROBES:
-            enc = processor(images=[Image.new("RGB", (width, height), (90, 140, 200))], text=[text],
-                            return_tensors="pt")
-            counts.add(int(anatomy.image_mask(view, enc["input_ids"][:1]).sum()))
-            pixels = enc.get("pixel_values")
-            if pixels is not None and pixels.dim() == 4 and pixels.shape[-1] == pixels.shape[-2]:
-                sides.add(int(pixels.shape[-1]))
-            else:  # tiles (5-d), flattened patches (2-d) or a non-square crop
-                sides.add(None)
-    except Exception:  # a processor that cannot take this prompt: the config's numbers are all we have
-        return None
-    side = sides.pop() if len(sides) == 1 else None
-    tokens = counts.pop() if len(counts) == 1 else None
-    return side, (tokens or None)
 
 
 def require_kind(handle: ModelHandle, *kinds: str, panel: str) -> None:

@@ -63,14 +63,14 @@ SAE_BASE = {"sae": "layer1", "view": "list", "sort": "omega", "by": "sum", "thr"
 PRESETS: list[Preset] = [
     # --- Softmax is not enough: dispersion -----------------------------------------------------------
     Preset("attention-sharpness", "dispersion", "Dispersion at large n",
-           "shapes-lm's retrieval head (layer 0, head 3) puts 0.97 of its weight on the largest number among "
-           "4 items but only 0.53 among 128, and accuracy falls from 100 % to 56 %: a fixed softmax head "
-           "cannot stay sharp as n grows.",
+           "shapes-lm's retrieval head (layer 0, head 3: the most weight on the largest number at n = 4 on "
+           "these 16 prompts) puts 0.97 of its weight on it among 4 items but only 0.53 among 128, and "
+           "accuracy falls from 100 % to 56 %: a fixed softmax head cannot stay sharp as n grows.",
            "zoo:shapes-lm", {**SHARPNESS_BASE}),
-    Preset("attention-sharpness", "adaptive-temperature", "Adaptive θ only delays it",
-           "The paper's adaptive temperature in every layer: at n = 128 the retrieval head's max-item weight "
-           "moves only from 0.53 to 0.54 and accuracy stays at 56 % — it sharpens diffuse rows a little but "
-           "cannot stop dispersion, as the lemma says.",
+    Preset("attention-sharpness", "adaptive-temperature", "Adaptive θ: no delay",
+           "The paper's adaptive temperature in every layer: accuracy falls at the same n as with softmax "
+           "(56 % at n = 128 either way), and the retrieval head's max-item weight there moves only from "
+           "0.53 to 0.54. On this model it neither stops nor delays dispersion.",
            "zoo:shapes-lm", {**SHARPNESS_BASE, "theta": "adaptive"}),
     Preset("attention-sharpness", "lemma", "The lemma, no model",
            "With the maximum only δ = 2 above the other logits, its weight falls like 1/n at every fixed "
@@ -92,8 +92,9 @@ PRESETS: list[Preset] = [
            "zoo:shapes-lm", {**KV_BASE, "policy": "morphkv"}),
     # --- Hidden No More / Cascade ------------------------------------------------------------------------
     Preset("prompt-reconstruction", "shuffle-fails", "Shuffling does not protect",
-           "States with their positions shuffled still give the prompt back token for token: the attacker "
-           "matches against every unused row.",
+           "States of layer 2 with their positions shuffled still give the prompt back token for token: the "
+           "attacker matches against every unused row (only at layer 0 of a rotary model, the bare token "
+           "embeddings, does the order stay hidden).",
            "zoo:shapes-lm", {**INVERSION_BASE, "perm": "shuffle_positions"}),
     Preset("prompt-reconstruction", "noise-defeats", "Noise defeats the attack",
            "Gaussian noise of two state standard deviations buries the difference between neighbouring "

@@ -22,15 +22,10 @@ from __future__ import annotations
 import math
 from typing import ClassVar, Generic, Iterator, TypeVar
 
+from analysis.errors import SettingsError, UnknownMethod  # noqa: F401  (re-exported: the methods raise them)
+from analysis.settings import check_settings, labelled
+
 T = TypeVar("T")
-
-
-class SettingsError(ValueError):
-    """A method's settings are out of range; the message is for the user (one line)."""
-
-
-class UnknownMethod(SettingsError):
-    """A name that no class of the family registered."""
 
 
 def check_range(what: str, value, low=None, high=None, integer: bool = False) -> None:
@@ -56,9 +51,11 @@ class Method:
     summary: ClassVar[str] = ""
 
     def validate(self) -> None:
-        """Raise SettingsError with a user-facing message when a setting is out of range."""
+        """Cross-field checks, with a user-facing message (each labelled field's own range and choices
+        are checked first, from its metadata: analysis/settings.py)."""
 
     def __post_init__(self) -> None:
+        check_settings(self)
         self.validate()
 
 
@@ -125,6 +122,15 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._classes)
+
+    def settings(self) -> list[tuple]:
+        """(field, class) of every labelled setting of the family, each field name once (the first class
+        that declares it): one widget, URL value and flag serves every method that has the setting."""
+        seen: dict[str, tuple] = {}
+        for cls in self._classes.values():
+            for f in labelled(cls):
+                seen.setdefault(f.name, (f, cls))
+        return list(seen.values())
 
     def items(self):
         return list(self._classes.items())

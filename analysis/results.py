@@ -65,6 +65,9 @@ def _builder(tp: Any) -> Callable[[Any], Any]:
             return value
         return build_union
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        own = getattr(tp, "from_dict", None)
+        if own is not None and getattr(own, "__func__", None) is not Result.from_dict.__func__:
+            return lambda value: None if value is None else own(value)  # the class reads older layouts itself
         return lambda value: None if value is None else _from_dict(tp, value)
     if origin in (list, typing.List) and args:
         inner = _builder(args[0])

@@ -812,3 +812,22 @@ def cli(argv: list[str]) -> int:
     if result.skipped:
         print(f"\nskipped (longer than the context): {result.skipped}")
     return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The panel's declaration (analysis/panels.py)
+
+def _declare():
+    from analysis import cost
+    from analysis.panels import Analysis, Run
+
+    return Analysis(
+        name="sharpness", title="Attention sharpness", icon=":material/blur_on:", page="attention_sharpness.py",
+        summary="Entropy and max weight of every head as inputs grow; temperature sweeps and the "
+                "adaptive-temperature rule.",
+        paper="Softmax is not enough (ICML 2025)", kinds=("causal_lm", "vlm"),
+        runs=(Run(size_sweep, cost._sharpness_sweep), Run(analyse_prompt, cost._sharpness_prompt)),
+        cli=cli)
+
+
+ANALYSIS = _declare()

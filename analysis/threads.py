@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import os
 
+from analysis.errors import SettingsError
+
 ENV = "MODEL_INSPECTOR_THREADS"
 
 
-class ThreadsError(ValueError):
+class ThreadsError(SettingsError):
     """MODEL_INSPECTOR_THREADS is not a positive whole number."""
 
 

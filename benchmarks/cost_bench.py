@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from analysis import captions as C  # noqa: E402
 from analysis import cost  # noqa: E402
 from analysis import inversion as inv  # noqa: E402
-from analysis import kv_eviction as kv  # noqa: E402
+from analysis import kv  # noqa: E402
 from analysis import sharpness as S  # noqa: E402
 from analysis.models import ModelHandle, ModelSpec, describe, load_model, zoo_models  # noqa: E402
 from analysis.tiny_models import LLAVA_TEMPLATE, default_words, family_words, make_word_tokenizer  # noqa: E402
@@ -98,7 +98,7 @@ def jobs(handle: ModelHandle) -> list[tuple[str, object, object]]:
     prompt = "1 2 3 4 5 6" if handle.info.parameters > 1e8 else "there is a large red circle"
     return [
         ("KV: every policy, 32-token context", kv.analyze,
-         kv.KvParams(context=32, budget=12, snap_window=4, morph_window=4, new_tokens=4)),
+         kv.KvParams(context=32, budget=12, new_tokens=4, policies=kv.policy_settings(snap_window=4, morph_window=4))),
         ("sharpness: n = 4, 8, 2 prompts each", S.size_sweep, S.SweepParams(ns=[4, 8], samples=2, batch=2)),
         ("reconstruction: 6 tokens, layer 2", inv.reconstruct, inv.AttackParams(prompt=prompt, layer=2)),
     ]

@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from analysis import kv_eviction as kv  # noqa: E402
+from analysis import kv  # noqa: E402
 from analysis import tiny_models  # noqa: E402
 from analysis.models import ModelHandle, ModelSpec, load_model, zoo_models  # noqa: E402
 

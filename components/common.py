@@ -7,8 +7,8 @@ from typing import Any, Callable, Iterator
 
 import streamlit as st
 
-from analysis.models import KIND_NAMES, ModelHandle, ModelLoadError
-from analysis.registry import SettingsError
+from analysis.errors import UserError
+from analysis.models import KIND_NAMES, ModelHandle
 from components.model_picker import current_handle
 
 
@@ -142,8 +142,8 @@ def url_list(name: str, default: list, choices: list, cast: Callable[[str], Any]
     return values or list(default)
 
 
-# Errors whose message is meant for the user; analysis modules add theirs per call.
-USER_ERRORS: tuple[type[BaseException], ...] = (SettingsError, ModelLoadError)
+# Errors whose message is meant for the user: every panel's error is one (analysis/errors.py).
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError,)
 
 
 def one_line(exc: BaseException) -> str:
@@ -160,7 +160,7 @@ def show_error(exc: BaseException, prefix: str = "") -> None:
 def analysis_errors(*kinds: type[BaseException], prefix: str = "", stop: bool = True) -> Iterator[None]:
     """Turn an analysis error into one `st.error` line (no traceback) and, by default, stop the page.
 
-        with analysis_errors(kv.KvEvictionError):
+        with analysis_errors():
             result = cached_run(...)
     """
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import importlib
 import json
+import pkgutil
 import time
 
 # Packages and modules a page, a figure or an analysis imports (directly or lazily).
@@ -23,12 +24,18 @@ MODULES = [
     "transformers", "transformers.cache_utils", "transformers.masking_utils",
     "captum.attr", "sae_lens", "sae_lens.config", "sae_lens.saes.sae",
     "analysis.registry", "analysis.results", "analysis.models", "analysis.export", "analysis.store",
-    "analysis.sharpness", "analysis.kv_eviction", "analysis.inversion", "analysis.captions", "analysis.sae_v",
     "analysis.anatomy", "analysis.zoo.shapes_world", "analysis.zoo.concepts",
-    "components.common", "components.runs", "components.share", "components.images",
-    "components.sharpness_figures", "components.kv_figures", "components.inversion_figures",
-    "components.caption_figures", "components.sae_figures",
+    "components.common", "components.runs", "components.share",
 ]
+
+
+def _project_modules() -> list[str]:
+    """Every panel's package (the panel table) and every figure module (components/figures/)."""
+    from analysis import panels
+    from components import figures
+
+    return [e.module for e in panels.TABLE] + [
+        f"components.figures.{m.name}" for m in pkgutil.iter_modules(figures.__path__)]
 
 # transformers resolves these lazily on first attribute access: resolve them here instead.
 TRANSFORMERS_NAMES = [
@@ -63,7 +70,7 @@ def _zoo_names() -> list[str]:
 def preload() -> float:
     """Import everything above; returns the seconds it took."""
     start = time.perf_counter()
-    for name in MODULES:
+    for name in MODULES + _project_modules():
         try:
             importlib.import_module(name)
         except Exception:  # an optional extra that is not installed: its page says so itself

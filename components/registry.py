@@ -1,58 +1,57 @@
-"""The panels of the app. A panel appears in the navigation once its page file exists."""
+"""The app's pages: one per panel of the panel table (analysis/panels.py), then the saved-analyses gallery."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis import panels
+
 ROOT = Path(__file__).resolve().parent.parent
+VIEWS = ROOT / "views"
 
 
 @dataclass(frozen=True)
 class Panel:
-    page: str  # file under views/
+    page: str  # file under views/ (or an absolute path)
     title: str
     icon: str
     summary: str
     paper: str
     kinds: tuple[str, ...]  # model kinds it works on
+    name: str = ""  # the analysis' name in the panel table ("" for pages that are not panels)
 
     @property
     def path(self) -> Path:
-        return ROOT / "views" / self.page
+        return VIEWS / self.page
+
+    @property
+    def script(self) -> str:
+        """The page as st.Page and st.page_link name it: relative to app.py when it lives in views/."""
+        try:
+            return str(self.path.resolve().relative_to(ROOT))
+        except ValueError:
+            return str(self.path)
 
     @property
     def url_path(self) -> str:
         # Page files live in views/, not pages/: with a pages/ folder beside app.py Streamlit runs the
         # first session in its legacy mode, which shows "Page not found" on every deep link.
-        return self.page.removesuffix(".py").replace("_", "-")
+        return Path(self.page).name.removesuffix(".py").replace("_", "-")
 
     @property
     def available(self) -> bool:
         return self.path.is_file()
 
 
-PANELS = [
-    Panel("sae_features.py", "SAE-V features", ":material/scatter_plot:",
-          "Sparse-autoencoder features of a multimodal model: which modality they fire on, "
-          "cross-modal scores, and data filtering by those scores.",
-          "SAE-V (ICML 2025)", ("vlm",)),
-    Panel("attention_sharpness.py", "Attention sharpness", ":material/blur_on:",
-          "Entropy and max weight of every head as inputs grow; temperature sweeps and the "
-          "adaptive-temperature rule.",
-          "Softmax is not enough (ICML 2025)", ("causal_lm", "vlm")),
-    Panel("kv_cache.py", "KV-cache eviction", ":material/memory:",
-          "Which cached tokens StreamingLLM, H2O, TOVA, SnapKV and MorphKV keep, step by step, and "
-          "what it costs in quality and memory.",
-          "MorphKV (ICML 2025)", ("causal_lm", "vlm")),
-    Panel("caption_correction.py", "Caption correction", ":material/fact_check:",
-          "Split a detailed caption into claims, verify each against the image, rewrite without "
-          "the hallucinated ones.",
-          "CapMAS (ICML 2025)", ("vlm",)),
-    Panel("prompt_reconstruction.py", "Prompt reconstruction", ":material/lock_open:",
-          "Recover a prompt from hidden states, with and without defences, and see why sequence "
-          "sharding (Cascade) resists it.",
-          "Hidden No More / Cascade (ICML 2025)", ("causal_lm", "vlm")),
-    Panel("saved_analyses.py", "Saved analyses", ":material/bookmarks:",
-          "Analyses saved from any panel, reopened by permalink without recomputing.",
-          "", ("causal_lm", "vlm")),
-]
+SAVED = Panel("saved_analyses.py", "Saved analyses", ":material/bookmarks:",
+              "Analyses saved from any panel, reopened by permalink without recomputing.", "", ("causal_lm", "vlm"))
+
+
+def panel_pages() -> list[Panel]:
+    """A page per panel that has one (in the table's order), then the gallery."""
+    out = [Panel(a.page, a.title, a.icon, a.summary, a.paper, a.kinds, a.name)
+           for a in panels.analyses() if a.page]
+    return out + [SAVED]
+
+
+PANELS = panel_pages()  # as the table stood at import; app.py and the home page read the table at each run

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import os
 import threading
@@ -42,9 +43,11 @@ from typing import Any, Callable, Iterator, NamedTuple
 import streamlit as st
 
 from analysis import cost, precompute
+from analysis.errors import UserError
 from analysis.model_lock import activity
 
 MAX_ENTRIES = 48
+log = logging.getLogger(__name__)
 
 
 class RunKey(NamedTuple):
@@ -251,11 +254,18 @@ def _gate(key: RunKey, fn: Callable, handle, params, label: str, kwargs: dict,
     on-demand section or a run the user stopped shows its estimate and a Run button (`_asked`) and
     goes only in the rerun where that button was pressed."""
     queue_slot = st.empty()
-    with activity(f"{label.rstrip(' .')} on {handle.spec.label}", _queue_notice(queue_slot)):
-        estimate = cost.estimate(fn, handle, params, kwargs)  # the first one times the model (holds its lock)
-    queue_slot.empty()
+    try:
+        with activity(f"{label.rstrip(' .')} on {handle.spec.label}", _queue_notice(queue_slot)):
+            estimate = cost.estimate(fn, handle, params, kwargs)  # the first one times the model (holds its lock)
+    except UserError:  # bad settings: start, so that the analysis reports them itself, at once
+        return True, None
+    except Exception:  # no estimate (an undeclared run, an estimator's bug): fail closed, ask first
+        log.exception("no work estimate for %s", getattr(fn, "__qualname__", fn))
+        estimate = None
+    finally:
+        queue_slot.empty()
     stopped = _stopped_runs().get(_widget_key("stop", key))
-    if stopped is None and not on_demand and (estimate is None or estimate.seconds <= ASK_ABOVE_S):
+    if stopped is None and not on_demand and estimate is not None and estimate.seconds <= ASK_ABOVE_S:
         return True, estimate
     if not _asked(key, handle, label, estimate, on_demand, stopped):
         return False, estimate

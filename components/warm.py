@@ -19,24 +19,25 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+DEMO_MODEL = {"causal_lm": "zoo:shapes-lm", "vlm": "zoo:shapes-vlm"}
 
 
 def targets(panels: list[str] | None = None, presets: bool = True) -> list[tuple[str, str, str, dict]]:
     """(name, page file, model label, query) for every default view and preset link."""
-    from components.registry import PANELS
+    from components.registry import panel_pages
 
     out = []
-    for panel in PANELS:
+    for panel in panel_pages():
         if not panel.available or panel.page == "saved_analyses.py":
             continue
         if panels and panel.url_path not in panels:
             continue
-        model = "zoo:shapes-lm" if "causal_lm" in panel.kinds else "zoo:shapes-vlm"
-        out.append((f"{panel.url_path} (default)", f"views/{panel.page}", model, {}))
+        model = DEMO_MODEL[panel.kinds[0]]  # the panel's first kind is the one its default view is made for
+        out.append((f"{panel.url_path} (default)", panel.script, model, {}))
         if presets:
             for name, query in _presets(panel):
                 query = dict(query)
-                out.append((f"{panel.url_path} ({name})", f"views/{panel.page}", query.pop("model", model), query))
+                out.append((f"{panel.url_path} ({name})", panel.script, query.pop("model", model), query))
     return out
 
 

@@ -62,9 +62,9 @@ def check_sharpness(handle) -> None:
 
 def check_kv(handle) -> None:
     """The full-cache policy reproduces plain decoding; StreamingLLM keeps at most its budget."""
-    from analysis import kv_eviction as kv
+    from analysis import kv
 
-    params = kv.KvParams(policy="streaming_llm", budget=8, sinks=2, context=24, pairs=2, prefill=0.5)
+    params = kv.KvParams(policy="streaming_llm", budget=8, context=24, pairs=2, prefill=0.5, policies=kv.policy_settings(sinks=2))
     task = kv.build_task(handle, params)
     full = kv.run_policy(handle, task.tokens, task.prefill_len, kv.make_policy(params, "full"))
     with handle.session():

@@ -11,6 +11,7 @@ import torch
 
 from analysis import captions as C
 from analysis import tiny_models
+from analysis.images import ImageError
 from analysis.models import ModelSpec, load_model, zoo_models
 from analysis.zoo import shapes_world as W
 
@@ -287,12 +288,12 @@ def _png_header_only(width: int, height: int) -> bytes:
 
 
 def test_pixel_bomb_is_refused_before_decoding():
-    with pytest.raises(C.CaptionError, match="pixels"):
+    with pytest.raises(ImageError, match="pixels"):
         C.open_image(_png_header_only(100_000, 100_000))
 
 
 def test_non_image_upload_is_refused():
-    with pytest.raises(C.CaptionError, match="not an image"):
+    with pytest.raises(ImageError, match="not an image"):
         C.open_image(b"%PDF-1.4 this is not an image")
 
 
@@ -323,14 +324,14 @@ def test_cli_prints_a_result_that_round_trips(shapes_llava, scene, capsys):
 
 
 def test_diff_html_escapes_user_text():
-    from components.caption_figures import diff_html
+    from components.figures.captions import diff_html
 
     out = diff_html([C.DiffSpan("same", "<script>alert(1)</script>"), C.DiffSpan("removed", "a & b")])
     assert "<script>" not in out and "&lt;script&gt;" in out and "a &amp; b" in out
 
 
 def test_figures_show_claims_threshold_and_patch_grid(scene, monkeypatch, shapes_llava):
-    from components import caption_figures as F
+    from components.figures import captions as F
 
     monkeypatch.setattr(C, "make_verifier", lambda name, vlm: OracleVerifier(scene))
     params = C.CorrectionParams(caption=W.caption(scene), decomposer="grammar", rewriter="grammar",

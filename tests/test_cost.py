@@ -13,18 +13,18 @@ import torch
 from conftest import app_with_model
 
 from analysis import cost
+from analysis.errors import MissingEstimator
 from analysis import inversion as inv
-from analysis import kv_eviction as kv
+from analysis import kv
 from analysis import sharpness as S
 from analysis.models import ModelHandle, ModelSpec, describe, load_model, zoo_models
 from analysis.tiny_models import default_words, make_word_tokenizer
 
-KV_SMALL = kv.KvParams(context=48, budget=16, snap_window=4, morph_window=4, new_tokens=4)
+KV_SMALL = kv.KvParams(context=48, budget=16, new_tokens=4, policies=kv.policy_settings(snap_window=4, morph_window=4))
 JOBS = [
     (kv.analyze, KV_SMALL),
-    (kv.budget_sweep, kv.KvParams(context=48, budget=16, snap_window=4, morph_window=4, examples=2)),
-    (kv.analyze, kv.KvParams(prompt="a b c d e f g h i j k l", budget=8, snap_window=2, morph_window=2, sinks=2,
-                             new_tokens=6)),
+    (kv.budget_sweep, kv.KvParams(context=48, budget=16, examples=2, policies=kv.policy_settings(snap_window=4, morph_window=4))),
+    (kv.analyze, kv.KvParams(prompt="a b c d e f g h i j k l", budget=8, new_tokens=6, policies=kv.policy_settings(snap_window=2, morph_window=2, sinks=2))),
     (S.size_sweep, S.SweepParams(ns=[2, 4, 8], samples=5, batch=2)),
 ]
 
@@ -115,12 +115,14 @@ def test_estimate_grows_with_the_settings(tiny_llama):
     double = cost.estimate_work(S.size_sweep, tiny_llama, S.SweepParams(ns=[4, 8], samples=16))
     assert double.tokens == 2 * small.tokens
     longer = cost.estimate_work(kv.analyze, tiny_llama,
-                                kv.KvParams(context=96, budget=16, snap_window=4, morph_window=4))
+                                kv.KvParams(context=96, budget=16, policies=kv.policy_settings(snap_window=4, morph_window=4)))
     assert longer.calls > cost.estimate_work(kv.analyze, tiny_llama, KV_SMALL).calls
 
 
-def test_unknown_analysis_has_no_estimate(tiny_llama):
-    assert cost.estimate(lambda h, p: None, tiny_llama, KV_SMALL) is None
+def test_an_undeclared_analysis_has_no_estimate(tiny_llama):
+    """The gate fails closed: a function no panel declares raises (the runner then asks before starting)."""
+    with pytest.raises(MissingEstimator):
+        cost.estimate(lambda h, p: None, tiny_llama, KV_SMALL)
 
 
 def _models():
@@ -291,7 +293,7 @@ def test_decomposer_and_rewriter_are_priced_on_their_own_model(caption_vlms, dem
     assert claims == W.decompose(caption)
     assert decomposer.new_tokens(caption) == counter.calls  # its answer and </s>, one call each
     assert counter.tokens == prompt + counter.calls - 1
-    lm_seconds = cost._sequence(prompt, prompt, generate=counter.calls).seconds(cost.calibrate(demo_lm))
+    lm_seconds = cost.sequence(prompt, prompt, generate=counter.calls).seconds(cost.calibrate(demo_lm))
     assert work.seconds_elsewhere == pytest.approx(lm_seconds)
     assert without_lm.seconds_elsewhere == 0 and (work.calls, work.tokens) == (without_lm.calls, without_lm.tokens)
 

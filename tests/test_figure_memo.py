@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from analysis import kv_eviction as kv
-from components import kv_figures
-from components.figure_memo import MAX_PER_BUILDER, shared_figure
+from analysis import kv
+from components.figures import kv as kv_figures
+from components.figures.memo import MAX_PER_BUILDER, shared_figure
 
 
 @dataclass
@@ -52,7 +52,7 @@ def test_memoised_builders_draw_what_the_plain_function_draws(tiny_llama_dir):
     from analysis.models import ModelSpec, load_model
 
     handle = load_model(ModelSpec("local", str(tiny_llama_dir)))
-    result = kv.analyze(handle, kv.KvParams(context=32, budget=12, snap_window=4, morph_window=4, new_tokens=4))
+    result = kv.analyze(handle, kv.KvParams(context=32, budget=12, new_tokens=4, policies=kv.policy_settings(snap_window=4, morph_window=4)))
     for name in ("memory_figure", "step_metric_figure"):
         memo = getattr(kv_figures, name)
         plain = memo.__wrapped__

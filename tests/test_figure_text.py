@@ -1,9 +1,9 @@
-"""components.figure_text: titles broken to fit narrow charts."""
+"""components.figures.text: titles broken to fit narrow charts."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from components.figure_text import TITLE_LINE_PX, set_title, wrap
+from components.figures.text import TITLE_LINE_PX, set_title, wrap
 
 
 def test_wrap_breaks_at_spaces_into_short_lines_and_keeps_every_word():

@@ -50,7 +50,7 @@ def small_sweeps():
     those results afterwards."""
     import dataclasses
 
-    from analysis import kv_eviction as kv
+    from analysis import kv
     from analysis import sharpness as S
     from components import runs
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from analysis import inversion as inv
-from components import inversion_figures as F
+from components.figures import inversion as F
 
 
 def fake_attack(tokens=("<b>hi</b>", "a&b")) -> inv.AttackResult:

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from analysis import kv_eviction as kv
+from analysis import anatomy, kv, tasks
 from analysis.models import ModelSpec, load_model, zoo_models
 from analysis.registry import SettingsError
 
@@ -25,7 +25,10 @@ def _tokens(n: int, seed: int = 0) -> list[int]:
 
 
 def _params(policy: str, **kw) -> kv.KvParams:
-    return kv.KvParams(**{**dict(policy=policy, budget=BUDGET, **SETTINGS), **kw})
+    """KvParams for `policy`; keyword arguments are task settings or policy settings (by field name)."""
+    task = {k: v for k, v in kw.items() if k in kv.KvParams.__dataclass_fields__}
+    settings = {k: v for k, v in {**SETTINGS, **kw}.items() if k not in task}
+    return kv.KvParams(**{"policy": policy, "budget": BUDGET, **task}, policies=kv.policy_settings(**settings))
 
 
 def _policy(policy: str, **kw) -> kv.Policy:
@@ -35,7 +38,7 @@ def _policy(policy: str, **kw) -> kv.Policy:
 def _record_attention(handle):
     """Every attention forward of a run, in call order: (layer, probabilities (H_q, q, T))."""
     calls, removers = [], []
-    for layer, module in kv.attention_modules(handle.language_model).items():
+    for layer, module in anatomy.attention_modules(handle.language_model).items():
         def hook(mod, args, output, layer=layer):
             calls.append((layer, output[1][0].detach().double().clone()))
         removers.append(module.register_forward_hook(hook))
@@ -194,7 +197,7 @@ def test_kept_sets_match_the_official_rule_on_random_logits(policy, fusion, seed
     heads, kv_heads, prompt, steps = 8, 2, 30, 16  # GQA: 4 query heads per KV head
     settings = {**SETTINGS, "fusion": fusion, "heavy_share": [0.5, 0.25, 0.75][seed % 3]}
     logit = random_logits(seed)
-    pol = kv.make_policy(kv.KvParams(policy=policy, budget=BUDGET, **settings))
+    pol = kv.make_policy(kv.KvParams(policy=policy, budget=BUDGET, policies=kv.policy_settings(**settings)))
     got = drive(pol, logit, prompt, steps, heads, kv_heads)
     ref = Reference(policy, settings, heads, kv_heads, BUDGET, logit)
     for step, kept in enumerate(got):
@@ -259,7 +262,7 @@ def _check_model_run(handle, policy, fusion, tokens, prompt, budget):
     finally:
         for r in removers:
             r.remove()
-    layers = sorted(kv.attention_modules(handle.language_model))
+    layers = sorted(anatomy.attention_modules(handle.language_model))
     heads, kv_heads = handle.info.heads, handle.info.kv_heads
     dense: dict[int, dict] = {layer: {} for layer in layers}  # layer -> (q, h, k) -> log prob
 
@@ -378,7 +381,7 @@ def test_kept_keys_sit_at_their_original_positions(tiny_llama, policy):
 
 
 def test_runner_restores_the_model(tiny_llama):
-    modules = kv.attention_modules(tiny_llama.language_model)
+    modules = anatomy.attention_modules(tiny_llama.language_model)
     before = tiny_llama.language_model.config._attn_implementation
     # transformers installs its own output-capturing hooks once (on the first output_attentions call)
     # and keeps them, so install them first and compare with what was there before.
@@ -391,7 +394,7 @@ def test_runner_restores_the_model(tiny_llama):
 
 
 def test_eviction_changes_predictions_but_full_cache_does_not(tiny_llama):
-    params = kv.KvParams(policy="morphkv", budget=24, snap_window=4, morph_window=4, context=64, pairs=4)
+    params = kv.KvParams(policy="morphkv", budget=24, context=64, pairs=4, policies=kv.policy_settings(snap_window=4, morph_window=4))
     result = kv.analyze(tiny_llama, params)
     full, morph = result.run("full"), result.run("morphkv")
     assert max(full.kl) < 1e-9 and full.agreement == 1.0 and full.mean_recall == pytest.approx(1.0)
@@ -406,7 +409,7 @@ def test_eviction_changes_predictions_but_full_cache_does_not(tiny_llama):
 
 def test_attention_recall_matches_direct_sum(tiny_llama):
     """Recall = full-cache attention of the step's query summed over the entries the policy kept."""
-    task = kv.synthetic_kv_task(tiny_llama.tokenizer, tiny_llama.info.vocab_size, context=40, pairs=3, seed=0)
+    task = tasks.synthetic_kv_task(tiny_llama.tokenizer, tiny_llama.info.vocab_size, context=40, pairs=3, seed=0)
     params = _params("tova")
     full = kv.run_policy(tiny_llama, task.tokens, task.prefill_len, kv.FullCache(), record_attention=True)
     run = kv.run_policy(tiny_llama, task.tokens, task.prefill_len, kv.make_policy(params))
@@ -423,18 +426,18 @@ def test_budget_not_below_context_is_refused(tiny_llama):
     with pytest.raises(kv.KvEvictionError, match="nothing would be evicted"):
         kv.analyze(tiny_llama, kv.KvParams(policy="h2o", budget=500, context=64))
     with pytest.raises(SettingsError, match="too small for MorphKV"):
-        kv.make_policy(kv.KvParams(policy="morphkv", budget=9, morph_window=8))
+        kv.make_policy(kv.KvParams(policy="morphkv", budget=9, policies=kv.policy_settings(morph_window=8)))
     with pytest.raises(SettingsError, match="Unknown eviction policy"):
         kv.make_policy(kv.KvParams(policy="nope"))
 
 
 def test_each_policy_owns_its_settings():
     """No shared window: H2O splits its budget, SnapKV and MorphKV have their own windows."""
-    h2o = kv.make_policy(kv.KvParams(policy="h2o", budget=20, heavy_share=0.25, snap_window=3, morph_window=7))
+    h2o = kv.make_policy(kv.KvParams(policy="h2o", budget=20, policies=kv.policy_settings(heavy_share=0.25, snap_window=3, morph_window=7)))
     assert (h2o.heavy(), h2o.budget - h2o.heavy()) == (5, 15)
     assert kv.H2O().heavy_share == 0.5  # half/half, as in H2O's experiments (heavy_ratio = recent_ratio)
-    snap = kv.make_policy(kv.KvParams(policy="snapkv", snap_window=3, morph_window=7))
-    morph = kv.make_policy(kv.KvParams(policy="morphkv", snap_window=3, morph_window=7))
+    snap = kv.make_policy(kv.KvParams(policy="snapkv", policies=kv.policy_settings(snap_window=3, morph_window=7)))
+    morph = kv.make_policy(kv.KvParams(policy="morphkv", policies=kv.policy_settings(snap_window=3, morph_window=7)))
     assert (snap.snap_window, morph.morph_window) == (3, 7)
     assert not hasattr(snap, "morph_window") and not hasattr(morph, "snap_window") and not hasattr(h2o, "window")
     assert "window" not in {f.name for f in dataclasses.fields(kv.KvParams)}
@@ -444,24 +447,24 @@ def test_each_policy_owns_its_settings():
 
 @pytest.mark.parametrize("args,message", [
     (["--window", "-1"], "--window is gone"),
-    (["--budget", "-1"], "Budget C must be at least 1"),
-    (["--budget", "x"], "invalid int value"),
-    (["--sinks", "-1"], "sinks S must be at least 0"),
+    (["--budget", "-1"], "Budget C (entries per head) must be at least 1"),
+    (["--budget", "x"], "cannot read 'x' as Budget C"),
+    (["--sinks", "-1"], "Sinks S (StreamingLLM) must be at least 0"),
     (["--kernel", "4"], "kernel must be a positive odd number"),
     (["--kernel", "-1"], "kernel must be at least 1"),
-    (["--prefill", "0"], "Prefilled share must be in (0, 1]"),
+    (["--prefill", "0"], "Prefilled share must be at least 0.05"),
     (["--prefill", "1.5"], "Prefilled share must be at most 1"),
-    (["--sweep", "0.5,1.2"], "Sweep budget share must be at most 1"),
-    (["--sweep", "0,0.5"], "strictly between 0 and 1"),
-    (["--context", "-4"], "Context length must be at least"),
-    (["--pairs", "0"], "Needles (key-value pairs) must be at least 1"),
+    (["--sweep", "0.5,1.2"], "Sweep budget shares must be at most 0.99"),
+    (["--sweep", "0,0.5"], "Sweep budget shares must be at least 0.01"),
+    (["--context", "-4"], "Context (tokens) must be at least 8"),
+    (["--pairs", "0"], "Needles must be at least 1"),
     (["--queries", "0"], "Questions must be at least 1"),
     (["--examples", "0"], "Prompts averaged must be at least 1"),
-    (["--heavy-share", "1"], "heavy-hitter share must be below 1"),
+    (["--heavy-share", "1"], "heavy-hitter share must be at most 0.95"),
     (["--snap-window", "0"], "SnapKV window w must be at least 1"),
     (["--morph-window", "-3"], "MorphKV window R must be at least 1"),
-    (["--fusion", "mean"], "fusion must be 'sum' or 'max'"),
-    (["--policy", "nope"], "Unknown eviction policy"),
+    (["--fusion", "mean"], "MorphKV fusion must be one of max, sum"),
+    (["--policy", "nope"], "Policy must be one of full, streaming_llm"),
     (["--budget", "9", "--morph-window", "8"], "too small for MorphKV"),
 ])
 def test_cli_bad_numbers_give_one_error_line(capsys, args, message):

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from analysis import kv_eviction as kv
-from components import kv_figures as F
+from analysis import kv
+from components.figures import kv as F
 
 
 @pytest.fixture(scope="module")
 def result(tiny_llama):
-    return kv.analyze(tiny_llama, kv.KvParams(policy="h2o", budget=20, snap_window=4, morph_window=4, context=48, pairs=3, new_tokens=6))
+    return kv.analyze(tiny_llama, kv.KvParams(policy="h2o", budget=20, context=48, pairs=3, new_tokens=6, policies=kv.policy_settings(snap_window=4, morph_window=4)))
 
 
 def test_kept_matrix_marks_exactly_the_kept_positions(result):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import app_with_model
 
-from analysis import kv_eviction as kv
+from analysis import kv
 from analysis.models import ModelSpec, zoo_models
 
 PAGE = "views/kv_cache.py"
@@ -74,14 +74,14 @@ def test_bad_url_values_give_messages_not_tracebacks(demo_spec):
     at = app_with_model(demo_spec, PAGE, query={**SMALL, "budget": "-5", "layer": "-3", "head": "99",
                                                 "prefill": "7", "kernel": "4"})
     assert not at.exception, at.exception
-    assert any("Budget C must be at least 1" in e for e in _errors(at))
+    assert any("Budget C (entries per head) must be at least 1" in e for e in _errors(at))
 
 
 @pytest.mark.parametrize("query,message", [
     ({"kernel": "4"}, "kernel must be a positive odd number"),
     ({"morph_window": "-1"}, "MorphKV window R must be at least 1"),
-    ({"heavy_share": "1.5"}, "heavy-hitter share must be below 1"),
-    ({"prefill": "0"}, "Prefilled share must be in (0, 1]"),
+    ({"heavy_share": "1.5"}, "heavy-hitter share must be at most 0.95"),
+    ({"prefill": "0"}, "Prefilled share must be at least 0.05"),
 ])
 def test_bad_link_settings_get_the_cli_message(tiny_llama_dir, query, message):
     """The URL goes through the same validation as the CLI (the settings classes), one line each."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import app_with_model
 
-from analysis import kv_eviction as kv
+from analysis import kv
 from analysis import precompute
 from analysis.models import ModelSpec, load_model, zoo_models
 
@@ -31,7 +31,7 @@ def assert_close(a, b, path="result"):
         assert a == b, f"{path}: {a!r} != {b!r}"
 
 
-SMALL = kv.KvParams(context=32, budget=12, snap_window=4, morph_window=4, new_tokens=4)
+SMALL = kv.KvParams(context=32, budget=12, new_tokens=4, policies=kv.policy_settings(snap_window=4, morph_window=4))
 
 
 @pytest.fixture()

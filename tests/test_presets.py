@@ -2,12 +2,14 @@
 finding its sentence promises on the demo zoo (numbers read from the page itself)."""
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
 
 from analysis import presets as P
 from analysis.models import ModelSpec, zoo_models
+from analysis.settings import labelled, url_name
 from components.registry import PANELS, ROOT
 from conftest import app_with_model
 
@@ -16,13 +18,23 @@ ANALYSIS_PANELS = [p for p in PANELS if p.paper]
 HAS_ZOO = {"shapes-lm", "shapes-vlm", "shapes-vlm-weak"} <= set(zoo_models())
 
 
+def _resolve(dotted: str):
+    """`kv.KvParams` or `kv.POLICIES` as a page names it (`from analysis import kv`)."""
+    module, *attrs = dotted.split(".")
+    obj = importlib.import_module(f"analysis.{module}")
+    for attr in attrs:
+        obj = getattr(obj, attr)
+    return obj
+
+
 def _url_names(page: str) -> set[str]:
     source = (ROOT / page).read_text()
     names = set(re.findall(r"(?:url_param|url_list|checked)\(\s*\"(\w+)\"", source))
-    if "url_param(f.name" in source:  # the KV page reads each policy's own settings from its class
-        from analysis import kv_eviction as kv
-
-        names |= {f.name for cls in kv.POLICIES.values() for f in kv.setting_fields(cls)}
+    # controls drawn from settings fields (components/params_form.py): their URL names are the fields'
+    for dotted in re.findall(r"fields_of\(([\w.]+)", source):
+        names |= {url_name(f) for f in labelled(_resolve(dotted))}
+    for dotted in re.findall(r"([\w.]+)\.settings\(\)", source):
+        names |= {url_name(f) for f, _ in _resolve(dotted).settings()}
     return names
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from analysis import sae_v
-from components import sae_figures as figs
+from analysis import images, sae_v
+from components.figures import sae as figs
 
 
 def _card(index, label, omega, density, both=None):
@@ -80,10 +80,10 @@ def test_upload_check_accepts_images_and_refuses_others(monkeypatch):
     assert error is None and image.size == (40, 30)
     image, error = figs.read_image_upload(b"hello, not an image", "notes.txt")
     assert image is None and "not an image" in error
-    monkeypatch.setattr(figs, "MAX_UPLOAD_PIXELS", 100)
+    monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 100)
     image, error = figs.read_image_upload(_png((40, 30)), "big.png")
-    assert image is None and "40×30" in error
-    monkeypatch.setattr(figs, "MAX_UPLOAD_BYTES", 10)
+    assert image is None and "40 x 30 pixels" in error
+    monkeypatch.setattr(images, "MAX_IMAGE_BYTES", 10)
     assert "MB" in figs.read_image_upload(_png((4, 4)), "x.png")[1]
 
 

@@ -162,7 +162,7 @@ def test_a_new_score_rule_is_one_class_and_appears_in_the_ranking_view(tiny_llav
 
 
 def test_ranking_view_shows_the_filtering_experiment_or_says_it_has_not_run(tiny_llava_dir, tiny_sae):
-    from components import sae_figures as figs
+    from components.figures import sae as figs
 
     at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "ranking"})
     assert not at.exception, at.exception

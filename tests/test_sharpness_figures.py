@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from analysis import sharpness as S
-from components import sharpness_figures as F
+from components.figures import sharpness as F
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,6 @@ def test_an_explicit_wait_policy_is_kept():
 
 def test_a_bad_thread_count_is_one_error_line_from_the_cli():
     out = _run(["-m", "analysis", "info"], MODEL_INSPECTOR_THREADS="two")
-    assert out.returncode == 2 and out.stdout == ""
+    assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         "error: MODEL_INSPECTOR_THREADS='two' is not a positive whole number of threads."]

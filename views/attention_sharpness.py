@@ -5,7 +5,7 @@ import streamlit as st
 
 from analysis import sharpness as S
 from analysis.cost import default_for
-from components import sharpness_figures as F
+from components.figures import sharpness as F
 from components.common import (EMPTY_LIST, analysis_errors, explain, field_row, metric_row, require_model,
                                set_url_params, show_error, url_list, url_param)
 from components.presets import preset_bar

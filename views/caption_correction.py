@@ -9,7 +9,7 @@ import streamlit as st
 from analysis import captions as C
 from analysis.models import ModelLoadError, ModelSpec, load_model, zoo_models
 from analysis.registry import SettingsError
-from components import caption_figures as F
+from components.figures import captions as F
 from components.common import (analysis_errors, explain, field_row, metric_row, progress, require_model,
                                set_url_params, url_param)
 from components.presets import preset_bar
@@ -95,7 +95,7 @@ with left:
         image_key = "upload:" + hashlib.sha256(data).hexdigest()
     try:
         image = C.open_image(data)
-    except C.CaptionError as exc:
+    except SettingsError as exc:
         st.error(f"Cannot use this upload: {exc}")
         st.stop()
     st.image(image, caption=f"Scene {seed}" if seed is not None else "Uploaded image", width="stretch")

@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis import kv_eviction as kv
+from analysis import kv
 from analysis.cost import default_for
-from components import kv_figures as F
+from components.figures import kv as F
 from components.common import (analysis_errors, charts_side_by_side, explain, field_row, metric_row,
                                require_model, set_url_params, url_param)
+from components.params_form import WIDTH, ParamsForm, fields_of
 from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
+
+TASK_CONTROLS = ["context", "prefill", "pairs", "queries", "seed"]  # the task's settings drawn in one row
 
 st.title("KV-cache eviction")
 st.write(
@@ -21,96 +24,43 @@ st.write(
 )
 
 preset_bar("kv-cache", widget_prefix="kv_")
-handle = require_model("causal_lm", "vlm", panel="KV-cache eviction")
-with analysis_errors(kv.KvEvictionError):
+handle = require_model(*kv.ANALYSIS.kinds, panel="KV-cache eviction")
+with analysis_errors():
     kv.evictable_layers(handle)
 
 
-# --- controls (mirrored to the URL) ------------------------------------------------------------
+# --- controls: drawn from the settings' own descriptions (KvParams, each policy's class); mirrored to the URL
 
-names = list(kv.POLICIES)
-defaults = kv.KvParams()
-TASK_LIMITS = {"context": (16, 4096), "pairs": (1, 8), "queries": (1, 8), "seed": (0, 10_000)}
-
-
-def setting_default(f):
-    return getattr(defaults, f.name, f.default)
-
-
-# Every policy's own settings, from its class (analysis/kv/policies.py): label, range and help live there.
-SETTING_WIDTH = 135  # px: six fit in a row at 1400 px, three at 1024; long labels take two lines
-settings_fields = list({f.name: f for cls in kv.POLICIES.values() for f in kv.setting_fields(cls)}.values())
-
-# The link's raw values go through the same validation as the CLI (kv.validate_params), so a bad link gets
-# the same one-line message; the widgets below get the values clamped into their ranges.
-raw = {f.name: url_param(f.name, setting_default(f), None if f.metadata.get("choices") else type(setting_default(f)))
-       for f in settings_fields}
-raw_params = kv.KvParams.from_dict({
-    **defaults.to_dict(), **{k: v for k, v in raw.items() if hasattr(defaults, k)},
-    "budget": url_param("budget", defaults.budget), "prefill": url_param("prefill", defaults.prefill, float),
-    **{k: url_param(k, getattr(defaults, k)) for k in TASK_LIMITS}})
-
+form = ParamsForm("kv_")
 with st.container(border=True):
     c1, c2 = st.columns([2, 1])
-    policy = c1.selectbox("Policy", names, index=names.index(url_param("policy", defaults.policy, choices=names)),
-                          format_func=kv.POLICIES.label, key="kv_policy",
-                          help="Full cache keeps everything (the reference). Variants are labelled as such.")
-    budget = c2.number_input("Budget C (entries per head)", 1, 100_000,
-                             url_param("budget", defaults.budget, int, lo=1, hi=100_000),
-                             key="kv_budget", help="Cache entries kept per layer and KV head.")
+    form.draw(c1, fields_of(kv.KvParams, ["policy"]), width="stretch",
+              overrides={"policy": {"format_func": kv.POLICIES.label}})
+    form.draw(c2, fields_of(kv.KvParams, ["budget"]), width="stretch")
     st.caption("Each policy's own settings")
-    settings = {}
-    row = field_row()
-    for f in settings_fields:
-        meta, default = f.metadata, setting_default(f)
-        if meta.get("choices"):
-            choices = list(meta["choices"])
-            settings[f.name] = row.selectbox(meta["label"], choices, key=f"kv_{f.name}", help=meta.get("help"),
-                                             index=choices.index(url_param(f.name, default, choices=choices)),
-                                             width=SETTING_WIDTH)
-        else:
-            cast = type(default)
-            lo, hi = cast(meta.get("low", 0)), cast(meta.get("high", 10**6))
-            settings[f.name] = cast(row.number_input(
-                meta["label"], lo, hi, url_param(f.name, default, cast, lo=lo, hi=hi), step=cast(meta.get("step", 1)),
-                key=f"kv_{f.name}", help=meta.get("help"), format="%.2f" if cast is float else "%d",
-                width=SETTING_WIDTH))
-    row = field_row()
-    context = row.number_input("Context (tokens)", 16, 4096,
-                               url_param("context", default_for(handle, defaults.context, 64), int, lo=16, hi=4096),
-                               step=32, key="kv_context", help="Length of the key-value context.", width=SETTING_WIDTH)
-    prefill = row.slider("Prefilled share", 0.05, 1.0, url_param("prefill", defaults.prefill, float, lo=0.05, hi=1.0),
-                         step=0.05, key="kv_prefill", width=2 * SETTING_WIDTH,
-                         help="Share of the context read in one forward pass; the rest is read token by token, "
-                              "with eviction after every token.")
-    pairs = row.number_input("Needles", 1, 8, url_param("pairs", defaults.pairs, int, lo=1, hi=8), key="kv_pairs",
-                             width=SETTING_WIDTH)
-    queries = row.number_input("Questions", 1, 8, url_param("queries", defaults.queries, int, lo=1, hi=8),
-                               key="kv_queries", help="Needles asked after the context (shapes-lm was trained on one).",
-                               width=SETTING_WIDTH)
-    seed = row.number_input("Example seed", 0, 10_000, url_param("seed", 0, int, lo=0, hi=10_000), key="kv_seed",
-                            width=SETTING_WIDTH)
-    prompt = st.text_input("Your own prompt (optional)", url_param("prompt", "", str), key="kv_prompt",
-                           help="Leave empty for the key-value recall task. With a prompt, the full cache's "
-                                "greedy continuation is the reference every policy is scored on.")
+    form.draw(field_row(), kv.POLICIES.settings())
+    form.draw(field_row(), fields_of(kv.KvParams, TASK_CONTROLS),
+              defaults={"context": default_for(handle, kv.KvParams.context, 64)},
+              overrides={"prefill": {"width": 2 * WIDTH}})
+    form.draw(st.container(), fields_of(kv.KvParams, ["prompt"]), width="stretch")
 
-known = {k: v for k, v in settings.items() if hasattr(defaults, k)}
-params = kv.KvParams(policy=policy, budget=int(budget), prompt=prompt, context=int(context), prefill=float(prefill),
-                     pairs=int(pairs), queries=int(queries), seed=int(seed), **known)
-set_url_params(policy=policy, budget=int(budget), **settings, context=int(context), prefill=float(prefill),
-               pairs=int(pairs), queries=int(queries), seed=int(seed), prompt=prompt)
 
-# the URL now holds the nearest allowed values: any change of a control runs with them
-with analysis_errors(prefix="This link's settings are out of range (the controls show the nearest allowed values; "
-                            "change any control to run with them): "):
-    kv.validate_params(raw_params, check_budget=False)
-with analysis_errors(kv.KvEvictionError):
-    kv.validate_params(params)
+def params_of(values: dict) -> kv.KvParams:
+    task = {k: v for k, v in values.items() if k in kv.KvParams.__dataclass_fields__}
+    settings = {k: v for k, v in values.items() if k not in task}
+    return kv.KvParams(**task, policies=kv.policy_settings(**settings))
+
+
+params = params_of(form.values)
+form.mirror()
+# a link's own values go through the same validation as the CLI; the controls already show the nearest allowed
+form.check(lambda raw: kv.validate_params(params_of(raw), check_budget=False))
+with analysis_errors():
     result: kv.KvResult = cached_run("analyze", kv.analyze, handle, params,
                                      label="Running every policy on identical tokens ...")
 
 task = result.task
-chosen = result.run(policy)
+chosen = result.run(params.policy)
 st.caption(f"{task.source}: context {task.context_len} tokens ({task.prefill_len} prefilled in one forward, the rest "
            f"read token by token), then {len(task.tokens) - task.context_len} question/answer tokens · budget "
            f"{params.budget} = {params.budget / task.context_len:.0%} of the context · "
@@ -189,7 +139,7 @@ sweep_params = kv.KvParams.from_dict({**params.to_dict(), "policy": "full", "bud
 def budget_sweep_section() -> kv.SweepResult | None:
     """Computed on demand (a Run button) unless this server already has it; reruns alone."""
     st.subheader("Budget sweep")
-    with analysis_errors(kv.KvEvictionError):
+    with analysis_errors():
         sweep = cached_run("sweep", kv.budget_sweep, handle, sweep_params, label="Sweeping budgets ...",
                            on_demand=True, names=kv.main_policies())
     if sweep is None:
@@ -218,7 +168,7 @@ st.dataframe(F.text_rows(result), hide_index=True)
 explain(f"Greedy continuation of the context ({params.new_tokens} tokens) under each policy; the last column "
         "is the share of tokens equal to the full cache's continuation at the same position.")
 
-share_bar("kv", title=f"KV eviction: {kv.POLICIES.label(policy)} at budget {params.budget} on {handle.spec.label}",
+share_bar("kv", title=f"KV eviction: {kv.POLICIES.label(params.policy)} at budget {params.budget} on {handle.spec.label}",
           params=params.to_dict(), result=result, model=handle.spec.label,
           figures={"Retained tokens": heatmap, "Memory": F.memory_figure(result),
                    **({"Budget sweep": F.sweep_figure(sweep)} if sweep is not None else {})},

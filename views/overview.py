@@ -5,7 +5,7 @@ import streamlit as st
 
 from analysis import presets as P
 from components.model_picker import current_handle
-from components.registry import PANELS
+from components.registry import panel_pages
 
 st.title("Model Inspector")
 st.write(
@@ -21,12 +21,14 @@ else:
     st.subheader(f"Loaded model: {handle.spec.label}")
     st.table({"property": [r[0] for r in handle.info.rows()], "value": [r[1] for r in handle.info.rows()]})
 
+PANELS = panel_pages()
+
 st.subheader("Panels")
 for panel in PANELS:
     if not panel.available:
         continue
     with st.container(border=True):
-        st.page_link(f"views/{panel.page}", label=f"**{panel.title}**", icon=panel.icon)
+        st.page_link(panel.script, label=f"**{panel.title}**", icon=panel.icon)
         works_on = ", ".join({"causal_lm": "language models", "vlm": "vision-language models"}[k]
                              for k in panel.kinds)
         paper = f" Reproduces *{panel.paper}*; works on {works_on}." if panel.paper else ""
@@ -48,6 +50,6 @@ for panel in PANELS:
         for preset in presets:
             # the finding under its link, not beside it: a title in a side column is cut at 1024 px
             with st.container(gap=None):
-                st.page_link(f"views/{panel.page}", label=preset.title, icon=":material/slideshow:",
+                st.page_link(panel.script, label=preset.title, icon=":material/slideshow:",
                              query_params=preset.query())
                 st.caption(preset.finding)

@@ -6,7 +6,7 @@ import streamlit as st
 from analysis import inversion as inv
 from analysis.registry import SettingsError
 from analysis.tasks import tasks_for
-from components import inversion_figures as F
+from components.figures import inversion as F
 from components.common import (analysis_errors, charts_side_by_side, explain, field_row, metric_row,
                                require_model, set_url_params, show_error, url_param)
 from components.presets import preset_bar

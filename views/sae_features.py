@@ -9,7 +9,7 @@ import streamlit as st
 from analysis import sae_v
 from analysis.models import ModelSpec, zoo_models
 from analysis.export import rows_to_csv
-from components import sae_figures as figs
+from components.figures import sae as figs
 from components.common import (EMPTY_LIST, charts_side_by_side, explain, field_row, metric_row, progress,
                                require_model, set_url_params, url_list, url_param)
 from components.model_picker import try_load

@@ -1,2 +1,46 @@
-"""KV-cache eviction: the policies (one small class each) live in `analysis.kv.policies`; the runner,
-task, metrics and CLI in `analysis.kv_eviction`, which re-exports the policies."""
+"""KV-cache eviction: which cached tokens each policy keeps, step by step, and what it costs.
+
+Read in this order:
+- `policies.py`: one small class per policy (StreamingLLM, H2O, TOVA, SnapKV, PyramidKV, MorphKV and the
+  labelled variants), each owning and validating its settings, registered in `POLICIES`;
+- `params.py`: `KvParams` (the task's settings and `{policy name: its settings}`), `validate_params`;
+- `runner.py`: `run_policy`, the one decode loop that hooks the model and evicts;
+- `task.py`: the prompt (the user's own, or the model's recall task from analysis/tasks/);
+- `metrics.py`: each policy against the full cache on identical tokens;
+- `analysis.py`: `analyze` (every policy at one budget) and `budget_sweep`;
+- `records.py`: the typed results; `cost.py`: their work counts; `cli.py`: `python -m analysis kv`.
+"""
+from __future__ import annotations
+
+from analysis.kv.analysis import analyze, budget_sweep, check_params, generate_texts
+from analysis.kv.cli import cli
+from analysis.kv.cost import analyze_work, sweep_work
+from analysis.kv.metrics import compare, needle_survival, present_positions
+from analysis.kv.params import KvEvictionError, KvParams, main_policies, make_policy, policy_settings, validate_params
+from analysis.kv.policies import (
+    H2O, POLICIES, TOVA, FullCache, LayerState, MorphKV, MorphKVMaxGroup, Policy, PyramidKV, PyramidKVPrefill,
+    SnapKV, SnapKVPrefill, StreamingLLM, gather_kv, gather_q, group_reduce, top_plus_recent,
+)
+from analysis.kv.records import GeneratedText, KvResult, PolicyRun, SweepPoint, SweepResult
+from analysis.kv.runner import Trace, evictable_layers, run_policy
+from analysis.kv.task import build_task, text_start
+from analysis.panels import Analysis, Run
+from analysis.tasks import KvTask
+
+ANALYSIS = Analysis(
+    name="kv", title="KV-cache eviction", icon=":material/memory:", page="kv_cache.py",
+    summary="Which cached tokens StreamingLLM, H2O, TOVA, SnapKV and MorphKV keep, step by step, and what it "
+            "costs in quality and memory.",
+    paper="MorphKV (ICML 2025)", kinds=("causal_lm", "vlm"),
+    runs=(Run(analyze, analyze_work), Run(budget_sweep, sweep_work)),
+    cli=cli,
+)
+
+__all__ = [
+    "ANALYSIS", "analyze", "budget_sweep", "check_params", "generate_texts", "cli", "compare", "needle_survival",
+    "present_positions", "KvEvictionError", "KvParams", "main_policies", "make_policy", "policy_settings",
+    "validate_params", "H2O", "POLICIES", "TOVA", "FullCache", "LayerState", "MorphKV", "MorphKVMaxGroup", "Policy",
+    "PyramidKV", "PyramidKVPrefill", "SnapKV", "SnapKVPrefill", "StreamingLLM", "gather_kv", "gather_q",
+    "group_reduce", "top_plus_recent", "GeneratedText", "KvResult", "PolicyRun", "SweepPoint", "SweepResult", "Trace",
+    "evictable_layers", "run_policy", "build_task", "text_start", "KvTask",
+]

@@ -26,7 +26,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from analysis.registry import Method, Registry, SettingsError, check_range
+from analysis.registry import Method, Registry, SettingsError
+from analysis.settings import setting
 
 POLICIES: Registry = Registry("eviction policy")
 
@@ -106,7 +107,7 @@ class Policy(Method):
     variant: ClassVar[bool] = False  # a labelled variant: shown in its own table, not in the main comparison
     grows: ClassVar[bool] = False  # holds more than C entries during decoding (prefill-only variants)
 
-    budget: int = field(default=64, metadata={"label": "Budget C (entries per head)"})
+    budget: int = 64  # C, set by the analysis (KvParams.budget validates it); not a setting of its own
 
     def min_budget(self) -> int:
         """The smallest budget this policy's settings allow."""
@@ -116,7 +117,6 @@ class Policy(Method):
         return "at least one entry"
 
     def validate(self) -> None:
-        check_range("Budget C", self.budget, low=1, integer=True)
         need = self.min_budget()
         if self.budget < need:
             raise SettingsError(f"A budget of {self.budget} is too small for {self.label}: it needs at least "
@@ -127,13 +127,6 @@ class Policy(Method):
 
     def select(self, layer: int, attn: torch.Tensor, state: LayerState) -> torch.Tensor | None:
         raise NotImplementedError
-
-
-def setting_fields(cls: type) -> list:
-    """The user-facing settings of a policy class (dataclass fields with a label), budget excluded."""
-    import dataclasses
-
-    return [f for f in dataclasses.fields(cls) if f.name != "budget" and f.metadata.get("label")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,12 +156,8 @@ class StreamingLLM(Policy):
     colour: ClassVar[str] = "#1f77b4"
     summary: ClassVar[str] = "first S sink tokens + the last C - S"
 
-    sinks: int = field(default=4, metadata={"label": "Sinks S (StreamingLLM)", "low": 0, "high": 256,
-                                            "help": "StreamingLLM always keeps the first S tokens."})
-
-    def validate(self) -> None:
-        check_range("StreamingLLM sinks S", self.sinks, low=0, integer=True)
-        super().validate()
+    sinks: int = setting(4, label="Sinks S (StreamingLLM)", low=0, high=256,
+                         help="StreamingLLM always keeps the first S tokens.")
 
     def min_budget(self) -> int:
         return self.sinks + 1
@@ -198,19 +187,13 @@ class H2O(Policy):
     colour: ClassVar[str] = "#ff7f0e"
     summary: ClassVar[str] = "accumulated attention (heavy hitters) + recent tokens"
 
-    heavy_share: float = field(default=0.5, metadata={
-        "label": "H2O heavy-hitter share", "low": 0.0, "high": 0.95, "step": 0.05,
-        "help": "Share of the budget for heavy hitters; the rest keeps the most recent tokens (H2O used half/half)."})
+    # below 1: some recent tokens are always kept
+    heavy_share: float = setting(0.5, label="H2O heavy-hitter share", low=0.0, high=0.95, step=0.05,
+                                 help="Share of the budget for heavy hitters; the rest keeps the most recent "
+                                      "tokens (H2O used half/half).")
 
     def heavy(self) -> int:
         return round(self.budget * self.heavy_share)
-
-    def validate(self) -> None:
-        check_range("H2O heavy-hitter share", self.heavy_share, low=0.0)
-        if self.heavy_share >= 1:
-            raise SettingsError(f"H2O heavy-hitter share must be below 1 (some recent tokens are always kept), "
-                                f"got {self.heavy_share}.")
-        super().validate()
 
     def min_budget(self) -> int:
         c = 1
@@ -273,14 +256,12 @@ class SnapKV(Policy):
     summary: ClassVar[str] = "last w queries vote, pooled with kernel k; at prefill and every decode step"
     decode: ClassVar[bool] = True
 
-    snap_window: int = field(default=8, metadata={"label": "SnapKV window w", "low": 1, "high": 4096,
-                                                  "help": "SnapKV's observation window: the last w queries vote."})
-    kernel: int = field(default=5, metadata={"label": "SnapKV pooling kernel", "low": 1, "high": 31, "step": 2,
-                                             "help": "Width of SnapKV's average pooling over the votes (odd)."})
+    snap_window: int = setting(8, label="SnapKV window w", low=1, high=4096,
+                               help="SnapKV's observation window: the last w queries vote.")
+    kernel: int = setting(5, label="SnapKV pooling kernel", low=1, high=31, step=2,
+                          help="Width of SnapKV's average pooling over the votes (odd).")
 
     def validate(self) -> None:
-        check_range("SnapKV window w", self.snap_window, low=1, integer=True)
-        check_range("SnapKV pooling kernel", self.kernel, low=1, integer=True)
         if self.kernel % 2 == 0:
             raise SettingsError(f"The SnapKV pooling kernel must be a positive odd number, got {self.kernel}.")
         super().validate()
@@ -353,17 +334,11 @@ class MorphKV(Policy):
     colour: ClassVar[str] = "#d62728"
     summary: ClassVar[str] = "last R + 1 tokens + top older entries by the R previous queries' attention"
 
-    morph_window: int = field(default=8, metadata={"label": "MorphKV window R", "low": 1, "high": 4096,
-                                                   "help": "MorphKV's recent window: the R queries before the "
-                                                           "current token score the older entries."})
-    fusion: str = field(default="max", metadata={"label": "MorphKV fusion", "choices": ["max", "sum"],
-                                                 "help": "How MorphKV fuses the R window rows."})
-
-    def validate(self) -> None:
-        check_range("MorphKV window R", self.morph_window, low=1, integer=True)
-        if self.fusion not in ("sum", "max"):
-            raise SettingsError(f"MorphKV fusion must be 'sum' or 'max', not '{self.fusion}'.")
-        super().validate()
+    morph_window: int = setting(8, label="MorphKV window R", low=1, high=4096,
+                                help="MorphKV's recent window: the R queries before the current token score the "
+                                     "older entries.")
+    fusion: str = setting("max", label="MorphKV fusion", choices=["max", "sum"],
+                          help="How MorphKV fuses the R window rows.")
 
     def min_budget(self) -> int:
         return self.morph_window + 2

@@ -64,3 +64,16 @@ __all__ = [
     "InputExplanation", "Pair", "PairScore", "PairSet", "PositionFeatures", "QuantileBin", "Ranking", "SaeMeta",
     "Scored", "StoreParams", "TextExample", "TrainParams",
 ]
+
+
+def _declare():
+    from analysis.panels import Analysis
+
+    return Analysis(
+        name="sae", title="SAE-V features", icon=":material/scatter_plot:", page="sae_features.py",
+        summary="Sparse-autoencoder features of a multimodal model: which modality they fire on, "
+                "cross-modal scores, and data filtering by those scores.",
+        paper="SAE-V (ICML 2025)", kinds=("vlm",), cli=cli)
+
+
+ANALYSIS = _declare()

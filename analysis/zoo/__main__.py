@@ -167,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "eval" or args.only in _real_names():  # not the training: its threads are its recipe
         from analysis import threads
 
-        threads.configure()
+        try:
+            threads.configure()
+        except threads.ThreadsError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
     if args.only in _real_names():
         return _real_command(args, start)
     if args.out is None:
@@ -223,7 +227,7 @@ def _real_command(args: argparse.Namespace, start: float) -> int:
     from analysis.models import ModelLoadError
 
     try:
-        card = cards.evaluate_real(args.only, root=root, progress=_printer)
+        card = cards.evaluate_real(args.only, build_machine(), root=root, progress=_printer)
     except (ModelLoadError, real.RealModelError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -328,8 +328,10 @@ def real_speed(handle, repeats: int = 20) -> dict:
             "example": {"question": REAL_QUESTION, "answer": tok.decode(new, skip_special_tokens=True).strip()}}
 
 
-def evaluate_real(name: str, root: Path | None = None, progress: Progress | None = None, loads: int = 3) -> Card:
-    """The card of a real model: its source and conversion, load time and memory, forward speed."""
+def evaluate_real(name: str, machine: dict, root: Path | None = None, progress: Progress | None = None,
+                  loads: int = 3) -> Card:
+    """The card of a real model: its source and conversion, load time and memory, forward speed.
+    `machine`: what the timings depend on (`analysis.zoo.__main__.build_machine()`)."""
     import gc
     import os
     import statistics
@@ -366,14 +368,12 @@ def evaluate_real(name: str, root: Path | None = None, progress: Progress | None
         progress(1.0, f"one-token forward {speed['one_token_forward']}")
     record = json.loads((folder / real.MARKER).read_text())
     weights = sum(p.numel() * p.element_size() for p in handle.model.parameters())
-    from analysis.zoo.__main__ import build_machine
-
     metrics = {
         "speed": dict({k: v for k, v in speed.items() if k != "example"},
                       load={"wall_s": round(statistics.median(times), 2), "cpu_s": round(statistics.median(cpu_times), 2),
                             "runs": loads},
                       weights_mb=round(weights / 1e6, 1), process_memory_mb=round(rss_used / 1e6, 1),
-                      machine=build_machine(), load_average_1min_at_start=load_at_start),
+                      machine=machine, load_average_1min_at_start=load_at_start),
         "example": speed["example"],
         "panels": {},  # filled in by the panels' tasks on this model (issue 31)
     }

@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from analysis.errors import ModelLoadError
+
 REAL_DIR = Path(__file__).resolve().parent / "real_models"
 MARKER = "conversion.json"  # written last: a folder without it is not a finished conversion
 Progress = Callable[[float, str], None]
@@ -72,7 +74,7 @@ REAL_MODELS: dict[str, RealModel] = {
 }
 
 
-class RealModelError(Exception):
+class RealModelError(ModelLoadError):
     """A real zoo model cannot be provided; the message says why and what to do, for a user."""
 
 

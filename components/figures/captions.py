@@ -7,8 +7,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from analysis.captions import LOW_MASS, CaptionMetrics, ClaimVerdict, CorrectionResult, DiffSpan
-from components.figure_memo import shared_figure
-from components.images import tower_view
+from components.figures.memo import shared_figure
+from components.figures.images import tower_view
 
 KEEP, DROP = "#2e7d32", "#c62828"
 

@@ -8,8 +8,8 @@ from plotly.subplots import make_subplots
 from analysis.sharpness import (
     HeadStats, LemmaResult, PromptResult, SweepResult, adaptive_beta, beta_curve, sharpening_interval,
 )
-from components.figure_memo import shared_figure
-from components.figure_text import legend_below, panel_titles, set_title
+from components.figures.memo import shared_figure
+from components.figures.text import legend_below, panel_titles, set_title
 
 SOFTMAX_COLOUR = "#636efa"
 ADAPTIVE_COLOUR = "#ef553b"

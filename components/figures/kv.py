@@ -6,8 +6,8 @@ import html
 import numpy as np
 import plotly.graph_objects as go
 
-from analysis.kv_eviction import POLICIES, KvResult, PolicyRun, SweepResult
-from components.figure_memo import shared_figure
+from analysis.kv import POLICIES, KvResult, PolicyRun, SweepResult
+from components.figures.memo import shared_figure
 
 # Labels and colours come from the policy classes (analysis/kv/policies.py): POLICIES.label / .colour.
 

@@ -2,20 +2,18 @@
 from __future__ import annotations
 
 import html
-import io
 from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
 
+from analysis import images
 from analysis.sae_v import FeatureCard, FeatureStore, InputExplanation, Ranking, by_kind, score_label
-from components.figure_memo import shared_figure
-from components.figure_text import set_title
-from components.images import tower_view
+from components.figures.memo import shared_figure
+from components.figures.text import set_title
+from components.figures.images import tower_view
 
 LABEL_COLOURS = {"cross-modal": "#7b1fa2", "text-only": "#1565c0", "image-only": "#ef6c00", "dead": "#9e9e9e"}
-MAX_UPLOAD_BYTES = 8 * 1024 * 1024
-MAX_UPLOAD_PIXELS = 4096 * 4096
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,22 +354,11 @@ def feature_list_html(keys_values: list[tuple[str, float]]) -> str:
 
 
 def read_image_upload(data: bytes, name: str = "upload"):
-    """(PIL image, None) or (None, message): refuses non-images and oversized images before decoding."""
-    from PIL import Image, UnidentifiedImageError
-
-    if len(data) > MAX_UPLOAD_BYTES:
-        return None, f"'{name}' is {len(data) / 1e6:.1f} MB; the limit is {MAX_UPLOAD_BYTES / 1e6:.0f} MB."
+    """(PIL image, None) or (None, message): the shared upload decoder (analysis/images.py)."""
     try:
-        with Image.open(io.BytesIO(data)) as probe:
-            w, h = probe.size
-            if w * h > MAX_UPLOAD_PIXELS:
-                return None, (f"'{name}' is {w}×{h} pixels; images up to {MAX_UPLOAD_PIXELS:,} pixels "
-                              "are accepted. Resize it and try again.")
-            probe.load()
-            image = probe.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-        return None, f"'{name}' is not an image that can be read (use PNG, JPEG, GIF, BMP or WebP)."
-    return image, None
+        return images.open_image(data, name=f"'{name}'"), None
+    except images.ImageError as exc:
+        return None, str(exc)
 
 
 def shared_features(explanation: InputExplanation, store: FeatureStore,

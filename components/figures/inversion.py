@@ -9,8 +9,8 @@ import plotly.graph_objects as go
 from analysis.inversion import (
     AttackResult, CascadeResult, LayerSweep, NoiseSweep, SpeedComparison, defence_label,
 )
-from components.figure_memo import shared_figure
-from components.figure_text import legend_below, panel_titles, set_title
+from components.figures.memo import shared_figure
+from components.figures.text import legend_below, panel_titles, set_title
 
 GOOD, BAD, UNSEEN = "#2e9b4f", "#d1495b", "#d9d9d9"
 

@@ -1,0 +1,106 @@
+"""The settings of one KV-cache analysis: the task's own, and each policy's, by policy name.
+
+A policy owns its settings (its dataclass fields in `policies.py`); `KvParams.policies` holds them as
+`{policy name: {setting: value}}`, never a flat copy. A link and the command line carry each setting once
+by its field name (`?snap_window=8`, `--snap-window 8`): `policy_settings` gives it to every policy that
+declares it (SnapKV's and PyramidKV's window are one control).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from analysis.errors import SettingsError
+from analysis.kv.policies import POLICIES, Policy
+from analysis.results import Result
+from analysis.settings import check_settings, labelled, setting
+
+
+class KvEvictionError(SettingsError):
+    """Settings this model cannot run, or a model whose cache cannot be evicted; the message is for the user."""
+
+
+def policy_settings(**flat) -> dict[str, dict]:
+    """{policy name: its settings} from settings named by field (`sinks=4, snap_window=8`): each goes to every
+    policy that declares a field of that name; names no policy declares are refused."""
+    out: dict[str, dict] = {}
+    used = set()
+    for name, cls in POLICIES.items():
+        chosen = {f.name: flat[f.name] for f in labelled(cls) if f.name in flat}
+        used |= set(chosen)
+        if chosen:
+            out[name] = chosen
+    unknown = set(flat) - used
+    if unknown:
+        raise SettingsError(f"No eviction policy has the setting(s) {', '.join(sorted(unknown))}.")
+    return out
+
+
+@dataclass
+class KvParams(Result):
+    """Everything one analysis needs; every field is validated from its description (analysis/settings.py)."""
+
+    policy: str = setting("morphkv", label="Policy", choices=POLICIES.names,
+                          help="Full cache keeps everything (the reference). Variants are labelled as such.")
+    budget: int = setting(64, label="Budget C (entries per head)", low=1, high=100_000,
+                          help="Cache entries kept per layer and KV head.")
+    policies: dict[str, dict] = field(default_factory=dict)  # policy name -> its settings (defaults when absent)
+    prompt: str = setting("", label="Your own prompt (optional)", high=20_000,
+                          help="Leave empty for the key-value recall task. With a prompt, the full cache's greedy "
+                               "continuation is the reference every policy is scored on.")
+    new_tokens: int = setting(24, label="Generated tokens", low=0, high=4096,
+                              help="Tokens generated after a custom prompt (and for the text comparison).")
+    seed: int = setting(0, label="Example seed", low=0, high=2**31 - 1)
+    pairs: int = setting(2, label="Needles", low=1, high=64, help="Key-value pairs hidden in the context.")
+    queries: int = setting(1, label="Questions", low=1, high=64,
+                           help="Needles asked after the context (shapes-lm was trained on one).")
+    prefill: float = setting(0.5, label="Prefilled share", low=0.05, high=1.0, step=0.05, widget="slider",
+                             help="Share of the context read in one forward pass; the rest is read token by "
+                                  "token, with eviction after every token.")
+    examples: int = setting(1, label="Prompts averaged", low=1, high=10_000,
+                            help="Budget sweep: key-value prompts averaged (seeds seed, seed+1, ...).")
+    context: int = setting(192, label="Context (tokens)", low=8, high=100_000, step=32,
+                           help="Length of the key-value context.")
+    sweep: list[float] = setting(label="Sweep budget shares", low=0.01, high=0.99, item=float, min_items=1,
+                                 default_factory=lambda: [0.25, 0.5, 0.75],
+                                 help="Budgets of the sweep, as shares of the context.")
+
+    @property
+    def generated(self) -> int:
+        """Tokens each policy generates for the text comparison (and after a custom prompt): at least two."""
+        return max(2, self.new_tokens)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "KvParams":
+        """Also reads saved analyses of the flat layout (`sinks`, `snap_window`, ... beside the task's settings)."""
+        data = dict(data)
+        flat = {f.name: data.pop(f.name) for f, _ in POLICIES.settings() if f.name in data}
+        if flat:
+            nested = policy_settings(**flat)
+            for name, values in (data.get("policies") or {}).items():
+                nested.setdefault(name, {}).update(values)
+            data["policies"] = nested
+        return super().from_dict(data)
+
+
+def make_policy(params: KvParams, name: str | None = None, budget: int | None = None) -> Policy:
+    """The policy `name` (default: params.policy) with its settings in params, validated."""
+    name = name or params.policy
+    return POLICIES.create(name, **params.policies.get(name, {}), budget=params.budget if budget is None else budget)
+
+
+def main_policies() -> list[str]:
+    """The policies of the equal-entries comparison (labelled variants left out)."""
+    return [name for name, cls in POLICIES.items() if not getattr(cls, "variant", False)]
+
+
+def validate_params(params: KvParams, *, check_budget: bool = True) -> None:
+    """One validation path for the CLI, the URL and the page: raises SettingsError with a one-line message.
+    Every policy's settings are checked by its class (at the chosen budget when `check_budget`)."""
+    check_settings(params)
+    for name, values in params.policies.items():
+        POLICIES.get(name)  # an unknown name: UnknownMethod
+        unknown = set(values) - set(POLICIES.get(name).__dataclass_fields__)
+        if unknown:
+            raise SettingsError(f"{POLICIES.label(name)} has no setting(s) {', '.join(sorted(unknown))}.")
+    for name in POLICIES:
+        make_policy(params, name, None if check_budget else 10**9)

@@ -1,0 +1,85 @@
+"""What a KV-cache analysis returns: typed records the page renders, the CLI prints and the store saves."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from analysis.kv.params import KvParams
+from analysis.results import Result
+from analysis.tasks.records import KvTask
+
+
+@dataclass
+class PolicyRun(Result):
+    policy: str
+    label: str
+    budget: int
+    kl: list[float]  # per predicted token, KL(full || policy) in nats
+    top1: list[float]  # 1 where the policy's top token equals the full cache's
+    dnll: list[float]  # NLL of the true next token, policy minus full (nats)
+    recall: list[list[float]]  # [decode step][layer]: full-cache attention mass on the entries present
+    needle_survival: list[list[float]]  # [layer][kv head]: share of needles present when asked for
+    accuracy: float | None  # share of answers predicted right (key-value task)
+    answers: list[int]  # predicted token at each answer position
+    cache_len: list[float]  # per decode step, entries per KV head, mean over the evictable layers
+    cache_bytes: list[int]
+    analytic_bytes: list[int]
+    step_ms: list[float]
+
+    @property
+    def mean_kl(self) -> float:
+        return sum(self.kl) / max(1, len(self.kl))
+
+    @property
+    def agreement(self) -> float:
+        return sum(self.top1) / max(1, len(self.top1))
+
+    @property
+    def mean_recall(self) -> float:
+        flat = [x for row in self.recall for x in row]
+        return sum(flat) / max(1, len(flat))
+
+
+@dataclass
+class SweepPoint(Result):
+    policy: str
+    share: float  # budget as a share of the context
+    budget: int
+    accuracy: float | None
+    mean_kl: float
+    agreement: float
+    recall: float
+    cache: float = 0.0  # entries per KV head when the last token is predicted (mean over layers and prompts)
+
+
+@dataclass
+class GeneratedText(Result):
+    policy: str
+    label: str
+    text: str
+    tokens: list[str]
+    matches_full: list[bool]  # token by token against the full cache's generation
+
+
+@dataclass
+class KvResult(Result):
+    params: KvParams
+    model: str
+    task: KvTask
+    token_text: list[str]
+    layers: list[int]  # evictable layers
+    kv_heads: int
+    runs: list[PolicyRun]  # every policy at the chosen budget (full cache first)
+    kept: list[list[list[list[int]]]]  # chosen policy: [layer][kv head][decode step] -> positions after eviction
+    full_accuracy: float | None
+    texts: list[GeneratedText] = field(default_factory=list)
+
+    def run(self, policy: str) -> PolicyRun:
+        return next(r for r in self.runs if r.policy == policy)
+
+
+@dataclass
+class SweepResult(Result):
+    model: str
+    context: int
+    points: list[SweepPoint]
+    full_accuracy: float | None

@@ -1,0 +1,252 @@
+"""Settings described once, as dataclass fields: label, range, choices and help live in the field.
+
+    @dataclass
+    class SnapKV(Policy):
+        snap_window: int = setting(8, label="SnapKV window w", low=1, high=4096,
+                                   help="The last w queries vote.")
+
+From that one declaration
+- `check_settings(obj)` validates every labelled field (type, range, choices) with a message naming the
+  label (`Method.__post_init__` runs it before the class's own cross-field `validate()`);
+- `add_arguments(parser, fields)` / `read_arguments(args, fields)` make the command-line flags
+  (`--snap-window`);
+- `components/params_form.py` draws the page's widgets and mirrors them into the URL (`snap_window=`).
+
+So a range or a label is written in one place, and the page, the link and the CLI validate through the
+same path. Fields without a `label` are internal: no widget, no flag, not checked here.
+
+Metadata keys: `label` (required), `help`, `low`, `high`, `step`, `choices` (a list, or a callable
+returning one), `url` (the URL name; default: the field name; None: not in the URL), `cli` (the flag
+without dashes; default: the field name with dashes; None: no flag), `widget` (a page hint:
+"slider", "select", "pills", "toggle", "text", "area", "number"), `item` (the element type of a list
+field, given on the command line and in the URL as comma-separated values), `min_items`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import typing
+from dataclasses import MISSING, Field
+from typing import Any, Callable, Iterable
+
+from analysis.errors import SettingsError
+
+_UNSET = object()
+
+
+def setting(default: Any = MISSING, *, label: str, help: str = "", low: Any = None, high: Any = None,
+            step: Any = None, choices: list | Callable[[], list] | None = None, url: Any = _UNSET,
+            cli: Any = _UNSET, widget: str | None = None, item: type | None = None, min_items: int = 0,
+            default_factory: Callable[[], Any] = MISSING, **extra: Any) -> Any:
+    """A dataclass field that carries its user-facing description (see the module docstring)."""
+    meta = {"label": label, "help": help, "low": low, "high": high, "step": step, "choices": choices,
+            "widget": widget, "item": item, "min_items": min_items, **extra}
+    if url is not _UNSET:
+        meta["url"] = url
+    if cli is not _UNSET:
+        meta["cli"] = cli
+    if default_factory is not MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def labelled(cls_or_obj: Any) -> list[Field]:
+    """The user-facing settings of a dataclass (fields with a label), in declaration order."""
+    return [f for f in dataclasses.fields(cls_or_obj) if f.metadata.get("label")]
+
+
+def field_default(f: Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
+
+
+def choices_of(f: Field) -> list | None:
+    choices = f.metadata.get("choices")
+    return list(choices()) if callable(choices) else (list(choices) if choices is not None else None)
+
+
+def kind_of(f: Field, owner: Any = None) -> type:
+    """The value type of a field: int, float, bool, str or list (from its annotation or its default)."""
+    hint = None
+    if owner is not None:
+        try:
+            hint = typing.get_type_hints(owner if isinstance(owner, type) else type(owner)).get(f.name)
+        except Exception:  # unresolvable annotations: fall back on the default's type
+            hint = None
+    origin = typing.get_origin(hint)
+    if origin in (list, tuple) or hint in (list, tuple):
+        return list
+    if hint in (bool, int, float, str):
+        return hint
+    default = field_default(f)
+    if isinstance(default, (list, tuple)):
+        return list
+    return type(default) if default is not None else str
+
+
+def url_name(f: Field) -> str | None:
+    return f.metadata.get("url", f.name)
+
+
+def cli_name(f: Field) -> str | None:
+    name = f.metadata.get("cli", f.name.replace("_", "-"))
+    return name if name else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def check_value(f: Field, value: Any, kind: type) -> None:
+    """Raise SettingsError unless `value` is a valid value of field `f` (of type `kind`)."""
+    meta = f.metadata
+    label = meta["label"]
+    choices = choices_of(f)
+    if kind is list:
+        if not isinstance(value, (list, tuple)):
+            raise SettingsError(f"{label} must be a list, got {value!r}.")
+        if len(value) < meta.get("min_items", 0):
+            raise SettingsError(f"{label} needs at least {meta['min_items']} value(s).")
+        item = meta.get("item") or float
+        for v in value:
+            _check_scalar(label, v, item, meta, choices)
+        return
+    _check_scalar(label, value, kind, meta, choices)
+
+
+def _check_scalar(label: str, value: Any, kind: type, meta: dict, choices: list | None) -> None:
+    if choices is not None:
+        if value not in choices:
+            raise SettingsError(f"{label} must be one of {', '.join(map(str, choices))}, got {value!r}.")
+        return
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise SettingsError(f"{label} must be true or false, got {value!r}.")
+        return
+    if kind is str:
+        if not isinstance(value, str):
+            raise SettingsError(f"{label} must be text, got {value!r}.")
+        high = meta.get("high")
+        if high is not None and len(value) > high:
+            raise SettingsError(f"{label} is too long ({len(value):,} characters; at most {high:,}).")
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SettingsError(f"{label} must be a number, got {value!r}.")
+    if not math.isfinite(value):
+        raise SettingsError(f"{label} must be finite, got {value}.")
+    if kind is int and int(value) != value:
+        raise SettingsError(f"{label} must be a whole number, got {value}.")
+    low, high = meta.get("low"), meta.get("high")
+    if low is not None and value < low:
+        raise SettingsError(f"{label} must be at least {low}, got {value}.")
+    if high is not None and value > high:
+        raise SettingsError(f"{label} must be at most {high}, got {value}.")
+
+
+def check_settings(obj: Any, names: Iterable[str] | None = None) -> None:
+    """Validate every labelled field of a dataclass instance (or those in `names`) from its metadata."""
+    wanted = set(names) if names is not None else None
+    for f in labelled(obj):
+        if wanted is None or f.name in wanted:
+            check_value(f, getattr(obj, f.name), kind_of(f, obj))
+
+
+# ---------------------------------------------------------------------------------------------
+# Text values: the command line and the URL carry settings as text
+
+
+def parse_text(f: Field, text: str, owner: Any = None) -> Any:
+    """A field's value from text ('4', '0.5', 'max', '1,2,4', 'true'); ValueError when it does not parse."""
+    kind = kind_of(f, owner)
+    if kind is list:
+        item = f.metadata.get("item") or float
+        return [_parse_scalar(part.strip(), item) for part in str(text).split(",") if part.strip()]
+    return _parse_scalar(str(text), kind)
+
+
+def _parse_scalar(text: str, kind: type) -> Any:
+    if kind is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(text)
+    if kind is int:
+        try:
+            return int(text.strip())
+        except ValueError:
+            number = float(text)  # "3.0", "1e3"
+            if not math.isfinite(number) or number != int(number):
+                raise
+            return int(number)
+    if kind is float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(text)
+        return value
+    return text
+
+
+def to_text(value: Any) -> str:
+    """The URL / command-line text of a value (lists comma-separated; booleans 1/0)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (list, tuple)):
+        return ",".join(to_text(v) for v in value)
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one SettingsError line (`python -m analysis` prints `error: ...`, exit 1)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse hook
+        raise SettingsError(f"{message} (see {self.prog} --help).")
+
+
+def add_arguments(parser: argparse.ArgumentParser, fields: Iterable[tuple[Field, Any]],
+                  seen: set[str] | None = None) -> None:
+    """One flag per labelled field; `fields` are (field, owner class) pairs. A flag shared by several
+    owners (SnapKV's and PyramidKV's window) is added once. Values are parsed later by `read_arguments`,
+    so a bad value gets the field's own message."""
+    seen = set() if seen is None else seen
+    for f, owner in fields:
+        name = cli_name(f)
+        if name is None or name in seen:
+            continue
+        seen.add(name)
+        meta = f.metadata
+        default = field_default(f)
+        bits = []
+        choices = choices_of(f)
+        if choices is not None:
+            bits.append(f"one of {', '.join(map(str, choices))}")
+        elif kind_of(f, owner) in (int, float, list) and (meta.get("low") is not None or meta.get("high") is not None):
+            bits.append(f"{meta.get('low', '')}..{meta.get('high', '')}")
+        if default not in (None, "", []):
+            bits.append(f"default {to_text(default)}")
+        text = meta.get("help") or meta["label"]
+        parser.add_argument(f"--{name}", dest=f"setting__{f.name}", default=None, metavar=f.name.upper(),
+                            help=text + (f" [{'; '.join(bits)}]" if bits else ""))
+
+
+def read_arguments(args: argparse.Namespace, fields: Iterable[tuple[Field, Any]]) -> dict[str, Any]:
+    """{field name: parsed value} of the flags given (absent flags are left out)."""
+    out: dict[str, Any] = {}
+    for f, owner in fields:
+        text = getattr(args, f"setting__{f.name}", None)
+        if text is None:
+            continue
+        try:
+            out[f.name] = parse_text(f, text, owner)
+        except ValueError:
+            raise SettingsError(f"--{cli_name(f)}: cannot read {text!r} as {f.metadata['label']}.") from None
+    return out

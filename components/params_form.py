@@ -1,0 +1,150 @@
+"""A page's controls drawn from settings fields (analysis/settings.py): label, range, choices, help and
+URL name come from the field, so they are written once for the page, the link and the command line.
+
+    fields = [(f, KvParams) for f in labelled(KvParams) if f.name in ("context", "pairs")]
+    form = ParamsForm("kv_")
+    values = form.draw(field_row(), fields, defaults={"context": 64})
+    ...
+    form.mirror()                       # the URL now holds the values shown
+    form.check(lambda raw: validate(build(raw)))   # a link out of range: one message, nearest values shown
+
+Every value starts from the URL (`?context=64`), parsed with the field's type. A link value outside the
+field's range is clamped into it for the widget, and `check` hands the unclamped values to the same
+validation the CLI runs, so a bad link gets the CLI's one-line message. A value that does not parse,
+or a choice that does not exist, falls back on the default (as every URL value on these pages does).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import Field
+from typing import Any, Callable, Iterable
+
+import streamlit as st
+
+from analysis.errors import SettingsError
+from analysis.settings import choices_of, field_default, kind_of, parse_text, to_text, url_name
+from components.common import URL_TEXT_MAX, analysis_errors, set_url_params
+
+WIDTH = 135  # px: six fields fit in a row at 1400 px, three at 1024
+
+
+def _clamp(f: Field, value: Any, kind: type) -> Any:
+    meta = f.metadata
+    if kind in (int, float) and not isinstance(value, bool):
+        low, high = meta.get("low"), meta.get("high")
+        if low is not None and value < low:
+            value = kind(low)
+        if high is not None and value > high:
+            value = kind(high)
+    if kind is str and meta.get("high") is not None:
+        value = value[: meta["high"]]
+    return value
+
+
+def url_value(f: Field, owner: Any, default: Any) -> tuple[Any, Any]:
+    """(as the link gives it, as the widget may show it) for one field; never raises."""
+    name = url_name(f)
+    raw_text = st.query_params.get(name) if name else None
+    if raw_text is None:
+        return default, default
+    kind = kind_of(f, owner)
+    try:
+        value = parse_text(f, str(raw_text)[:URL_TEXT_MAX], owner)
+    except (TypeError, ValueError, OverflowError):
+        return default, default
+    choices = choices_of(f)
+    if kind is list:
+        if choices is not None:
+            value = [v for v in value if v in choices]
+        if not value and not f.metadata.get("allow_empty"):
+            return default, default
+        return value, value
+    if choices is not None and value not in choices:
+        return default, default
+    return value, _clamp(f, value, kind)
+
+
+def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width: int | str | None = WIDTH,
+           **overrides: Any) -> Any:
+    """One Streamlit widget for field `f` showing `value`; returns what it holds."""
+    meta = f.metadata
+    kind = kind_of(f, owner)
+    label = overrides.pop("label", meta["label"])
+    help_text = overrides.pop("help", meta.get("help") or None)
+    choices = overrides.pop("choices", None) or choices_of(f)
+    hint = overrides.pop("widget", meta.get("widget"))
+    common = dict(key=key, help=help_text, **({"width": width} if width is not None else {}), **overrides)
+    if kind is list:
+        if choices is None:
+            text = container.text_input(label, to_text(value), **common)
+            try:
+                return parse_text(f, text, owner)
+            except ValueError:
+                return value
+        return sorted(container.pills(label, choices, selection_mode="multi", default=value, **common) or [])
+    if choices is not None:
+        if hint == "pills":
+            return container.pills(label, choices, default=value, **common)
+        if hint == "slider":
+            return container.select_slider(label, choices, value=value, **common)
+        return container.selectbox(label, choices, index=choices.index(value), **common)
+    if kind is bool:
+        return container.toggle(label, value=bool(value), **common)
+    if kind is str:
+        high = meta.get("high")
+        if hint == "area":
+            return container.text_area(label, value, max_chars=high, **common)
+        return container.text_input(label, value, max_chars=high, **common)
+    low = kind(meta["low"]) if meta.get("low") is not None else None
+    high = kind(meta["high"]) if meta.get("high") is not None else None
+    step = kind(meta["step"]) if meta.get("step") is not None else (kind(1) if kind is int else None)
+    if hint == "slider" and low is not None and high is not None:
+        return kind(container.slider(label, low, high, kind(value), step=step, **common))
+    fmt = common.pop("format", "%d" if kind is int else None)
+    return kind(container.number_input(label, low, high, kind(value), step=step, format=fmt, **common))
+
+
+class ParamsForm:
+    """The controls of one page (or one section): values shown, values the link gave, URL mirroring."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.values: dict[str, Any] = {}  # field name -> value shown
+        self.raw: dict[str, Any] = {}  # field name -> value the link gave (unclamped)
+        self.fields: dict[str, Field] = {}
+
+    def draw(self, container: Any, fields: Iterable[tuple[Field, Any]], *, defaults: dict | None = None,
+             width: int | str | None = WIDTH, overrides: dict[str, dict] | None = None) -> dict[str, Any]:
+        """A widget per (field, owner class) in `container`; returns {field name: value}."""
+        defaults, overrides = defaults or {}, overrides or {}
+        out = {}
+        for f, owner in fields:
+            default = defaults.get(f.name, field_default(f))
+            raw, shown = url_value(f, owner, default)
+            kw = dict(overrides.get(f.name, {}))
+            out[f.name] = widget(container, f, owner, key=f"{self.prefix}{f.name}", value=shown,
+                                 width=kw.pop("width", width), **kw)
+            self.raw[f.name], self.fields[f.name] = raw, f
+        self.values.update(out)
+        return out
+
+    def mirror(self) -> None:
+        """Write every drawn value into the URL, so the link reproduces the view."""
+        set_url_params(**{url_name(f): to_text(self.values[name]) for name, f in self.fields.items()
+                          if url_name(f)})
+
+    def check(self, validate: Callable[[dict[str, Any]], None]) -> None:
+        """Run `validate(values the link gave)`; a SettingsError becomes one message and the page stops there.
+        The widgets and the URL already hold the nearest allowed values, so any change of a control runs."""
+        with analysis_errors(prefix="This link's settings are out of range (the controls show the nearest allowed "
+                                    "values; change any control to run with them): "):
+            validate(dict(self.raw))
+
+
+def fields_of(owner: Any, names: Iterable[str]) -> list[tuple[Field, Any]]:
+    """(field, owner) for the named fields of a dataclass, in the order given."""
+    by_name = {f.name: f for f in dataclasses.fields(owner)}
+    return [(by_name[n], owner) for n in names]
+
+
+__all__ = ["ParamsForm", "SettingsError", "fields_of", "url_value", "widget"]
