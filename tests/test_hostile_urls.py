@@ -30,7 +30,8 @@ PAGES = {
                           "examples", "metric"],
     "views/prompt_reconstruction.py": ["prompt", "layer", "perm", "perturb", "order", "noise", "bits", "seed",
                                        "sweeps", "exhaustive", "parties", "sharding", "attacker", "budget"],
-    "views/caption_correction.py": ["src", "seed", "cap", "text", "lm", "dec", "ver", "rew", "pi", "prob", "ground"],
+    "views/caption_correction.py": ["src", "seed", "cap", "text", "lm", "dec", "ver", "rew", "pi", "prob", "ground",
+                                    "dec_tokens", "rew_tokens", "rew_checked", "batch"],
     "views/sae_features.py": ["sae", "view", "sort", "labels", "feature", "by", "thr", "rule", "keep"],
     "views/overview.py": [],
 }
