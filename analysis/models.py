@@ -247,6 +247,19 @@ def zoo_models() -> list[str]:
     return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file())
 
 
+def real_zoo_models() -> list[str]:
+    """Real trained models of the zoo that can be loaded here: converted already, or convertible at
+    first load because their pinned package is installed (`analysis/zoo/real.py`)."""
+    from analysis.zoo import real
+
+    return real.available()
+
+
+def all_zoo_models() -> list[str]:
+    """Everything the zoo offers here: the demo models, then the real ones (the model picker's list)."""
+    return zoo_models() + [n for n in real_zoo_models() if n not in zoo_models()]
+
+
 def resolve_folder(spec: ModelSpec) -> Path:
     try:  # the deployment's allow-list, before anything is read or fetched
         refusal = config.current().model_refusal(spec.source, spec.name)
@@ -255,10 +268,14 @@ def resolve_folder(spec: ModelSpec) -> Path:
     if refusal:
         raise ModelLoadError(refusal)
     if spec.source == "zoo":
+        from analysis.zoo import real
+
+        if spec.name in real.REAL_MODELS:  # converted once, at first use; then loaded as any local folder
+            return real.ensure(spec.name, progress=real.stderr_progress)
         names = zoo_models()
         if spec.name not in names:
-            listed = ", ".join(names) or "none are installed"
-            raise ModelLoadError(f"'{spec.name}' is not a demo-zoo model (available: {listed}).")
+            listed = ", ".join(all_zoo_models()) or "none are installed"
+            raise ModelLoadError(f"'{spec.name}' is not a zoo model (available: {listed}).")
         return ZOO_DIR / spec.name
     if spec.source == "local":
         return _check_local(spec.name)
@@ -509,7 +526,7 @@ class DecoderWithHead(torch.nn.Module):
 
 
 def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, processor: Any = None) -> ModelInfo:
-    from analysis import anatomy
+    from analysis import anatomy, processor_info
 
     cfg = model.config
     text = cfg.get_text_config()
@@ -518,12 +535,16 @@ def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, pro
     max_pos = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     image_size = image_tokens = None
     if kind == "vlm":
-        image_size = int(getattr(cfg.vision_config, "image_size", 0) or 0) or None
-        try:
-            grid = anatomy.patch_grid(model)
-            image_tokens = grid.rows * grid.cols
-        except anatomy.AnatomyError:  # set by the image size (Qwen2-VL's dynamic resolution)
-            image_tokens = None
+        measured = processor_info.image_geometry(model, processor)
+        image_size, image_tokens = measured or (None, None)
+        if image_size is None:  # no processor, or it resizes each image its own way: the tower's size
+            image_size = int(getattr(cfg.vision_config, "image_size", 0) or 0) or None
+        if measured is None:  # nothing to measure with: the tower's patch grid
+            try:
+                grid = anatomy.patch_grid(model)
+                image_tokens = grid.rows * grid.cols
+            except anatomy.AnatomyError:  # set by the image size (Qwen2-VL's dynamic resolution)
+                image_tokens = None
     return ModelInfo(
         architecture=(cfg.architectures or [type(model).__name__])[0],
         model_type=cfg.model_type,

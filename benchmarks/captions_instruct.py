@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from analysis import captions as C  # noqa: E402
-from analysis.models import ModelSpec, load_model, zoo_models  # noqa: E402
+from analysis.models import ModelSpec, all_zoo_models, load_model  # noqa: E402
 
 CAPTIONS = [
     "A brown dog runs along a sandy beach. A red frisbee flies above the dog. Two people sit under a blue umbrella.",
@@ -177,7 +177,7 @@ def pipeline_check(lm, vlm, log) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default = "zoo:smollm2-135m-instruct" if "smollm2-135m-instruct" in zoo_models() else None
+    default = "zoo:smollm2-135m-instruct" if "smollm2-135m-instruct" in all_zoo_models() else None
     ap.add_argument("--lm", default=default, help="the instruct LM (zoo:, local:, hub:)")
     ap.add_argument("--vlm", default="zoo:shapes-vlm", help="the verifier of the pipeline check")
     ap.add_argument("--quick", action="store_true", help="5 captions, no pipeline run")

