@@ -203,7 +203,7 @@ def test_share_bar_opens_and_saves_in_browser(browser_page):
     notice = page.locator("[data-testid='stAlertContentSuccess']").filter(has_text="saved-analyses?id=")
     notice.wait_for(timeout=60_000)
     assert "<i>" in notice.inner_text()  # shown as typed, not as markup
-    assert page.locator("[data-testid='stCode']").count() == 1  # the bar is still open
+    assert page.locator("[data-testid='stCode']").count() == 2  # the bar is still open (link, iframe snippet)
 
 
 def test_paired_charts_sit_side_by_side_when_wide_and_stack_when_narrow(browser_page):

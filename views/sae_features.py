@@ -10,6 +10,7 @@ import streamlit as st
 from analysis import sae_v
 from analysis.errors import UserError
 from analysis.models import ModelSpec, zoo_models
+from components import hosting  # uploads under the deployment's limits
 from components.common import (EMPTY_LIST, analysis_errors, explain, field_row, require_model, set_url_params,
                                show_error, url_list, url_param)
 from components.figures import sae as figs
@@ -190,6 +191,9 @@ def own_data_form() -> None:
                 set_url_params(data=path.strip())
                 st.session_state.pop("sae_data", None)  # the picker then starts from the link
                 st.rerun()
+        if not hosting.settings().uploads.enabled:
+            c2.info("Uploads are turned off on this instance.", icon=":material/block:")
+            return
         upload = c2.file_uploader("…or upload a zip (up to 50 MB)", type=["zip"], key="sae_data_zip")
         if upload is not None and c2.button("Use this zip", key="sae_data_zip_go"):
             with analysis_errors(stop=False):
@@ -334,7 +338,7 @@ def show_explain() -> None:
             set_url_params(img=i)
             image_ref, image, default_text = f"pair:{i}", image_of(i), pairs[i].text if pairs else ""
         else:
-            upload = st.file_uploader("Upload an image", key="sae_upload")
+            upload = hosting.file_uploader("Upload an image", key="sae_upload")
             if upload is None:
                 st.info("Choose an image file to explain.")
                 return
