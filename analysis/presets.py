@@ -155,7 +155,7 @@ PRESETS: list[Preset] = [
            "(3 % change otherwise); the other cross-modal features rarely move one to their own place.",
            "zoo:shapes-vlm", {**SAE_BASE, "view": "feature", "feature": steering_feature,
                               "steer": lambda: f"{steering_feature()}=16", "at": "image", "spair": "0", "mode": "add",
-                              "tokens": "24"}),
+                              "tokens": "48"}),
 ]
 
 

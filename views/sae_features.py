@@ -18,6 +18,7 @@ from components.model_picker import try_load
 from components.params_form import ParamsForm, fields_of
 from components.presets import preset_bar
 from components.runs import cached_run
+from components import sae as sae_components
 from components.sae import browse, explained, ranked, steered
 
 VIEWS = {"list": "Feature list", "feature": "Feature page", "explain": "Explain an input", "ranking": "Data ranking"}
@@ -191,7 +192,7 @@ def own_data_form() -> None:
                 set_url_params(data=path.strip())
                 st.session_state.pop("sae_data", None)  # the picker then starts from the link
                 st.rerun()
-        if not hosting.settings().uploads.enabled:
+        if not sae_components.uploads_enabled():
             c2.info("Uploads are turned off on this instance.", icon=":material/block:")
             return
         upload = c2.file_uploader("…or upload a zip (up to 50 MB)", type=["zip"], key="sae_data_zip")

@@ -71,9 +71,9 @@ def batch_activations(handle: ModelHandle, layer: int, batch: list[int], prompts
     skip = set(tok.all_special_ids) - ({img_id} if img_id is not None else set())
     grid = 0
     if is_vlm:
+        processor = anatomy.require_processor(handle, "SAE-V")  # first: a VLM without one says why
         if images is None or any(im is None for im in images):
             raise ValueError("Every pair needs an image for a vision-language model.")
-        processor = anatomy.require_processor(handle, "SAE-V")
         with anatomy.model_step(handle, "preparing the SAE-V inputs"):
             enc = processor(images=[[im.convert("RGB")] for im in images], text=prompts, return_tensors="pt",
                             padding=True)

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from analysis.errors import SettingsError
 from analysis.registry import Method, Registry
-from analysis.settings import labelled, setting
+from analysis.settings import setting
 
 ARCHITECTURES: Registry["SaeType"] = Registry("SAE architecture")
 NORMALISE = "expected_average_only_in"  # sae-lens scales inputs to a fixed mean norm while training
@@ -83,14 +83,4 @@ class JumpReLU(SaeType):
 def architecture_settings(**flat) -> dict[str, dict]:
     """{type name: its settings} from settings named by field (`k=8, l1_coefficient=2`); names no type
     declares are refused."""
-    out: dict[str, dict] = {}
-    used = set()
-    for name, cls in ARCHITECTURES.items():
-        chosen = {f.name: flat[f.name] for f in labelled(cls) if f.name in flat}
-        used |= set(chosen)
-        if chosen:
-            out[name] = chosen
-    unknown = set(flat) - used
-    if unknown:
-        raise SettingsError(f"No SAE architecture has the setting(s) {', '.join(sorted(unknown))}.")
-    return out
+    return ARCHITECTURES.split_settings(**flat)

@@ -33,7 +33,7 @@ TRAIN = [(f, TrainParams) for f in labelled(TrainParams)]
 BUILD = [(f, BuildParams) for f in labelled(BuildParams) if f.name != "layer"]
 CHOICE = [(f, SaeChoice) for f in labelled(SaeChoice)]
 RANK = [(f, RankParams) for f in labelled(RankParams) if f.name in ("rule", "by")]
-STEER = [(f, SteerParams) for f in labelled(SteerParams) if f.name in ("mode", "prompt", "max_new_tokens")]
+STEER = [(f, SteerParams) for f in labelled(SteerParams) if f.name in ("mode", "prompt", "max_new_tokens", "positions")]
 KEEP = [(f, Keep) for f in labelled(Keep)]
 
 

@@ -230,7 +230,7 @@ class SteerParams(SaeChoice):
                           help="A language model continues it; a vision-language model answers it about the "
                                "image (empty: the model's captioning prompt).")
     image: str = ""  # as ExplainParams.image
-    max_new_tokens: int = setting(24, label="New tokens", low=1, high=256, url="tokens")
+    max_new_tokens: int = setting(48, label="New tokens", low=1, high=256, url="tokens")
     positions: str = setting("all", label="Steer at", choices=["all", "image", "text"], url="at",
                              help="Which positions get the feature: every one, the image tokens only, or the text "
                                   "tokens only (the prompt's and the generated ones).")

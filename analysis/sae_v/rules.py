@@ -27,7 +27,7 @@ import torch
 from analysis.errors import SettingsError
 from analysis.registry import Method, Registry
 from analysis.sae_v.modality import IMAGE, TEXT
-from analysis.settings import labelled, setting
+from analysis.settings import setting
 
 SCORE_RULES: Registry["ScoreRule"] = Registry("SAE-V score rule")
 
@@ -212,16 +212,6 @@ def score_label(rule_name: str) -> str:
 
 
 def rule_settings(**flat) -> dict[str, dict]:
-    """{rule name: its settings} from settings named by field (`top=30, cooccur_threshold=0.5`): each goes
-    to every rule that declares it; names no rule declares are refused."""
-    out: dict[str, dict] = {}
-    used = set()
-    for name, cls in SCORE_RULES.items():
-        chosen = {f.name: flat[f.name] for f in labelled(cls) if f.name in flat}
-        used |= set(chosen)
-        if chosen:
-            out[name] = chosen
-    unknown = set(flat) - used
-    if unknown:
-        raise SettingsError(f"No SAE-V score rule has the setting(s) {', '.join(sorted(unknown))}.")
-    return out
+    """{rule name: its settings} from settings named by field (`top=30, cooccur_threshold=0.5`): each goes to
+    every rule that declares it; names no rule declares are refused."""
+    return SCORE_RULES.split_settings(**flat)
