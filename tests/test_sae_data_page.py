@@ -8,6 +8,7 @@ from analysis import sae_v
 from analysis.models import ModelSpec
 from conftest import app_with_model
 from test_sae_data import save_outside_sae, write_pair_folder
+from test_sae_page import _errors, _frame, _url
 
 PAGE = "views/sae_features.py"
 
@@ -28,22 +29,6 @@ def outside(model_root):
 @pytest.fixture(scope="module")
 def pairs(model_root):
     return str(write_pair_folder(model_root / "page-pairs"))
-
-
-def _errors(at) -> list[str]:
-    return [e.value for e in at.error]
-
-
-def _frame(at, column: str):
-    for df in at.dataframe:
-        if column in df.value.columns:
-            return df.value
-    raise AssertionError(f"no table with column {column!r}")
-
-
-def _url(at, name: str) -> str:
-    value = at.query_params[name]
-    return value[0] if isinstance(value, list) else str(value)
 
 
 def test_an_sae_saved_by_sae_lens_is_loaded_from_the_page(tiny_llava_dir, cache, outside, pairs):
