@@ -202,6 +202,12 @@ def test_text_only_model_with_sae_explains_text_and_refuses_the_ranking(tiny_lla
         assert not at.exception, at.exception
         assert not _errors(at) and len(_frame(at, "token")) >= 1  # a text input's features, per token
         assert not [r for r in at.radio if r.key == "sae_img_source"]  # no image source on a language model
+        at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query={"view": "feature"})
+        assert not at.exception and not _errors(at), _errors(at)
+        assert at.text_input(key="sae_steer_feature_prompt").value  # steering continues a text's start
+        at = [b for b in at.button if b.label.startswith("Run: Generating")][0].click().run()
+        assert not at.exception and not _errors(at), _errors(at)
+        assert any(m.value == "**Unsteered**" for m in at.markdown)
         at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE)
         assert "modality" not in _frame(at, "omega").columns  # one modality: no modality columns
         assert not [b for b in at.button_group if b.key == "sae_labels"]  # and no modality filter

@@ -254,7 +254,9 @@ def steer_section(default: str, image_ref: str, where: str) -> None:
                           key=f"sae_steer_{where}", max_chars=200, width=260)
     values = form.draw(row, fields_of(sae_v.SteerParams, ["mode", "positions", "max_new_tokens"] if is_vlm
                                       else ["mode", "max_new_tokens"]))
-    values |= form.draw(st.container(), fields_of(sae_v.SteerParams, ["prompt"]), width="stretch")
+    first = store.pairs.pairs[0].text.split()[:4] if store.pairs.pairs and not is_vlm else []
+    values |= form.draw(st.container(), fields_of(sae_v.SteerParams, ["prompt"]), width="stretch",
+                        defaults={"prompt": " ".join(first)})  # a language model continues a text's start
     form.mirror()
     set_url_params(steer=text)
     with analysis_errors():
