@@ -14,7 +14,6 @@ MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80
 TRANSITIONAL = {
     "analysis/inversion.py", "analysis/inversion.py:reconstruct", "analysis/sharpness.py",
-    "views/sae_features.py:show_feature",
 }
 
 

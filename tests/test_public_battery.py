@@ -149,13 +149,13 @@ def test_disallowed_model_in_a_link_is_refused_before_the_loader(public, loader_
 def test_zoo_traversal_in_a_link_never_leaves_the_zoo(public):
     at = app(query={"model": "zoo:../../../../etc"})
     assert not at.exception
-    assert "is not a demo-zoo model" in " ".join(e.value for e in at.error)
+    assert "is not a zoo model" in " ".join(e.value for e in at.error)
     assert at.session_state["model_spec"] == ModelSpec("zoo", "shapes-lm")
 
 
 def test_picker_offers_only_allowed_sources(public):
     at = app()
-    assert at.sidebar.radio(key="picker_source").options == ["Demo zoo"]
+    assert at.sidebar.radio(key="picker_source").options == ["Zoo"]
     assert not at.sidebar.text_input  # no free Hub id or folder box
 
 
