@@ -47,6 +47,21 @@ def top_cross_modal_feature() -> str:
     return str(max(cross)[1]) if cross else "0"
 
 
+@functools.lru_cache(maxsize=1)
+def steering_feature() -> str:
+    """The demo SAE's cross-modal 'middle right' feature (its concept in both modalities, the most precise)."""
+    from analysis import sae_v
+
+    folders = sorted((sae_v.SAE_ROOT / "shapes-vlm").glob("layer*"))
+    if not folders:
+        return "0"
+    features = sae_v.read_store_json(folders[0])["features"]
+    found = [((card.get("concept_both") or {}).get("precision", 0), card["omega"], i) for i, card in enumerate(features)
+             if card.get("label") == "cross-modal"
+             and (card.get("concept_both") or {}).get("name") == "position:middle right"]
+    return str(max(found)[2]) if found else "0"
+
+
 PROB = "raw"  # captions.DEFAULT_PROBABILITIES: CapMAS's raw p_True / p_False
 SHARPNESS_BASE = {"ns": "4,8,16,32,64,128", "samples": "16", "theta": "1", "layer": "0", "head": "3",
                   "sink": "1", "tlayers": "0,1,2,3", "spread": "4.0", "n_view": "128"}
@@ -60,8 +75,8 @@ INVERSION_BASE = {"prompt": "there is a large red circle at the top left . there
                   "sharding": "round_robin", "attacker": "0", "budget": "1000000"}
 REAL_LM = "zoo:smollm2-135m-instruct"  # a real trained instruct model (analysis/zoo/real.py)
 REAL_FINDING = ("SmolLM2-135M-Instruct, a real trained model: from its layer-15 states (of 30) all 14 tokens of the "
-                "prompt come back exactly, each certified, after scoring {candidates} candidates instead of "
-                "exhaustive search's 688,128 (14 positions × 49,152 tokens): {fewer}× fewer.")
+                "prompt come back exactly, each certified, after scoring 1,728 candidates instead of "
+                "exhaustive search's 688,128 (14 positions × 49,152 tokens): 398× fewer.")
 CAPTION_BASE = {"src": "scene", "seed": "20000003", "cap": "weak", "lm": "zoo:shapes-lm", "dec": "auto",
                 "ver": "auto", "rew": "auto", "pi": "1.0", "prob": PROB, "ground": "0"}
 SAE_BASE = {"sae": "layer1", "view": "list", "sort": "omega", "by": "sum", "thr": "0.0"}
@@ -141,13 +156,14 @@ PRESETS: list[Preset] = [
            "the image and sinks (mean rank far below the clean pairs'), while a caption with two attributes "
            "swapped uses the same words and ranks like a clean one.",
            "zoo:shapes-vlm", {**SAE_BASE, "view": "ranking", "rule": "official", "thr": "1.0", "keep": "0.5"}),
-    Preset("sae-features", "ranking-normalised", "s_i as a share (a labelled variant)",
-           "Not the paper's rule: the same ω, but s_i divided by the ω of every feature active on either side. "
-           "The official sum counts, so a long caption of another scene can outscore a one-object scene's own "
-           "caption; as a share, captions of another scene sink below almost every clean pair (the kind "
-           "table's ROC AUC). Swaps stay near chance: only features that bind attributes to objects could "
-           "see them.",
-           "zoo:shapes-vlm", {**SAE_BASE, "view": "ranking", "rule": "normalised", "thr": "1.0", "keep": "0.5"}),
+    Preset("sae-features", "steer-middle-right", "Steer one feature: the object moves",
+           "The cross-modal feature of 'middle right' (caption words and image patches), added at strength 16 to "
+           "the image tokens only: the caption's small red triangle moves from 'the bottom left' to 'the middle "
+           "right'. On 87 held-out scenes with nothing there it moves an object to the middle right in 41 % "
+           "(3 % change otherwise); the other cross-modal features rarely move one to their own place.",
+           "zoo:shapes-vlm", {**SAE_BASE, "view": "feature", "feature": steering_feature,
+                              "steer": lambda: f"{steering_feature()}=16", "at": "image", "spair": "0", "mode": "add",
+                              "tokens": "48"}),
 ]
 
 

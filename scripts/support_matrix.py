@@ -96,7 +96,8 @@ def check_sae(handle, folder: Path) -> None:
     acts = sae_v.collect_activations(handle, pairs, 0)
     if handle.kind == "vlm":  # every patch of the base grid of every image is an image position
         found = int((acts.modality == sae_v.IMAGE).sum())
-        assert found >= len(pairs.pairs) * handle.info.image_tokens > 0, f"{found} image positions"
+        per_image = handle.info.image_tokens or 1  # None: the count depends on the image's size (LLaVA-NeXT)
+        assert found >= len(pairs.pairs) * per_image > 0, f"{found} image positions"
     x = sae_v.scaled(acts, meta.scales)
     codes = sae_v.encode(sae, x)
     with torch.no_grad():

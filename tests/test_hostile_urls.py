@@ -29,10 +29,13 @@ PAGES = {
                           "fusion", "context", "prefill", "pairs", "queries", "seed", "prompt", "layer", "head",
                           "examples", "metric"],
     "views/prompt_reconstruction.py": ["prompt", "layer", "perm", "perturb", "order", "noise", "bits", "seed",
-                                       "gradient_steps", "gradient_min_vocab", "gradient_after", "sweeps",
-                                       "exhaustive", "parties", "sharding", "attacker", "budget"],
-    "views/caption_correction.py": ["src", "seed", "cap", "text", "lm", "dec", "ver", "rew", "pi", "prob", "ground"],
-    "views/sae_features.py": ["sae", "view", "sort", "labels", "feature", "by", "thr", "rule", "keep"],
+                                       "gradient_steps", "gradient_min_vocab", "gradient_after",
+                                       "gradient_after_start", "sweeps", "exhaustive", "parties", "sharding",
+                                       "attacker", "budget"],
+    "views/caption_correction.py": ["src", "seed", "cap", "text", "lm", "dec", "ver", "rew", "pi", "prob", "ground",
+                                    "dec_tokens", "rew_tokens", "rew_checked", "batch"],
+    "views/sae_features.py": ["sae", "view", "sort", "labels", "feature", "by", "thr", "rule", "keep", "data", "slayer",
+                              "spair", "img", "steer", "mode", "at", "tokens", "sprompt"],
     "views/overview.py": [],
 }
 for page_params in PAGES.values():

@@ -9,6 +9,7 @@ from components.figures import sharpness as F
 from components.common import (EMPTY_LIST, analysis_errors, explain, field_row, metric_row, require_model,
                                set_url_params, show_error, url_list, url_param)
 from components.presets import preset_bar
+from components import hosting
 from components.runs import cached_run
 from components.share import share_bar
 
@@ -132,6 +133,7 @@ if not text.strip():
     st.error("The prompt is empty: enter some text, the statistics are about how its last token attends.")
 else:
     try:
+        hosting.check_texts(text, target)  # the deployment's longest prompt
         pres = prompt_stats(handle.spec.label, S.PromptParams(text, target, rule_of(theta, only)).to_json(), handle)
     except S.SharpnessError as exc:
         show_error(exc)

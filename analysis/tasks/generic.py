@@ -16,7 +16,7 @@ class Tasks:
     subclass (e.g. `ShapesWorldTasks`) and one line in `tasks_for`."""
 
     name: str = "generic"
-    sae_dataset: str = "noise"  # SAE-V pairs: random blocks and vocabulary words
+    sae_dataset: str = "scenes"  # SAE-V pairs: Shapes World scenes with English captions (real corrupted pairs)
     reconstruction_prompt: str = PLAIN_PROMPT  # the inversion panel's default prompt
     verifier: str = "vlm-yesno"  # caption correction: a yes/no question through the chat template
 
