@@ -90,3 +90,18 @@ def app_with_model(spec: ModelSpec | None, page: str | None = None, query: dict 
         at.switch_page(page)
         at.run()
     return at
+
+
+def zoo_model_ready(model: str) -> bool:
+    """A demo-zoo model (`zoo:shapes-lm`), or a real zoo model already converted here (a test never
+    converts one: hundreds of MB and minutes)."""
+    from analysis.models import zoo_models
+
+    name = model.removeprefix("zoo:")
+    if name in zoo_models():
+        return True
+    try:
+        from analysis.zoo import real
+    except ImportError:
+        return False
+    return name in real.REAL_MODELS and real.is_built(name)

@@ -11,7 +11,7 @@ from analysis import presets as P
 from analysis.models import ModelSpec, zoo_models
 from analysis.settings import labelled, url_name
 from components.registry import PANELS, ROOT
-from conftest import app_with_model
+from conftest import app_with_model, zoo_model_ready
 
 PAGE_OF = {p.url_path: f"views/{p.page}" for p in PANELS}
 ANALYSIS_PANELS = [p for p in PANELS if p.paper]
@@ -36,18 +36,6 @@ def _url_names(page: str) -> set[str]:
     for dotted in re.findall(r"([\w.]+)\.settings\(\)", source):
         names |= {url_name(f) for f, _ in _resolve(dotted).settings()}
     return names
-
-
-def _ready(model: str) -> bool:
-    """A demo-zoo model, or a real zoo model already converted (never converted by a test)."""
-    name = model.removeprefix("zoo:")
-    if name in zoo_models():
-        return True
-    try:
-        from analysis.zoo import real
-    except ImportError:
-        return False
-    return name in real.REAL_MODELS and real.is_built(name)
 
 
 def test_every_analysis_panel_offers_two_to_four_presets():
@@ -238,7 +226,7 @@ def test_every_preset_has_a_check():
 def test_preset_link_opens_its_view_and_shows_its_finding(preset):
     """A new session opening only `?model=...&preset=name`: the page fills in every control, keeps the
     preset's values in the URL (so the link it shows is the permalink), and shows the finding."""
-    if not _ready(preset.model):
+    if not zoo_model_ready(preset.model):
         pytest.skip(f"{preset.model} is not converted here (python -m analysis.zoo build --only ...)")
     at = app_with_model(None, PAGE_OF[preset.panel], query={"model": preset.model, "preset": preset.name},
                         timeout=600)
