@@ -79,7 +79,7 @@ def test_bad_url_values_give_messages_not_tracebacks(demo_spec):
 
 @pytest.mark.parametrize("query,message", [
     ({"kernel": "4"}, "kernel must be a positive odd number"),
-    ({"morph_window": "-1"}, "MorphKV window R must be at least 1"),
+    ({"morph_window": "-1"}, "MorphKV window W must be at least 2"),
     ({"heavy_share": "1.5"}, "heavy-hitter share must be at most 0.95"),
     ({"prefill": "0"}, "Prefilled share must be at least 0.05"),
 ])

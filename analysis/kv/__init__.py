@@ -18,8 +18,8 @@ from analysis.kv.cost import analyze_work, sweep_work
 from analysis.kv.metrics import compare, needle_survival, present_positions
 from analysis.kv.params import KvEvictionError, KvParams, main_policies, make_policy, policy_settings, validate_params
 from analysis.kv.policies import (
-    H2O, POLICIES, TOVA, FullCache, LayerState, MorphKV, MorphKVMaxGroup, Policy, PyramidKV, PyramidKVPrefill,
-    SnapKV, SnapKVPrefill, StreamingLLM, gather_kv, gather_q, group_reduce, top_plus_recent,
+    H2O, POLICIES, TOVA, FullCache, LayerState, MorphKV, MorphKV8903, Policy, PyramidKV, PyramidKVPrefill,
+    Selection, SnapKV, SnapKVPrefill, StreamingLLM, gather_kv, gather_q, group_reduce, top_plus_recent,
 )
 from analysis.kv.records import GeneratedText, KvResult, PolicyRun, SweepPoint, SweepResult
 from analysis.kv.runner import Trace, evictable_layers, run_policy
@@ -39,7 +39,7 @@ ANALYSIS = Analysis(
 __all__ = [
     "ANALYSIS", "analyze", "budget_sweep", "check_params", "generate_texts", "cli", "compare", "needle_survival",
     "present_positions", "KvEvictionError", "KvParams", "main_policies", "make_policy", "policy_settings",
-    "validate_params", "H2O", "POLICIES", "TOVA", "FullCache", "LayerState", "MorphKV", "MorphKVMaxGroup", "Policy",
+    "validate_params", "H2O", "POLICIES", "TOVA", "FullCache", "LayerState", "MorphKV", "MorphKV8903", "Policy", "Selection",
     "PyramidKV", "PyramidKVPrefill", "SnapKV", "SnapKVPrefill", "StreamingLLM", "gather_kv", "gather_q",
     "group_reduce", "top_plus_recent", "GeneratedText", "KvResult", "PolicyRun", "SweepPoint", "SweepResult", "Trace",
     "evictable_layers", "run_policy", "build_task", "text_start", "KvTask",

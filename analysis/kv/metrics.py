@@ -11,7 +11,11 @@ from analysis.tasks.records import KvTask
 
 
 def present_positions(trace: Trace, step: int, layer: int) -> torch.Tensor:
-    """(H_kv, K) original positions the query of decode step `step` attended to in `layer`."""
+    """(H_kv, K) original positions cached when the query of decode step `step` attended in `layer`: the
+    previous step's kept entries and its own ("after" policies), or the step's own selection ("before":
+    MorphKV selects first; its query heads may each see a subset of that, see runner.py)."""
+    if trace.timing == "before" and trace.kept[step][layer] is not None:
+        return trace.kept[step][layer]
     before = trace.prefill_kept[layer] if step == 0 else trace.kept[step - 1][layer]
     new = torch.full((before.shape[0], 1), trace.prompt_len + step, dtype=before.dtype)
     return torch.cat([before, new], dim=1)
