@@ -272,3 +272,16 @@ def test_forked_continuation_equals_a_separate_run_over_the_prompt(tiny_llama, p
             [[None if t is None else t.tolist() for t in step] for step in plain.kept]
     # nothing to share (the fork would start after the last token): no fork, the caller runs it alone
     assert kv.run_policy(tiny_llama, tokens, PROMPT, pol, fork_at=len(tokens), fork_generate=3).forked is None
+
+
+def test_every_row_of_the_quality_table_holds_the_entries_it_claims(tiny_llama):
+    """The budget sweep behind the README table: each policy holds what its rule says when the answer is
+    predicted, and every main policy holds at least C (PyramidKV's official schedule rounds up; its steep
+    schedule held 121 where the table said 142)."""
+    params = kv.KvParams(context=48, pairs=2, sweep=[0.25, 0.5, 0.75], policies=kv.policy_settings(**SETTINGS))
+    sweep = kv.budget_sweep(tiny_llama, params, names=kv.main_policies())
+    task = kv.build_task(tiny_llama, params)
+    read = len(task.tokens) - 1
+    for pt in sweep.points:
+        assert pt.cache == pt.claimed, (pt.policy, pt.share, pt.cache, pt.claimed)
+        assert pt.cache >= min(pt.budget, read), (pt.policy, pt.share, pt.cache, pt.budget)

@@ -42,11 +42,14 @@ def compare(full: Trace, run: Trace, task: KvTask, policy: Policy, layers: list[
     preds = [int(lp[a - task.prefill_len].argmax()) for a in task.answer_positions]
     accuracy = (sum(int(p == task.tokens[a]) for p, a in zip(preds, task.answer_positions)) / len(preds)
                 if preds else None)
+    steps = len(run.cache_len)
+    held = policy.held(len(run.cache_len[0]), run.prompt_len, run.prompt_len + steps) if steps else []
     return PolicyRun(
         policy=policy.name, label=policy.label, budget=policy.budget, kl=kl.tolist(), top1=top1.tolist(),
         dnll=dnll.tolist(), recall=recall, needle_survival=survival, accuracy=accuracy, answers=preds,
         cache_len=[sum(lens[l] for l in layers) / len(layers) for lens in run.cache_len], cache_bytes=run.cache_bytes,
         analytic_bytes=run.analytic_bytes, step_ms=[1000 * t for t in run.step_time],
+        claimed=sum(held[l] for l in layers) / len(layers) if held else 0.0,
     )
 
 
