@@ -173,17 +173,18 @@ explain("Every policy ran on exactly the same tokens as the full cache (teacher 
         "is the share of the full cache's attention (same step, same layer) that falls on the entries the "
         "policy still held; needle survival is the share of the asked-for key/value tokens still cached when "
         "the answer is predicted, averaged over layers and heads; time is per decode step, eviction included. "
-        "Every policy in this table holds the same number of entries once the context exceeds the budget "
-        "(PyramidKV: the same on average over layers): SnapKV and PyramidKV evict at every decode step too.")
+        "Every policy in this table holds the budget once the context exceeds it (PyramidKV: its official "
+        "per-layer schedule, at least the budget on average): SnapKV and PyramidKV evict at every decode step "
+        "too. MorphKV selects before each query attends (as its code does), the others after.")
 variant_rows = F.summary_rows(result, variants=True)
 if variant_rows:
     st.markdown("**Labelled variants** (not part of the equal-entries comparison)")
     st.dataframe(variant_rows, hide_index=True)
     explain("The prefill-only variants compress the prompt once, as SnapKV's and PyramidKV's official code does, "
             "and then grow by one entry per decode step, so they hold more than the budget when the answer is "
-            "predicted (see the cache column). The MorphKV variant is our earlier reading (max over the query "
-            "heads of a group of per-head fused scores, window including the current token); the default "
-            "MorphKV follows the official code.")
+            "predicted (see the cache column). The MorphKV variant is the later Llama rule of its repository "
+            "(8903d2a: the group's logits summed before one softmax, W scoring queries); the default MorphKV is "
+            "the code released with the paper (36fefc7: a softmax per query head, then the max over the group).")
 if task.answer_positions:
     st.dataframe(F.answer_rows(result), hide_index=True)
     explain("One row per asked key: did each policy's top prediction equal the true value?")

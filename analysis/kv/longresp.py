@@ -158,3 +158,78 @@ def long_response(handle: ModelHandle, params: KvParams, progress: Progress | No
                       kv_heads=handle.info.kv_heads, runs=runs, kept=kept,
                       answer_text=[str(t) for t in tok.convert_ids_to_tokens(chosen.tokens[len(task.tokens):])]
                       if chosen_run else [])
+
+
+# ---------------------------------------------------------------------------------------------
+# Averaged over prompts and budgets (benchmarks/kv_longresp.py)
+
+BIN = 16  # generated positions per bin of the by-position averages
+
+
+@dataclass
+class LongPoint(Result):
+    policy: str
+    budget: int
+    examples: int
+    recall: float | None  # items of the reference found, mean over prompts
+    precision: float | None
+    agreement: float  # top-1 agreement after the same prefix, mean over every generated token
+    kl: float
+    identical: float  # tokens before the answer first differs from the full cache's, mean over prompts
+    by_item: list[float] = field(default_factory=list)  # recall of the k-th reference item
+    by_position: list[float] = field(default_factory=list)  # top-1 agreement in bins of BIN generated tokens
+    cache: float = 0.0  # entries per KV head at the last step (mean over layers and prompts)
+    claimed: float = 0.0
+    kib: float = 0.0  # measured cache KiB at the last step (mean over prompts)
+
+
+def long_sweep(handle: ModelHandle, params: KvParams, budgets: list[int], examples: int,
+               names: list[str] | None = None, progress: Progress | None = None) -> dict:
+    """Every named policy at every budget on `examples` prompts (seeds params.seed, +1, ...): one LongPoint
+    per (policy, budget), and the full cache's own item recall."""
+    layers = evictable_layers(handle)
+    names = names or [n for n in main_policies() if n != "full"]
+    runs: dict[tuple[str, int], list[LongRun]] = {}
+    full_runs = []
+    total, done = examples * len(budgets) * len(names), 0
+    for ex in range(examples):
+        task = long_task(handle, params, seed=params.seed + ex)
+        full_trace = generate(handle, task, FullCache())
+        reference = _answer(handle, full_trace.tokens[len(task.tokens):])
+        full_runs.append(score(handle, task, full_trace, FullCache(), None, layers))
+        for budget in budgets:
+            for name in names:
+                pol = make_policy(params, name, budget)
+                if progress:
+                    progress(done / total, f"{pol.label} at {budget}, prompt {ex + 1}")
+                trace = generate(handle, task, pol)
+                runs.setdefault((name, budget), []).append(score(handle, task, trace, pol, reference, layers))
+                done += 1
+    points = [_point(name, budget, rs) for (name, budget), rs in runs.items()]
+    return {"points": points, "full": _point("full", 0, full_runs)}
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _point(name: str, budget: int, rs: list[LongRun]) -> LongPoint:
+    items = max((len(r.recalled) for r in rs), default=0)
+    width = max((len(r.top1) for r in rs), default=0)
+    bins = []
+    for b in range(0, width, BIN):
+        chunk = [x for r in rs for x in r.top1[b:b + BIN]]
+        bins.append(sum(chunk) / len(chunk))
+    return LongPoint(
+        policy=name, budget=budget, examples=len(rs),
+        recall=_mean([r.recall for r in rs if r.recall is not None]),
+        precision=_mean([r.precision for r in rs if r.precision is not None]),
+        agreement=sum(x for r in rs for x in r.top1) / max(1, sum(len(r.top1) for r in rs)),
+        kl=sum(x for r in rs for x in r.kl) / max(1, sum(len(r.kl) for r in rs)),
+        identical=sum(sum(r.same) for r in rs) / len(rs),
+        by_item=[_mean([float(r.recalled[k]) for r in rs if k < len(r.recalled)]) or 0.0 for k in range(items)],
+        by_position=bins,
+        cache=sum(r.cache_len[-1] for r in rs if r.cache_len) / len(rs),
+        claimed=sum(r.claimed for r in rs) / len(rs),
+        kib=sum(r.cache_bytes[-1] for r in rs if r.cache_bytes) / len(rs) / 1024,
+    )
