@@ -3,6 +3,7 @@ cache held at C entries per layer and KV head from the first generated token, at
 
     python benchmarks/kv_longresp.py [--lm zoo:shapes-lm] [--budgets 32,48,64,80,96] [--examples 12]
     python benchmarks/kv_longresp.py --lm local:/work/models/smollm2-135m-instruct --budgets 64,96,128 --examples 4
+    python benchmarks/kv_longresp.py --only-extra --extra morphkv:morph_window=16   (another row, added)
 
 On the demo LM the task is Shapes World's caption decomposition (a 48-token prompt, about 84 generated
 tokens, 12 claims checked against the grammar); on an instruct model, a list of 12 people and their
@@ -33,7 +34,21 @@ from analysis.models import ModelSpec, load_model  # noqa: E402
 VARIANTS = ["morphkv_8903d2a"]
 
 
-def run(spec: str, budgets: list[int], examples: int, seed: int) -> dict:
+def extra_rows(handle, specs: list[str], budgets: list[int], examples: int, seed: int) -> list[dict]:
+    """Rows for a policy with other settings ("morphkv:morph_window=16"), each point tagged with them."""
+    rows = []
+    for spec in specs:
+        name, _, rest = spec.partition(":")
+        settings = {k: (float(v) if "." in v else int(v) if v.isdigit() else v)
+                    for k, v in (kv_.split("=") for kv_ in rest.split(",") if kv_)}
+        params = kv.KvParams(task="long-response", seed=seed, response=96, policies=kv.policy_settings(**settings))
+        for p in long_sweep(handle, params, budgets, examples, names=[name])["points"]:
+            assert abs(p.cache - p.claimed) < 1e-9, (p.policy, p.budget, p.cache, p.claimed)
+            rows.append({**p.to_dict(), "settings": settings})
+    return rows
+
+
+def run(spec: str, budgets: list[int], examples: int, seed: int, extra: list[str]) -> dict:
     handle = load_model(ModelSpec.parse(spec))
     params = kv.KvParams(task="long-response", seed=seed, response=96)
     names = [n for n in kv.main_policies() if n != "full"] + VARIANTS
@@ -52,7 +67,8 @@ def run(spec: str, budgets: list[int], examples: int, seed: int) -> dict:
     return {"model": spec, "task": task.source, "prompt_tokens": len(task.tokens), "budgets": budgets,
             "examples": examples, "seeds": [seed, seed + examples - 1], "seconds": round(time.time() - t0, 1),
             "threads": torch.get_num_threads(), "full": out["full"].to_dict(),
-            "points": [p.to_dict() for p in out["points"]]}
+            "points": [p.to_dict() for p in out["points"]],
+            "extra": extra_rows(handle, extra, budgets, examples, seed)}
 
 
 def print_tables(r: dict) -> None:
@@ -62,17 +78,21 @@ def print_tables(r: dict) -> None:
           f"the last step)\n")
     budgets = r["budgets"]
     names = list(dict.fromkeys(p["policy"] for p in r["points"]))
+    rows = [(kv.POLICIES.label(n), [p for p in r["points"] if p["policy"] == n]) for n in names]
+    for spec in dict.fromkeys(json.dumps(p["settings"]) for p in r.get("extra", [])):
+        pts = [p for p in r["extra"] if json.dumps(p["settings"]) == spec]
+        rows.append((f"{kv.POLICIES.label(pts[0]['policy'])} ({spec})", pts))
     for title, key, fmt in (("item recall", "recall", "{:.2f}"), ("top-1 agreement (same prefix)", "agreement", "{:.2f}"),
                             ("tokens identical to the full cache's answer", "identical", "{:.0f}")):
         print(f"\n{title}\n")
         print("| policy | " + " | ".join(f"C = {b}" for b in budgets) + " |")
         print("|---|" + "---|" * len(budgets))
-        for name in names:
+        for label, pts in rows:
             cells = []
             for b in budgets:
-                p = next(p for p in r["points"] if p["policy"] == name and p["budget"] == b)
+                p = next(p for p in pts if p["budget"] == b)
                 cells.append("n/a" if p[key] is None else fmt.format(p[key]))
-            print(f"| {kv.POLICIES.label(name)} | " + " | ".join(cells) + " |")
+            print(f"| {label} | " + " | ".join(cells) + " |")
     b = budgets[0]
     print(f"\nagreement by generated position at C = {b} (bins of {BIN} tokens)\n")
     for name in names:
@@ -86,12 +106,23 @@ def main() -> int:
     ap.add_argument("--budgets", default="32,48,64,80,96")
     ap.add_argument("--examples", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--extra", action="append", default=[],
+                    help="another row: a policy with other settings, e.g. morphkv:morph_window=16 (repeatable)")
+    ap.add_argument("--only-extra", action="store_true", help="run only the --extra rows, added to the last results")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    result = run(args.lm, [int(b) for b in args.budgets.split(",")], args.examples, args.seed)
-    print_tables(result)
+    budgets = [int(b) for b in args.budgets.split(",")]
     target = ROOT / "benchmarks" / "results" / "kv_longresp.json"
     previous = json.loads(target.read_text()) if target.is_file() else {}
+    if args.only_extra:
+        handle = load_model(ModelSpec.parse(args.lm))
+        result = previous[args.lm]
+        assert result["budgets"] == budgets and result["examples"] == args.examples, "same budgets and prompts"
+        result["extra"] = result.get("extra", []) + extra_rows(handle, args.extra, budgets, args.examples, args.seed)
+    else:
+        result = run(args.lm, budgets, args.examples, args.seed, args.extra)
+    print_tables(result)
+    previous = json.loads(target.read_text()) if target.is_file() else {}  # another model's run may have ended since
     previous[args.lm] = result
     target.write_text(json.dumps(previous, indent=2))
     print(f"\nwrote {target.relative_to(ROOT)} ({result['seconds']:.0f} s)")
