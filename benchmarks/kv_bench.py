@@ -78,17 +78,22 @@ def speed(handle: ModelHandle, prompt: int, steps: int, budget: int, repeats: in
     return rows
 
 
+def progress_printer(every: float = 30.0):
+    """A progress callback that prints to stderr at most every `every` seconds, with the time so far."""
+    t0, last = time.time(), [0.0]
+
+    def report(frac: float, text: str) -> None:
+        if time.time() - last[0] > every:
+            last[0] = time.time()
+            print(f"  {frac:.0%} {text} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    return report
+
+
 def quality(handle: ModelHandle, context: int, pairs: int, examples: int, variants: bool = False) -> dict:
     params = kv.KvParams(context=context, pairs=pairs, queries=1, prefill=0.5, examples=examples,
                          sweep=[0.25, 0.5, 0.75])
     t0 = time.time()
-    last = [0.0]
-
-    def report(frac: float, text: str) -> None:  # progress on stderr, at most every 30 s
-        if time.time() - last[0] > 30:
-            last[0] = time.time()
-            print(f"  {frac:.0%} {text} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
-
+    report = progress_printer()
     names = list(kv.POLICIES) if variants else kv.main_policies()
     sweep = kv.budget_sweep(handle, params, report, names=names)
     settings = {f.name: getattr(kv.make_policy(params, cls.name, 10**6), f.name) for f, cls in kv.POLICIES.settings()}

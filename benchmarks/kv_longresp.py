@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from analysis import kv  # noqa: E402
 from analysis.kv.longresp import BIN, long_sweep  # noqa: E402
 from analysis.models import ModelSpec, load_model  # noqa: E402
+from benchmarks.kv_bench import progress_printer  # noqa: E402
 
 VARIANTS = ["morphkv_8903d2a"]
 
@@ -53,14 +54,7 @@ def run(spec: str, budgets: list[int], examples: int, seed: int, extra: list[str
     params = kv.KvParams(task="long-response", seed=seed, response=96)
     names = [n for n in kv.main_policies() if n != "full"] + VARIANTS
     t0 = time.time()
-    last = [0.0]
-
-    def report(frac: float, text: str) -> None:  # progress on stderr, at most every 30 s
-        if time.time() - last[0] > 30:
-            last[0] = time.time()
-            print(f"  {frac:.0%} {text} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
-
-    out = long_sweep(handle, params, budgets, examples, names=names, progress=report)
+    out = long_sweep(handle, params, budgets, examples, names=names, progress=progress_printer())
     task = kv.longresp.long_task(handle, params)
     for p in out["points"]:  # every row holds what it claims
         assert abs(p.cache - p.claimed) < 1e-9, (p.policy, p.budget, p.cache, p.claimed)
