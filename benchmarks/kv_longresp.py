@@ -49,10 +49,10 @@ def extra_rows(handle, specs: list[str], budgets: list[int], examples: int, seed
     return rows
 
 
-def run(spec: str, budgets: list[int], examples: int, seed: int, extra: list[str]) -> dict:
+def run(spec: str, budgets: list[int], examples: int, seed: int, extra: list[str], variants: bool = True) -> dict:
     handle = load_model(ModelSpec.parse(spec))
     params = kv.KvParams(task="long-response", seed=seed, response=96)
-    names = [n for n in kv.main_policies() if n != "full"] + VARIANTS
+    names = [n for n in kv.main_policies() if n != "full"] + (VARIANTS if variants else [])
     t0 = time.time()
     out = long_sweep(handle, params, budgets, examples, names=names, progress=progress_printer())
     task = kv.longresp.long_task(handle, params)
@@ -103,6 +103,7 @@ def main() -> int:
     ap.add_argument("--extra", action="append", default=[],
                     help="another row: a policy with other settings, e.g. morphkv:morph_window=16 (repeatable)")
     ap.add_argument("--only-extra", action="store_true", help="run only the --extra rows, added to the last results")
+    ap.add_argument("--no-variants", action="store_true", help="leave out the 8903d2a MorphKV row")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -114,7 +115,7 @@ def main() -> int:
         assert result["budgets"] == budgets and result["examples"] == args.examples, "same budgets and prompts"
         result["extra"] = result.get("extra", []) + extra_rows(handle, args.extra, budgets, args.examples, args.seed)
     else:
-        result = run(args.lm, budgets, args.examples, args.seed, args.extra)
+        result = run(args.lm, budgets, args.examples, args.seed, args.extra, variants=not args.no_variants)
     print_tables(result)
     previous = json.loads(target.read_text()) if target.is_file() else {}  # another model's run may have ended since
     previous[args.lm] = result

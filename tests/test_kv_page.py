@@ -141,3 +141,15 @@ def test_long_response_view_renders_its_heatmap_tables_and_charts(demo_spec):
     assert at.query_params["task"] in ("long-response", ["long-response"])
     at.radio(key="kv_long_metric").set_value("kl").run(timeout=600)
     assert not at.exception and "KL(full" in at.get("plotly_chart")[1].proto.spec
+
+
+@pytest.mark.parametrize("query,message", [
+    ({"response": "-5"}, "Response tokens (long response) must be at least 8"),
+    ({"budget": "0"}, "Budget C (entries per head) must be at least 1"),
+    ({"morph_window": "1"}, "MorphKV window W must be at least 2"),
+])
+def test_long_response_bad_link_settings_get_the_cli_message(tiny_llama_dir, query, message):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE,
+                        query={**SMALL, "task": "long-response", "response": "8", **query})
+    assert not at.exception, at.exception
+    assert any(message in e for e in _errors(at)), _errors(at)
