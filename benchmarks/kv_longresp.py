@@ -2,12 +2,13 @@
 cache held at C entries per layer and KV head from the first generated token, at several budgets.
 
     python benchmarks/kv_longresp.py [--lm zoo:shapes-lm] [--budgets 32,48,64,80,96] [--examples 12]
-    python benchmarks/kv_longresp.py --lm local:/work/models/smollm2-135m-instruct --budgets 64,96,128 --examples 4
+    python benchmarks/kv_longresp.py --lm local:/work/models/smollm2-135m-instruct --budgets 32,64,96 --examples 3 \
+        --no-variants --response 64
     python benchmarks/kv_longresp.py --only-extra --extra morphkv:morph_window=16   (another row, added)
 
 On the demo LM the task is Shapes World's caption decomposition (a 48-token prompt, about 84 generated
-tokens, 12 claims checked against the grammar); on an instruct model, a list of 12 people and their
-cities asked back line by line (11 lines checked). Each policy with its own defaults (StreamingLLM 4
+tokens, 12 claims checked against the grammar); on an instruct model, a list of 8 people and their
+cities asked back line by line (the first given, 7 lines checked). Each policy with its own defaults (StreamingLLM 4
 sinks; H2O half/half; SnapKV/PyramidKV w = 8, kernel 5; MorphKV W = 8, max fusion, the rule released
 with the paper; the 8903d2a MorphKV rule as a labelled extra row). Greedy decoding, end-of-text ends an
 answer. Every row's measured cache is checked against what its rule claims (Policy.held).
@@ -49,9 +50,10 @@ def extra_rows(handle, specs: list[str], budgets: list[int], examples: int, seed
     return rows
 
 
-def run(spec: str, budgets: list[int], examples: int, seed: int, extra: list[str], variants: bool = True) -> dict:
+def run(spec: str, budgets: list[int], examples: int, seed: int, extra: list[str], variants: bool = True,
+        response: int = 96) -> dict:
     handle = load_model(ModelSpec.parse(spec))
-    params = kv.KvParams(task="long-response", seed=seed, response=96)
+    params = kv.KvParams(task="long-response", seed=seed, response=response)
     names = [n for n in kv.main_policies() if n != "full"] + (VARIANTS if variants else [])
     t0 = time.time()
     out = long_sweep(handle, params, budgets, examples, names=names, progress=progress_printer())
@@ -104,6 +106,7 @@ def main() -> int:
                     help="another row: a policy with other settings, e.g. morphkv:morph_window=16 (repeatable)")
     ap.add_argument("--only-extra", action="store_true", help="run only the --extra rows, added to the last results")
     ap.add_argument("--no-variants", action="store_true", help="leave out the 8903d2a MorphKV row")
+    ap.add_argument("--response", type=int, default=96, help="generated tokens at most per answer")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -115,7 +118,8 @@ def main() -> int:
         assert result["budgets"] == budgets and result["examples"] == args.examples, "same budgets and prompts"
         result["extra"] = result.get("extra", []) + extra_rows(handle, args.extra, budgets, args.examples, args.seed)
     else:
-        result = run(args.lm, budgets, args.examples, args.seed, args.extra, variants=not args.no_variants)
+        result = run(args.lm, budgets, args.examples, args.seed, args.extra, variants=not args.no_variants,
+                     response=args.response)
     print_tables(result)
     previous = json.loads(target.read_text()) if target.is_file() else {}  # another model's run may have ended since
     previous[args.lm] = result

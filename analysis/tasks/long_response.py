@@ -5,7 +5,7 @@ such answers).
 - Shapes World (`shapes_decomposition`): "<s> decompose : CAPTION =" for a four-object test scene;
   shapes-lm was trained to answer with the caption's 12 atomic claims joined by " ; " (about 84
   tokens), and the grammar's own decomposition (`shapes_world.decompose`) is the ground truth.
-- Any instruct model (`generic_list`): a list of twelve people and the city each lives in is stated in
+- Any instruct model (`generic_list`): a list of eight people and the city each lives in is stated in
   the prompt (through the model's chat template) and asked back, one line per person in the given
   order; each line is checked against the list (in the spirit of LongGenBench's per-item checks).
 - A user's own prompt: no ground truth; only agreement with the full cache is measured.
@@ -61,10 +61,11 @@ def shapes_decomposition(tokenizer, seed: int, max_new: int) -> LongTask:
                     reference=[c.strip() for c in answer.split(";")], kind="decomposition", max_new=max_new)
 
 
-def generic_list(tokenizer, seed: int, max_new: int, people: int = 12) -> LongTask:
+def generic_list(tokenizer, seed: int, max_new: int, people: int = 8) -> LongTask:
     """`people` lines "- <Name> lives in <City>." through the chat template, asked back one line per person;
-    the answer's first line is given (SmolLM2-135M-Instruct does not find the format alone: 0 of 6-8 lines
-    without it, every line with it on the prompts tried), the other `people` - 1 are checked."""
+    the answer's first line is given, the other `people` - 1 are checked. SmolLM2-135M-Instruct does not
+    find the format alone (0 of 6-8 lines without the first line given); with it, it copies 8-person lists
+    whole (7 of 7 lines on 3 prompts) but drifts after about five lines of a 12-person list (0.50 of 11)."""
     rng = random.Random(seed)
     names = rng.sample(PEOPLE, people)
     cities = rng.sample(CITIES, people)
