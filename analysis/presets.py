@@ -65,15 +65,26 @@ def steering_feature() -> str:
 PROB = "raw"  # captions.DEFAULT_PROBABILITIES: CapMAS's raw p_True / p_False
 SHARPNESS_BASE = {"ns": "4,8,16,32,64,128", "samples": "16", "theta": "1", "layer": "0", "head": "3",
                   "sink": "1", "tlayers": "0,1,2,3", "spread": "4.0", "n_view": "128"}
-KV_BASE = {"policy": "morphkv", "budget": "32", "sinks": "4", "heavy_share": "0.5", "snap_window": "8", "kernel": "5",
+KV_BASE = {"task": "retrieval", "policy": "morphkv", "budget": "32", "sinks": "4", "heavy_share": "0.5", "snap_window": "8", "kernel": "5",
            "morph_window": "8", "fusion": "max",
            "context": "192", "prefill": "0.5", "pairs": "2", "queries": "1", "seed": "7", "prompt": "",
            "layer": "0", "head": "0", "examples": "1", "metric": "accuracy"}
+KV_LONG = {"task": "long-response", "policy": "morphkv", "budget": "48", "sinks": "4", "heavy_share": "0.5",
+           "snap_window": "8", "kernel": "5", "morph_window": "8", "fusion": "max", "response": "96", "seed": "0",
+           "prompt": "", "layer": "0", "head": "0", "metric": "top1"}
+REAL_MODEL = "smollm2-135m-instruct"  # the real instruct model, once the zoo has it (issue 31)
+
+
+def real_model_in_zoo() -> bool:
+    from analysis.models import all_zoo_models
+
+    return REAL_MODEL in all_zoo_models()
+
+
 INVERSION_BASE = {"prompt": "there is a large red circle at the top left . there is a small blue square at the "
                             "bottom right .", "layer": "2", "perm": "none", "perturb": "none", "order": "hybrid",
                   "noise": "0.5", "bits": "4", "seed": "0", "sweeps": "0", "exhaustive": "0", "parties": "2",
                   "sharding": "round_robin", "attacker": "0", "budget": "1000000"}
-REAL_LM = "zoo:smollm2-135m-instruct"  # a real trained instruct model (analysis/zoo/real.py)
 REAL_FINDING = ("SmolLM2-135M-Instruct, a real trained model: from its layer-15 states (of 30) all 14 tokens of the "
                 "prompt come back exactly, each certified, after scoring 1,728 candidates instead of "
                 "exhaustive search's 688,128 (14 positions × 49,152 tokens): 398× fewer.")
@@ -97,20 +108,28 @@ PRESETS: list[Preset] = [
            "With the maximum only δ = 2 above the other logits, its weight falls like 1/n at every fixed "
            "temperature and the entropy approaches ln n (first figure).",
            "zoo:shapes-lm", {**SHARPNESS_BASE, "spread": "2.0"}),
-    # --- MorphKV: which tokens stay --------------------------------------------------------------------
+    # --- MorphKV: which tokens stay, and long answers at constant memory -----------------------------
     Preset("kv-cache", "needle-streaming", "StreamingLLM loses the needle",
            "Budget 32 of 189 context tokens, the asked needle at positions 64-65: StreamingLLM keeps only the "
            "4 sinks and the recent tokens, so the needle is gone from every head (survival 0) and the answer "
-           "is wrong, while the full cache answers right.",
+           "is wrong, while H2O and MorphKV answer right, like the full cache.",
            "zoo:shapes-lm", {**KV_BASE, "policy": "streaming_llm"}),
-    Preset("kv-cache", "needle-h2o", "H2O keeps the needle",
-           "Same prompt and budget: H2O's accumulated attention keeps the needle in some heads (the survival "
-           "map shows which) and the answer matches the full cache.",
-           "zoo:shapes-lm", {**KV_BASE, "policy": "h2o"}),
-    Preset("kv-cache", "morphkv", "MorphKV at the same budget",
-           "MorphKV keeps the entries its recent window attends to: the answer is right at the same budget, "
-           "with a cache that stays constant while the full cache grows (memory plot).",
-           "zoo:shapes-lm", {**KV_BASE, "policy": "morphkv"}),
+    Preset("kv-cache", "morphkv", "MorphKV: a long answer at constant memory",
+           "shapes-lm decomposes a caption into 12 claims with every cache held at 48 entries: MorphKV's cache "
+           "stays at 96 KiB while the full cache grows to 262 KiB, and its answer keeps 8 of the 12 claims "
+           "where H2O and SnapKV keep 3 and StreamingLLM 4.",
+           "zoo:shapes-lm", {**KV_LONG, "budget": "48", "seed": "7"}),
+    Preset("kv-cache", "morphkv-loses", "Where MorphKV loses",
+           "Another caption at 64 entries: MorphKV keeps 3 of the 12 claims, fewer than StreamingLLM (6), H2O "
+           "and SnapKV (5). Over 12 captions MorphKV with its default window W = 8 trails H2O at every "
+           "budget; with W = 16 it leads (docs/readme_kv.md).",
+           "zoo:shapes-lm", {**KV_LONG, "budget": "64", "seed": "0"}),
+    *([Preset("kv-cache", "real-recall", "A real model: StreamingLLM forgets where Mia lives",
+              "SmolLM2-135M-Instruct reads a 102-token note through its chat template and is asked where Mia "
+              "lives: with 64 of the 120 tokens kept, StreamingLLM answers wrong, while H2O, TOVA, SnapKV and "
+              "MorphKV answer 'Tokyo' like the full cache.",
+              f"zoo:{REAL_MODEL}", {**KV_BASE, "policy": "streaming_llm", "budget": "64", "context": "96",
+                                    "seed": "0"})] if real_model_in_zoo() else []),
     # --- Hidden No More / Cascade ------------------------------------------------------------------------
     Preset("prompt-reconstruction", "shuffle-fails", "Shuffling does not protect",
            "States of layer 2 with their positions shuffled still give the prompt back token for token: the "
@@ -121,8 +140,9 @@ PRESETS: list[Preset] = [
            "Gaussian noise of two state standard deviations buries the difference between neighbouring "
            "tokens: almost every position comes back wrong (and the states are useless for the model too).",
            "zoo:shapes-lm", {**INVERSION_BASE, "perturb": "gaussian_noise", "noise": "2.0"}),
-    Preset("prompt-reconstruction", "real-vocabulary", "A real 49 k vocabulary",
-           REAL_FINDING, REAL_LM, {**INVERSION_BASE, "prompt": PLAIN_PROMPT, "layer": "15", "exhaustive": "1"}),
+    *([Preset("prompt-reconstruction", "real-vocabulary", "A real 49 k vocabulary", REAL_FINDING, f"zoo:{REAL_MODEL}",
+              {**INVERSION_BASE, "prompt": PLAIN_PROMPT, "layer": "15", "exhaustive": "1"})]
+      if real_model_in_zoo() else []),
     Preset("prompt-reconstruction", "cascade-contiguous", "Cascade: contiguous shards leak",
            "Contiguous blocks hand party 0 the start of the prompt with no gap: it inverts its shard with "
            "about 2,000 candidate sequences. Round-robin leaves gaps of k − 1 and costs ~47,000 — with a "

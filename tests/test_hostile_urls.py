@@ -25,9 +25,9 @@ HOSTILE = {
 PAGES = {
     "views/attention_sharpness.py": ["ns", "samples", "theta", "layer", "head", "sink", "tlayers", "spread",
                                      "prompt", "target", "n_view"],
-    "views/kv_cache.py": ["policy", "budget", "sinks", "heavy_share", "snap_window", "kernel", "morph_window",
-                          "fusion", "context", "prefill", "pairs", "queries", "seed", "prompt", "layer", "head",
-                          "examples", "metric"],
+    "views/kv_cache.py": ["task", "policy", "budget", "sinks", "heavy_share", "snap_window", "kernel",
+                          "morph_window", "fusion", "context", "prefill", "pairs", "queries", "seed", "prompt",
+                          "response", "layer", "head", "examples", "metric"],
     "views/prompt_reconstruction.py": ["prompt", "layer", "perm", "perturb", "order", "noise", "bits", "seed",
                                        "gradient_steps", "gradient_min_vocab", "gradient_after",
                                        "gradient_after_start", "sweeps", "exhaustive", "parties", "sharding",

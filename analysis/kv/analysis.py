@@ -5,7 +5,7 @@ from __future__ import annotations
 from analysis.kv.metrics import compare
 from analysis.kv.params import KvEvictionError, KvParams, main_policies, make_policy, validate_params
 from analysis.kv.policies import POLICIES, FullCache, Policy
-from analysis.kv.records import GeneratedText, KvResult, PolicyRun, SweepPoint, SweepResult
+from analysis.kv.records import GeneratedText, KvResult, PolicyRun, SweepPoint, SweepResult, token_pieces
 from analysis.kv.runner import Progress, Trace, evictable_layers, run_policy
 from analysis.kv.task import build_task, text_start
 from analysis.models import ModelHandle
@@ -69,7 +69,7 @@ def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = N
         progress(1.0, "done")
     return KvResult(
         params=params, model=handle.spec.label, task=task,
-        token_text=[str(t) for t in handle.tokenizer.convert_ids_to_tokens(task.tokens)],
+        token_text=token_pieces(handle.tokenizer, task.tokens),
         layers=layers, kv_heads=handle.info.kv_heads, runs=runs, kept=kept,
         full_accuracy=runs[0].accuracy, texts=texts,
     )
@@ -97,7 +97,7 @@ def generate_texts(handle, params, task, names, progress=None, forked: dict | No
         reference = new if reference is None else reference
         out.append(GeneratedText(
             policy=name, label=pol.label, text=handle.tokenizer.decode(new),
-            tokens=[str(t) for t in handle.tokenizer.convert_ids_to_tokens(new)],
+            tokens=token_pieces(handle.tokenizer, new),
             matches_full=[a == b for a, b in zip(new, reference)]))
     return out
 
@@ -128,16 +128,17 @@ def budget_sweep(handle: ModelHandle, params: KvParams, progress: Progress | Non
                 if progress:
                     progress(done / total, f"{pol.label} at {share:.0%} ...")
                 run = compare(full, run_policy(handle, task.tokens, task.prefill_len, pol), task, pol, layers, groups)
-                acc = sums.setdefault((name, share), [0.0, 0.0, 0.0, 0.0, 0.0, pol.budget, 0.0])
+                acc = sums.setdefault((name, share), [0.0, 0.0, 0.0, 0.0, 0.0, pol.budget, 0.0, 0.0])
                 acc[0] += (run.accuracy or 0.0) * n_ans
                 acc[1] += n_ans
                 acc[2] += run.mean_kl / n_ex
                 acc[3] += run.agreement / n_ex
                 acc[4] += run.mean_recall / n_ex
                 acc[6] += (run.cache_len[-1] if run.cache_len else 0.0) / n_ex
+                acc[7] += run.claimed / n_ex
                 done += 1
     points = [SweepPoint(policy=name, share=share, budget=int(v[5]), accuracy=v[0] / v[1] if v[1] else None,
-                         mean_kl=v[2], agreement=v[3], recall=v[4], cache=v[6])
+                         mean_kl=v[2], agreement=v[3], recall=v[4], cache=v[6], claimed=v[7])
               for (name, share), v in sums.items()]
     return SweepResult(model=handle.spec.label, context=context, points=points,
                        full_accuracy=full_hits / full_n if full_n else None)

@@ -8,6 +8,11 @@ from analysis.results import Result
 from analysis.tasks.records import KvTask
 
 
+def token_pieces(tokenizer, ids: list[int]) -> list[str]:
+    """Each token as the text it stands for (" Tokyo", not byte-level BPE's "ĠTokyo"), for labels."""
+    return [tokenizer.decode([int(i)]) for i in ids]
+
+
 @dataclass
 class PolicyRun(Result):
     policy: str
@@ -24,6 +29,7 @@ class PolicyRun(Result):
     cache_bytes: list[int]
     analytic_bytes: list[int]
     step_ms: list[float]
+    claimed: float = 0.0  # entries per KV head it should hold at the last step, mean over layers (Policy.held)
 
     @property
     def mean_kl(self) -> float:
@@ -49,6 +55,7 @@ class SweepPoint(Result):
     agreement: float
     recall: float
     cache: float = 0.0  # entries per KV head when the last token is predicted (mean over layers and prompts)
+    claimed: float = 0.0  # what the policy's rule says it holds then (Policy.held; the tests hold cache == claimed)
 
 
 @dataclass

@@ -31,9 +31,25 @@ class Tasks:
         return sharpness._generic_builder(tokenizer, sharpness.item_format(tokenizer))
 
     def kv_task(self, handle, *, context: int, pairs: int, seed: int, queries: int, prefill: float) -> KvTask:
-        """The key-value recall prompt of the KV-cache panel."""
+        """The KV-cache panel's recall prompt: facts in English filler text asked through the chat template
+        (analysis/tasks/kv_recall.py), or random key/value tokens for a tokenizer that cannot spell English."""
+        from analysis.tasks.kv_recall import recall_task, speaks_english
+
+        if speaks_english(handle.tokenizer):
+            return recall_task(handle.tokenizer, context=context, pairs=pairs, seed=seed, queries=queries,
+                               prefill=prefill)
         return synthetic_kv_task(handle.tokenizer, handle.info.vocab_size, context=context, pairs=pairs,
                                  seed=seed, queries=queries, prefill=prefill)
+
+    def long_response_task(self, handle, *, seed: int, max_new: int):
+        """The KV panel's long-response task: a list stated in the prompt and asked back (a tokenizer that cannot
+        spell English: random tokens, no ground truth)."""
+        from analysis.tasks.kv_recall import speaks_english
+        from analysis.tasks.long_response import generic_list, synthetic_prompt
+
+        if speaks_english(handle.tokenizer):
+            return generic_list(handle.tokenizer, seed, max_new)
+        return synthetic_prompt(plain_ids(handle.tokenizer, handle.info.vocab_size), seed, max_new)
 
     def caption_prompt(self, handle) -> str | None:
         """The captioning prompt (None: the caption panel's generic one through the chat template)."""
