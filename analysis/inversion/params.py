@@ -31,17 +31,13 @@ class InversionError(SettingsError):
 def method_settings(**flat) -> dict[str, dict]:
     """{method name: its settings} from settings named by field (`sigma=0.3, steps=4`): each goes to every
     defence and order that declares a field of that name; names no method declares are refused."""
-    out: dict[str, dict] = {}
-    used = set()
-    for family in FAMILIES:
-        for name, cls in family.items():
-            chosen = {f.name: flat[f.name] for f in labelled(cls) if f.name in flat}
-            used |= set(chosen)
-            if chosen:
-                out[name] = chosen
-    unknown = set(flat) - used
+    unknown = set(flat) - {f.name for f, _ in method_fields()}
     if unknown:
         raise SettingsError(f"No defence or proposal order has the setting(s) {', '.join(sorted(unknown))}.")
+    out: dict[str, dict] = {}
+    for family in FAMILIES:
+        declared = {f.name for f, _ in family.settings()}
+        out.update(family.split_settings(**{k: v for k, v in flat.items() if k in declared}))
     return out
 
 
