@@ -81,11 +81,19 @@ RECALL_ITEM = "The code of {key} is {value}."
 RECALL_QUERY = "The code of {key} is"
 
 
-def _recall_keys(n: int, rng: random.Random) -> list[str]:
+def recall_keys(tokenizer) -> tuple[str, ...]:
+    """The keys this tokenizer writes as one token each (so every prompt with n items has one length and
+    the prompts of one n run in one batch), or every key when fewer than 16 are."""
+    single = tuple(k for k in RECALL_KEYS if len(encode(tokenizer, " " + k)) == 1)
+    return single if len(single) >= 16 else RECALL_KEYS
+
+
+def _recall_keys(n: int, pool: tuple[str, ...], rng: random.Random) -> list[str]:
     """n distinct one-word keys (none inside another, so "The code of pear is" names one item)."""
-    if n > len(RECALL_KEYS):
-        raise TaskError(f"The key-value task has {len(RECALL_KEYS)} distinct keys, so at most {len(RECALL_KEYS)} items.")
-    return rng.sample(RECALL_KEYS, n)
+    if n > len(pool):
+        raise TaskError(f"The key-value task has {len(pool)} distinct keys for this tokenizer, so at most "
+                        f"{len(pool)} items.")
+    return rng.sample(pool, n)
 
 
 def _recall_values(n: int, asked: int, rng: random.Random) -> list[int]:
@@ -139,13 +147,14 @@ def _code_tokens(tokenizer) -> tuple[list[int], dict[int, list[int]]]:
 
 def recall_builder(tokenizer) -> Callable[[int, int], RetrievalPrompt] | None:
     """`build(n, seed)` for key-value recall, or None when the tokenizer cannot spell the prompt."""
-    probe = RECALL_ITEM.format(key="apple", value=41) + " " + RECALL_QUERY.format(key="red pear")
+    probe = RECALL_ITEM.format(key="apple", value=41) + " " + RECALL_QUERY.format(key="pear")
     unk = getattr(tokenizer, "unk_token_id", None)
     try:
         ids = encode(tokenizer, probe)
     except Exception:
         return None
-    if not ids or (unk is not None and unk in ids) or tokenizer.decode(ids).strip() != probe:
+    # the text must come back (spaces aside: a word-level tokenizer decodes "41." as "4 1 .")
+    if not ids or (unk is not None and unk in ids) or "".join(tokenizer.decode(ids).split()) != "".join(probe.split()):
         return None
     chat = _chat_parts(tokenizer)
     bos = [] if chat else leading_specials(tokenizer)
@@ -153,10 +162,11 @@ def recall_builder(tokenizer) -> Callable[[int, int], RetrievalPrompt] | None:
         lead, code_ids = _code_tokens(tokenizer)
     except TaskError:
         return None
+    pool = recall_keys(tokenizer)
 
     def build(n: int, seed: int) -> RetrievalPrompt:
         rng = _seeded(n, seed)
-        keys = _recall_keys(n, rng)
+        keys = _recall_keys(n, pool, rng)
         asked = rng.randrange(n)
         values = _recall_values(n, asked, rng)
         items = [RECALL_ITEM.format(key=k, value=v) for k, v in zip(keys, values)]
