@@ -222,3 +222,27 @@ def test_a_saved_analysis_of_the_flat_rule_layout_still_opens(tiny_llama):
     prompt = S.PromptParams.from_dict({"text": "w1 w2", "target": "", "rule": {"mode": "fixed", "theta": 2.0,
                                                                                "layers": [1]}})
     assert prompt.rule == S.Temperature.fixed(2.0, layers=(1,))
+
+
+# --- the real trained model, when it is converted on this machine -----------------------------------
+
+REAL_LM = "smollm2-135m-instruct"
+
+
+def _real_lm_built() -> bool:
+    try:
+        from analysis.zoo import real
+    except ImportError:
+        return False
+    return real.is_built(REAL_LM)
+
+
+@pytest.mark.skipif(not _real_lm_built(), reason=f"zoo:{REAL_LM} is not converted here (python -m analysis.zoo "
+                                                   f"build --only {REAL_LM}); the suite never converts it")
+def test_a_real_instruct_lm_answers_recall_well_above_chance(capsys):
+    from analysis.__main__ import main
+
+    code = main(["sharpness", "--model", f"zoo:{REAL_LM}", "--n", "4", "--samples", "8", "--thetas", "", "--json"])
+    assert code == 0
+    point = S.SweepResult.from_dict(json.loads(capsys.readouterr().out)).points[0]
+    assert point.chance == 0.25 and point.run("softmax").accuracy >= 2 * point.chance

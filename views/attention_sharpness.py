@@ -4,7 +4,6 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis import sharpness
-from analysis.cost import default_for
 from analysis.errors import SettingsError
 from analysis.settings import url_name
 from components.common import (EMPTY_LIST, analysis_errors, explain, field_row, metric_row, require_model,
@@ -16,7 +15,6 @@ from components.runs import cached_run
 from components.share import share_bar
 
 N_CHOICES = [2, 4, 8, 16, 32, 64, 128, 256, 512]
-LARGE_MODEL_NS = [2, 4, 8, 16]  # a real model's default: the sizes a small instruct LM still answers
 THETA_CHOICES = ["0.125", "0.25", "0.5", "1", "2", "4", "adaptive"]
 RULE_FIELDS = [(f, cls) for f, cls in sharpness.RULES.settings() if url_name(f)]  # the adaptive rule's
 
@@ -33,6 +31,7 @@ st.write(
 preset_bar("attention-sharpness", widget_prefix="sh_")
 handle = require_model(*sharpness.ANALYSIS.kinds, panel="Attention sharpness")
 info = handle.info
+first_view = sharpness.default_params(handle)  # this model's first view: fewer, shorter prompts on a real LM
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -66,7 +65,8 @@ def rule_of(choice: str, layers: list[int] | None, rules: dict) -> sharpness.Tem
 
 def params_of(values: dict, ns: list[int], only: list[int] | None) -> sharpness.SweepParams:
     rules = sharpness.rule_settings(**{f.name: values[f.name] for f, _ in RULE_FIELDS if f.name in values})
-    return sharpness.SweepParams(ns=ns, samples=values["samples"], layers=only, rules=rules)
+    return sharpness.SweepParams(ns=ns, thetas=first_view.thetas, samples=values["samples"], layers=only,
+                                 rules=rules)
 
 
 def check_link(raw: dict) -> None:
@@ -83,9 +83,8 @@ with st.container(border=True):
     # pills, not multiselects: every choice is shown as a one-click toggle, and wrap=True lets them wrap
     # (a multiselect's chips, and pills directly in a column by default, scroll sideways and hid 64 and
     # 128 at 1024 px)
-    default_ns = default_for(handle, list(sharpness.DEFAULT_NS), LARGE_MODEL_NS)
     ns = sorted(lists[0].pills("Item counts n", N_CHOICES, selection_mode="multi", wrap=True,
-                               default=url_list("ns", default_ns, N_CHOICES), key="sh_ns",
+                               default=url_list("ns", first_view.ns, N_CHOICES), key="sh_ns",
                                help="How many items each retrieval prompt lists.") or [])
     tl_default = url_list("tlayers", all_layers, all_layers, allow_empty=True)
     tlayers = sorted(lists[1].pills("Apply the temperature in layers", all_layers, selection_mode="multi", wrap=True,
@@ -95,7 +94,7 @@ with st.container(border=True):
     # fixed-width controls that wrap whole on a narrow screen (equal columns emptied the layer and head
     # boxes and cut the toggle's label at 1024 px)
     row = field_row(gap="medium")
-    form.draw(row, fields_of(sharpness.SweepParams, ["samples"]), defaults={"samples": default_for(handle, 32, 4)},
+    form.draw(row, fields_of(sharpness.SweepParams, ["samples"]), defaults={"samples": first_view.samples},
               width=120)
     theta = row.select_slider("Temperature θ", THETA_CHOICES, value=url_param("theta", "adaptive", str, THETA_CHOICES),
                               key="sh_theta", help="θ < 1 sharpens, θ > 1 flattens; 'adaptive' is the paper's rule.",

@@ -25,7 +25,10 @@ from analysis.sharpness.cost import TEMPERATURE_OVERHEAD, prompt_work, sweep_wor
 from analysis.sharpness.errors import SharpnessError
 from analysis.sharpness.heads import HeadStats, head_stats, mean_stats, row_stats
 from analysis.sharpness.lemma import LemmaCurve, LemmaParams, LemmaResult, lemma_demo
-from analysis.sharpness.params import DEFAULT_NS, DEFAULT_THETAS, SweepParams, validate_params
+from analysis.sharpness.params import (
+    DEFAULT_NS, DEFAULT_THETAS, LARGE_MODEL_NS, LARGE_MODEL_SAMPLES, LARGE_MODEL_THETAS, SweepParams,
+    default_params, validate_params,
+)
 from analysis.sharpness.prompt import PromptParams, PromptResult, analyse_prompt, find_span, prompt_ids
 from analysis.sharpness.records import RunStats, SizePoint, SweepResult
 from analysis.sharpness.rules import (
@@ -33,8 +36,8 @@ from analysis.sharpness.rules import (
     adaptive_beta, beta_curve, entropy_nats, row_entropy, rule_beta, rule_settings, sharpening_interval,
     softmax_entropy, tempered_softmax,
 )
-from analysis.sharpness.scoring import Outcome, pack, score_chunk, tree_nodes
-from analysis.sharpness.sweep import build_prompt, chunks, evaluate, prompt_builder, size_sweep
+from analysis.sharpness.scoring import Outcome, Packed, pack, score_chunk, tree_nodes
+from analysis.sharpness.sweep import build_prompt, chunks, evaluate, prompt_builder, prompts_for, size_sweep
 from analysis.tasks.retrieval import MAX_RETRIEVAL, RECALL, ItemFormat, RetrievalPrompt, item_format
 
 ANALYSIS = Analysis(
@@ -50,11 +53,12 @@ __all__ = [
     "ANALYSIS", "ATTENTION_NAME", "Recorder", "register_attention", "temperature_attention", "temperature_patch",
     "tempered_logits", "cli", "TEMPERATURE_OVERHEAD", "prompt_work", "sweep_work", "SharpnessError", "HeadStats",
     "head_stats", "mean_stats", "row_stats", "LemmaCurve", "LemmaParams", "LemmaResult", "lemma_demo", "DEFAULT_NS",
-    "DEFAULT_THETAS", "SweepParams", "validate_params", "PromptParams", "PromptResult", "analyse_prompt",
-    "find_span", "prompt_ids", "RunStats", "SizePoint", "SweepResult", "ADAPTIVE_MIN_ENTROPY", "ADAPTIVE_POLY",
-    "RULES", "SOFTMAX", "AdaptiveTheta", "FixedTheta", "Rule", "Softmax", "Temperature", "adaptive_beta",
-    "beta_curve", "entropy_nats", "row_entropy", "rule_beta", "rule_settings", "sharpening_interval",
-    "softmax_entropy", "tempered_softmax", "Outcome", "pack", "score_chunk", "tree_nodes", "build_prompt", "chunks",
-    "evaluate", "prompt_builder", "size_sweep", "MAX_RETRIEVAL", "RECALL", "ItemFormat", "RetrievalPrompt",
-    "item_format",
+    "DEFAULT_THETAS", "LARGE_MODEL_NS", "LARGE_MODEL_SAMPLES", "LARGE_MODEL_THETAS", "SweepParams",
+    "default_params", "validate_params", "PromptParams", "PromptResult", "analyse_prompt", "find_span",
+    "prompt_ids", "RunStats", "SizePoint", "SweepResult", "ADAPTIVE_MIN_ENTROPY", "ADAPTIVE_POLY", "RULES",
+    "SOFTMAX", "AdaptiveTheta", "FixedTheta", "Rule", "Softmax", "Temperature", "adaptive_beta", "beta_curve",
+    "entropy_nats", "row_entropy", "rule_beta", "rule_settings", "sharpening_interval", "softmax_entropy",
+    "tempered_softmax", "Outcome", "Packed", "pack", "score_chunk", "tree_nodes", "build_prompt", "chunks",
+    "evaluate", "prompt_builder", "prompts_for", "size_sweep", "MAX_RETRIEVAL", "RECALL", "ItemFormat",
+    "RetrievalPrompt", "item_format",
 ]

@@ -15,6 +15,11 @@ from analysis.sharpness.rules import RULES, Temperature
 
 DEFAULT_NS = (4, 8, 16, 32, 64, 128)
 DEFAULT_THETAS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
+# A model above analysis.cost.LARGE_MODEL parameters (a real LM) starts from fewer, shorter prompts: the sizes
+# a small instruct LM still answers, and few enough forwards to open without asking.
+LARGE_MODEL_NS = (2, 4, 8, 16)
+LARGE_MODEL_SAMPLES = 4
+LARGE_MODEL_THETAS = (0.5, 1.0, 2.0)  # softmax, adaptive θ and two fixed θ: 4 rules instead of 7
 
 
 @dataclass
@@ -38,6 +43,15 @@ class SweepParams(Result):
         only = tuple(self.layers) if self.layers is not None else None
         return [Temperature(), Temperature("adaptive", self.rules.get("adaptive", {}), only)] + [
             Temperature.fixed(t, only) for t in self.thetas if t != 1.0]
+
+
+def default_params(handle) -> SweepParams:
+    """The page's first view of this model (what `components/warm.py` precomputes for the zoo)."""
+    from analysis.cost import default_for
+
+    return SweepParams(ns=list(default_for(handle, DEFAULT_NS, LARGE_MODEL_NS)),
+                       thetas=list(default_for(handle, DEFAULT_THETAS, LARGE_MODEL_THETAS)),
+                       samples=default_for(handle, SweepParams.samples, LARGE_MODEL_SAMPLES))
 
 
 def validate_params(params: SweepParams, layers: int | None = None) -> None:
