@@ -1,18 +1,24 @@
-"""Model Inspector: entry point (page config, model picker, navigation)."""
+"""Model Inspector: entry point (page config, sign-in, model picker, navigation)."""
 from __future__ import annotations
 
 import streamlit as st
 
 import components.preload  # noqa: F401  (first: loads every heavy module once, before any page imports it)
+from components import hosting
 from components.favicon import favicon
 from components.model_picker import render_sidebar
 from components.registry import panel_pages
 
 st.set_page_config(page_title="Model Inspector", page_icon=favicon(), layout="wide")
+hosting.sign_in_gate()  # the deployment's sign-in (docs/deploy.md); a no-op for a local run
+embedded = hosting.is_embedded()  # ?embed=true: the view alone, for an iframe
 
 pages = [st.Page("views/overview.py", title="Home", icon=":material/home:", url_path="home", default=True)]
 pages += [st.Page(p.script, title=p.title, icon=p.icon, url_path=p.url_path)
-          for p in panel_pages() if p.available]
-render_sidebar()
-nav = st.navigation(pages)
+          for p in panel_pages() if p.available]  # available: the page exists and the configuration shows it
+if embedded:
+    hosting.embed_page()
+else:
+    render_sidebar()
+nav = st.navigation(pages, position="hidden" if embedded else "sidebar")
 nav.run()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from analysis import panels
+from analysis import panels, threads
 from analysis.errors import UserError
 
 # Commands that are not panels: (module with `cli(argv)`, help).
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:10s} {help_text}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     try:
+        threads.configure()  # before torch loads: two analyses in two processes must not starve each other
         return int(_command(argv[0])(argv[1:]) or 0)
     except UserError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Literal
 
 import torch
 
+from analysis import config
 from analysis.errors import ModelLoadError
 from analysis.model_lock import ModelLock
 from analysis.results import Result
@@ -218,16 +219,24 @@ def _all_configs(cfg: Any) -> list[Any]:
 
 
 def allowed_roots() -> list[Path]:
-    """Folders a local model may live under: $MODEL_INSPECTOR_ROOTS (os.pathsep list) or zoo + cwd."""
+    """Folders a local model may live under: $MODEL_INSPECTOR_ROOTS (os.pathsep list), else the
+    deployment configuration's `models.local_folders`, else zoo + cwd."""
     env = os.environ.get("MODEL_INSPECTOR_ROOTS")
+    try:
+        configured = None if env else config.current().local_roots()
+    except config.ConfigError as exc:
+        raise ModelLoadError(f"This server's configuration is invalid: {exc}") from None
+    if configured is not None:
+        return configured
     roots = [Path(p) for p in env.split(os.pathsep) if p] if env else [ZOO_DIR, Path.cwd()]
     return [r.expanduser().resolve() for r in roots]
 
 
 def max_params() -> int:
+    """$MODEL_INSPECTOR_MAX_PARAMS, else the deployment configuration's `models.max_params`."""
     try:
-        return int(float(os.environ.get("MODEL_INSPECTOR_MAX_PARAMS", DEFAULT_MAX_PARAMS)))
-    except ValueError:
+        return config.current().models.max_params
+    except config.ConfigError:
         return DEFAULT_MAX_PARAMS
 
 
@@ -238,12 +247,35 @@ def zoo_models() -> list[str]:
     return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file())
 
 
+def real_zoo_models() -> list[str]:
+    """Real trained models of the zoo that can be loaded here: converted already, or convertible at
+    first load because their pinned package is installed (`analysis/zoo/real.py`)."""
+    from analysis.zoo import real
+
+    return real.available()
+
+
+def all_zoo_models() -> list[str]:
+    """Everything the zoo offers here: the demo models, then the real ones (the model picker's list)."""
+    return zoo_models() + [n for n in real_zoo_models() if n not in zoo_models()]
+
+
 def resolve_folder(spec: ModelSpec) -> Path:
+    try:  # the deployment's allow-list, before anything is read or fetched
+        refusal = config.current().model_refusal(spec.source, spec.name)
+    except config.ConfigError as exc:
+        raise ModelLoadError(f"This server's configuration is invalid: {exc}") from None
+    if refusal:
+        raise ModelLoadError(refusal)
     if spec.source == "zoo":
+        from analysis.zoo import real
+
+        if spec.name in real.REAL_MODELS:  # converted once, at first use; then loaded as any local folder
+            return real.ensure(spec.name, progress=real.stderr_progress)
         names = zoo_models()
         if spec.name not in names:
-            listed = ", ".join(names) or "none are installed"
-            raise ModelLoadError(f"'{spec.name}' is not a demo-zoo model (available: {listed}).")
+            listed = ", ".join(all_zoo_models()) or "none are installed"
+            raise ModelLoadError(f"'{spec.name}' is not a zoo model (available: {listed}).")
         return ZOO_DIR / spec.name
     if spec.source == "local":
         return _check_local(spec.name)
@@ -494,7 +526,7 @@ class DecoderWithHead(torch.nn.Module):
 
 
 def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, processor: Any = None) -> ModelInfo:
-    from analysis import anatomy
+    from analysis import anatomy, processor_info
 
     cfg = model.config
     text = cfg.get_text_config()
@@ -503,12 +535,16 @@ def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, pro
     max_pos = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     image_size = image_tokens = None
     if kind == "vlm":
-        image_size = int(getattr(cfg.vision_config, "image_size", 0) or 0) or None
-        try:
-            grid = anatomy.patch_grid(model)
-            image_tokens = grid.rows * grid.cols
-        except anatomy.AnatomyError:  # set by the image size (Qwen2-VL's dynamic resolution)
-            image_tokens = None
+        measured = processor_info.image_geometry(model, processor)
+        image_size, image_tokens = measured or (None, None)
+        if image_size is None:  # no processor, or it resizes each image its own way: the tower's size
+            image_size = int(getattr(cfg.vision_config, "image_size", 0) or 0) or None
+        if measured is None:  # nothing to measure with: the tower's patch grid
+            try:
+                grid = anatomy.patch_grid(model)
+                image_tokens = grid.rows * grid.cols
+            except anatomy.AnatomyError:  # set by the image size (Qwen2-VL's dynamic resolution)
+                image_tokens = None
     return ModelInfo(
         architecture=(cfg.architectures or [type(model).__name__])[0],
         model_type=cfg.model_type,

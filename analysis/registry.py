@@ -132,6 +132,22 @@ class Registry(Generic[T]):
                 seen.setdefault(f.name, (f, cls))
         return list(seen.values())
 
+    def split_settings(self, **flat) -> dict[str, dict]:
+        """{method name: its settings} from settings named by field (`sinks=4, snap_window=8`): each goes to
+        every method of the family that declares a labelled field of that name; a name none declares is
+        refused (SettingsError)."""
+        out: dict[str, dict] = {}
+        used: set[str] = set()
+        for name, cls in self._classes.items():
+            chosen = {f.name: flat[f.name] for f in labelled(cls) if f.name in flat}
+            used |= set(chosen)
+            if chosen:
+                out[name] = chosen
+        unknown = set(flat) - used
+        if unknown:
+            raise SettingsError(f"No {self.family} has the setting(s) {', '.join(sorted(unknown))}.")
+        return out
+
     def items(self):
         return list(self._classes.items())
 

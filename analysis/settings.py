@@ -234,15 +234,21 @@ def add_arguments(parser: argparse.ArgumentParser, fields: Iterable[tuple[Field,
         if default not in (None, "", []):
             bits.append(f"default {to_text(default)}")
         text = meta.get("help") or meta["label"]
-        parser.add_argument(f"--{name}", dest=f"setting__{f.name}", default=None, metavar=f.name.upper(),
+        parser.add_argument(f"--{name}", dest=_dest(f), default=None, metavar=f.name.upper(),
                             help=text + (f" [{'; '.join(bits)}]" if bits else ""))
+
+
+def _dest(f: Field) -> str:
+    """A flag's argparse destination, by its flag name: two fields of one name with different flags
+    (a decomposer's and a rewriter's `max_new_tokens`) are two flags."""
+    return "setting__" + cli_name(f).replace("-", "_")
 
 
 def read_arguments(args: argparse.Namespace, fields: Iterable[tuple[Field, Any]]) -> dict[str, Any]:
     """{field name: parsed value} of the flags given (absent flags are left out)."""
     out: dict[str, Any] = {}
     for f, owner in fields:
-        text = getattr(args, f"setting__{f.name}", None)
+        text = getattr(args, _dest(f), None) if cli_name(f) else None
         if text is None:
             continue
         try:

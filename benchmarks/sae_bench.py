@@ -32,7 +32,7 @@ def full_forward_collect(handle, pairs, layer):
     with handle.session():
         for start in range(0, len(pairs.pairs), 32):
             batch = range(start, min(len(pairs.pairs), start + 32))
-            enc = handle.processor(images=[pairs.image(i) for i in batch],
+            enc = handle.processor(images=[sae_v.render_pair(pairs, i) for i in batch],
                                    text=[ds.prompt(handle, pairs.pairs[i].text) for i in batch],
                                    return_tensors="pt", padding=True)
             handle.model(**enc, output_hidden_states=True)

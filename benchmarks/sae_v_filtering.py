@@ -149,7 +149,7 @@ def fine_tune(path: str, subset: list[dict], epochs: int, batch: int, lr: float,
     tok = processor.tokenizer
     n_img = (model.config.vision_config.image_size // model.config.vision_config.patch_size) ** 2
     size = model.config.vision_config.image_size
-    train._set_attention(model, "sdpa")
+    train.set_attention(model, "sdpa")
     model.train()
     tower = {id(p) for p in model.model.vision_tower.parameters()}
     params = [p for p in model.parameters() if id(p) not in tower]  # the tower stays as it is (LLaVA stage 2)
@@ -180,7 +180,7 @@ def fine_tune(path: str, subset: list[dict], epochs: int, batch: int, lr: float,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-    train._set_attention(model, "eager")
+    train.set_attention(model, "eager")
     model.eval()
     return model, processor, steps
 

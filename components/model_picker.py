@@ -2,14 +2,21 @@
 
 The loaded model lives in `st.cache_resource` (bounded), keyed on its spec; the session only keeps
 the spec. A failed load shows `st.error` and leaves the previous model in place.
+
+The deployment configuration (`analysis/config.py`) decides which sources the picker offers, which
+Hub ids (a list to pick from instead of a free box) and which default model a visitor gets. A spec
+it does not allow (a shared link's `?model=hub:...`, a local path) is refused here, before the loader
+is called: the visitor is told so and gets the default; nothing is read or downloaded.
 """
 from __future__ import annotations
 
 import streamlit as st
 
-from analysis.models import ModelHandle, ModelLoadError, ModelSpec, load_model, zoo_models
+from analysis.models import ModelHandle, ModelLoadError, ModelSpec, all_zoo_models, load_model, zoo_models
+from analysis.zoo import real
+from components import hosting
 
-SOURCES = {"zoo": "Demo zoo", "hub": "Hugging Face Hub", "local": "Local folder"}
+SOURCES = {"zoo": "Zoo", "hub": "Hugging Face Hub", "local": "Local folder"}
 STATE_KEY = "model_spec"
 
 
@@ -19,10 +26,14 @@ def _load_cached(spec: ModelSpec) -> ModelHandle:
 
 
 def default_spec() -> ModelSpec | None:
-    names = zoo_models()
+    """The configuration's default model (locally: zoo:shapes-lm, else the first demo model)."""
+    configured = ModelSpec.parse(hosting.settings().models.default)
+    if configured.source != "zoo":
+        return configured
+    names = zoo_models()  # a demo model: the real ones are offered, never the default
     if not names:
         return None
-    return ModelSpec("zoo", "shapes-lm" if "shapes-lm" in names else names[0])
+    return configured if configured.name in names else ModelSpec("zoo", names[0])
 
 
 def _spec_from_url() -> ModelSpec | None:
@@ -36,9 +47,19 @@ def _spec_from_url() -> ModelSpec | None:
 
 
 def try_load(spec: ModelSpec) -> ModelHandle | None:
-    """Load (or fetch from cache) and make it the session's model; on failure keep the old one."""
+    """Load (or fetch from cache) and make it the session's model; on failure keep the old one.
+    A spec the deployment does not allow never reaches the loader."""
+    refusal = hosting.settings().model_refusal(spec.source, spec.name)
+    if refusal:
+        st.warning(f"{hosting.escape_markdown(spec.label)} was not loaded. {hosting.escape_markdown(refusal)}",
+                   icon=":material/block:")
+        return None
+    message = f"Loading {spec.label} ..."
+    if spec.source == "zoo" and spec.name in real.REAL_MODELS and not real.is_built(spec.name):
+        message = (f"Converting {spec.label} from its GGUF file (first use on this machine, about 30 s), "
+                   "then loading it ...")
     try:
-        with st.spinner(f"Loading {spec.label} ..."):
+        with st.spinner(message):
             handle = _load_cached(spec)
     except ModelLoadError as exc:
         st.error(f"Could not load {spec.label}: {exc}")
@@ -57,8 +78,12 @@ def current_handle() -> ModelHandle | None:
             return None
         handle = try_load(spec)
         if handle is None and spec != default_spec() and default_spec() is not None:
+            st.caption(f"Showing the default model, {hosting.escape_markdown(default_spec().label)}, instead.")
             handle = try_load(default_spec())
         return handle
+    if hosting.settings().model_refusal(spec.source, spec.name):  # the configuration changed under the session
+        st.session_state.pop(STATE_KEY, None)
+        return current_handle()
     try:
         return _load_cached(spec)
     except ModelLoadError as exc:  # evicted from cache and no longer loadable
@@ -66,23 +91,43 @@ def current_handle() -> ModelHandle | None:
         return None
 
 
+def _zoo_label(name: str) -> str:
+    """Demo models by name; a real model says so (and that it is converted when first loaded)."""
+    if name not in real.REAL_MODELS:
+        return name
+    return f"{name} (real trained model{'' if real.is_built(name) else ', converted on first load'})"
+
+
+def _pick(source: str, names: list[str], start: ModelSpec, label: str, key: str, none: str,
+          format_func=str) -> ModelSpec | None:
+    """A select box over a fixed list of models (the zoo, a configured Hub allow-list)."""
+    if not names:
+        st.warning(none)
+        return None
+    name = st.selectbox(label, names, key=key, format_func=format_func,
+                        index=names.index(start.name) if start.name in names else 0)
+    return ModelSpec(source, name)
+
+
 def render_sidebar() -> ModelHandle | None:
     """Draw the picker in the sidebar and return the session's current model (or None)."""
+    config = hosting.settings()
     with st.sidebar:
+        hosting.account_box()
         st.subheader("Model")
         loaded = current_handle()  # so the widgets start on the model the URL or session names
         start = loaded.spec if loaded is not None else ModelSpec()
-        source = st.radio("Source", list(SOURCES), format_func=SOURCES.get, key="picker_source",
-                          horizontal=True, index=list(SOURCES).index(start.source))
+        sources = [s for s in SOURCES if s in config.models.sources]
+        source = st.radio("Source", sources, format_func=SOURCES.get, key="picker_source", horizontal=True,
+                          index=sources.index(start.source) if start.source in sources else 0)
         spec = None
         if source == "zoo":
-            names = zoo_models()
-            if not names:
-                st.warning("No demo models are installed. Build them with `python -m analysis.zoo build`.")
-            else:
-                name = st.selectbox("Demo model", names, key="picker_zoo",
-                                    index=names.index(start.name) if start.name in names else 0)
-                spec = ModelSpec("zoo", name)
+            spec = _pick("zoo", all_zoo_models(), start, "Zoo model", "picker_zoo",
+                         "No demo models are installed. Build them with `python -m analysis.zoo build`.",
+                         format_func=_zoo_label)
+        elif source == "hub" and config.hub_allow_list() is not None:
+            spec = _pick("hub", config.hub_allow_list(), start, "Model", "picker_hub_list",
+                         "This instance lists no Hub models.")
         elif source == "hub":
             hub = start.source == "hub"
             repo = st.text_input("Model id", placeholder="owner/name", key="picker_hub",

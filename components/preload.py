@@ -17,7 +17,7 @@ import time
 
 # Packages and modules a page, a figure or an analysis imports (directly or lazily).
 MODULES = [
-    "numpy", "pandas", "pyarrow", "PIL.Image", "PIL.ImageDraw",
+    "numpy", "pandas", "pyarrow", "pyarrow.parquet", "PIL.Image", "PIL.ImageDraw",
     "plotly.graph_objects", "plotly.subplots", "plotly.io", "plotly.offline",
     "torch", "torch.nn.functional", "safetensors.torch", "tokenizers",
     "huggingface_hub", "huggingface_hub.errors",

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis import config
 from analysis import panels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +41,8 @@ class Panel:
 
     @property
     def available(self) -> bool:
-        return self.path.is_file()
+        """The page exists and the deployment configuration does not hide it (`panels.hidden`)."""
+        return self.path.is_file() and config.current().panel_shown(self.url_path)
 
 
 SAVED = Panel("saved_analyses.py", "Saved analyses", ":material/bookmarks:",

@@ -45,6 +45,7 @@ import streamlit as st
 from analysis import cost, precompute
 from analysis.errors import UserError
 from analysis.model_lock import activity
+from components import hosting
 
 MAX_ENTRIES = 48
 log = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ def precomputed(key: RunKey, handle, params, models: dict | None = None) -> Any 
 
 
 add_source(precomputed)
+add_guard(hosting.check_run)  # the deployment's limits: longest prompt, runs per visitor per minute
 
 
 def _as_json(params: Any) -> str:
@@ -217,7 +219,8 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
             if on_demand:
                 return None
             st.stop()
-        result, seconds = _compute(key, fn, handle, params, label, {**models, **kwargs}, estimate)
+        with hosting.run_slot(label):  # counted per visitor; waits for a free slot (concurrency limit)
+            result, seconds = _compute(key, fn, handle, params, label, {**models, **kwargs}, estimate)
         store.put(key, result)
         for sink in _SINKS:
             sink(key, handle, params, fn, kwargs, result, seconds, models)
@@ -237,6 +240,8 @@ def confirm(kind: str, fn: Callable, handle, params: Any, *, label: str, models:
     `inputs` stands for them in the key when their repr is not stable (an upload: its hash)."""
     keyed = {"inputs": inputs} if inputs is not None else kwargs
     key = run_key(kind, handle, params, models, **keyed)
+    for guard in _GUARDS:
+        guard(key, handle, params)
     passed, name = st.session_state.setdefault("_runs_confirmed", {}), _widget_key("confirmed", key)
     if ASK_ABOVE_S == math.inf or name in passed:
         return

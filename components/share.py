@@ -3,42 +3,48 @@
     share_bar("kv", title="KV eviction on shapes-lm", params=params, result=result,
               figures={"Retained tokens": fig}, tables={"policies": rows})
 
-Gives the permalink (the page URL with its mirrored controls), downloads (JSON result, CSV per
-table, self-contained HTML report) and a form that saves the analysis to the SQLite store, to be
-reopened from the Saved analyses page without recomputing.
+Gives the permalink (the page URL with its mirrored controls), the <iframe> snippet that embeds the
+view (`?embed=true`: no sidebar, controls or share bar), downloads (JSON result, CSV per table,
+self-contained HTML report) and a form that saves the analysis to the store (`analysis/store.py`:
+SQLite, or PostgreSQL shared by several servers), to be reopened from the Saved analyses page without
+recomputing. In an embed the bar is not drawn; on a read-only gallery, or for a signed-out visitor
+where sign-in is on, the form says why it is not there.
 """
 from __future__ import annotations
 
-import html
 import re
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from analysis.export import ReportSection, html_report, result_json, rows_to_csv
 from analysis.results import to_jsonable
-from analysis.store import AnalysisStore, SavedAnalysis, default_store_path
+from analysis.store import SavedAnalysis, Store, open_store, store_location
+from components import hosting
 from components.common import one_line
+from components.hosting import escape_markdown  # noqa: F401  (pages import it from here)
 
 
-@st.cache_resource(max_entries=4)
-def _store_at(path: str) -> AnalysisStore:
-    return AnalysisStore(path)
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _store_at(location: str) -> Store:
+    return open_store(location)
 
 
-def get_store() -> AnalysisStore:
-    """The store at $MODEL_INSPECTOR_STORE (default .model_inspector/analyses.db)."""
-    return _store_at(str(default_store_path()))
+def get_store() -> Store:
+    """The store in force: $MODEL_INSPECTOR_STORE, the configuration's `store`, else
+    .model_inspector/analyses.db (one per location and server process)."""
+    return _store_at(store_location())
 
 
 def current_url() -> str:
-    """The URL of the current view (path + mirrored query params)."""
+    """The URL of the current view (path + mirrored query params, URL-encoded)."""
     try:
         base = st.context.url or ""
     except Exception:  # AppTest has no browser URL
         base = ""
-    query = "&".join(f"{k}={v}" for k, v in st.query_params.to_dict().items())
+    query = urlencode(st.query_params.to_dict(), quote_via=quote, safe=":/,@")
     base = base.split("?")[0]
     return f"{base}?{query}" if query else base
 
@@ -50,6 +56,8 @@ def _slug(text: str) -> str:
 def share_bar(panel: str, *, title: str, params: dict, result: Any, model: str,
               figures: dict[str, Any] | None = None, tables: dict[str, list[dict]] | None = None,
               key: str | None = None) -> None:
+    if hosting.is_embedded():  # an embed shows the view alone
+        return
     figures = figures or {}
     tables = tables or {}
     key = key or f"share_{panel}"
@@ -69,6 +77,9 @@ def _share_contents(panel: str, key: str, title: str, slug: str, url: str, param
                     model: str, figures: dict[str, Any], tables: dict[str, list[dict]]) -> None:
     st.caption("Link that reproduces this view (all controls are in the URL):")
     st.code(url or "(open in a browser to get the link)", language=None)
+    if url:
+        st.caption("Embed this view in a page or slide (no sidebar, controls or share bar):")
+        st.code(hosting.embed_snippet(url, title), language="html")
     cols = st.columns(2 + len(tables))
     cols[0].download_button("JSON result", data=lambda: result_json(result), file_name=f"{slug}.json",
                             mime="application/json", key=f"{key}_json", on_click="ignore")
@@ -84,12 +95,21 @@ def _share_contents(panel: str, key: str, title: str, slug: str, url: str, param
         col.download_button(f"CSV: {name}", data=lambda rows=rows: rows_to_csv(rows),
                             file_name=f"{slug}-{_slug(name)}.csv", mime="text/csv",
                             key=f"{key}_csv_{_slug(name)}", on_click="ignore")
+    allowed, why_not = hosting.may_save()
+    if not allowed:
+        st.caption(f":material/lock: {why_not}")
+        return
     with st.form(f"{key}_save", clear_on_submit=False):
         st.markdown("**Save this analysis** (reopens from *Saved analyses* without recomputing)")
         save_title = st.text_input("Title", value=title, max_chars=200, key=f"{key}_title")
         note = st.text_area("Note", max_chars=5000, key=f"{key}_note")
         if st.form_submit_button("Save"):
+            allowed, why_not = hosting.may_save()  # again: the visitor may have signed out in another tab
+            if not allowed:
+                st.session_state[f"{key}_saved"] = {"error": why_not, "url": url}
+                return
             analysis = SavedAnalysis(
+                saved_by=hosting.signed_in_user(),
                 title=save_title, note=note, panel=panel, model=model, params=to_jsonable(params),
                 result=to_jsonable(result),
                 figures=[{"name": n, "figure": f.to_plotly_json() if hasattr(f, "to_plotly_json") else f}
@@ -105,12 +125,6 @@ def _share_contents(panel: str, key: str, title: str, slug: str, url: str, param
                 st.toast(f"Saved “{escape_markdown(save_title)}”.", icon=":material/bookmark_added:")
 
 
-def escape_markdown(text: str) -> str:
-    """User text shown through Markdown as plain text: no links, emphasis, HTML or directives."""
-    text = html.escape(str(text).replace("\n", " "), quote=False)
-    return re.sub(r"([\\`*_{}\[\]()#+\-.!|~:$<>])", r"\\\1", text)
-
-
 def _saved_notice(saved: dict | None, url: str) -> None:
     """Outside the expander (which closes when Save reruns the page), so the user sees the result."""
     if not saved or saved.get("url") != url:  # the view changed since: the notice is about another view
@@ -120,7 +134,8 @@ def _saved_notice(saved: dict | None, url: str) -> None:
         return
     c1, c2 = st.columns([4, 1], vertical_alignment="center")
     c1.success(f"Saved “{escape_markdown(saved['title'])}”. Open it any time at "
-               f"`saved-analyses?id={saved['id']}`.", icon=":material/bookmark_added:")
+               f"`saved-analyses?id={saved['id']}`; embed it with `saved-analyses?id={saved['id']}&embed=true`.",
+               icon=":material/bookmark_added:")
     try:
         c2.page_link("views/saved_analyses.py", label="Open saved analysis", icon=":material/bookmarks:",
                      query_params={"id": saved["id"]})

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Install into .venv (from requirements.txt) and start the app on the demo zoo.
+# Install into .venv (scripts/install.sh, as the Dockerfile does) and start the app on the demo zoo.
+#   bash scripts/run_app.sh [streamlit options]
+#   MODEL_INSPECTOR_CONFIG=deploy/public.toml bash scripts/run_app.sh    # as a public instance (docs/deploy.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -r requirements.txt
+bash scripts/install.sh
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 exec .venv/bin/python scripts/serve.py "$@"   # streamlit run app.py, heavy imports done before it listens

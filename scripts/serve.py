@@ -8,6 +8,14 @@ once and the first script run imports everything. Here the import happens first,
 own process, so the first page a visitor opens finds every module loaded. It also measures this
 machine's speed on each demo model while the machine is idle (`preload.calibrate_zoo`), for the
 pages' cost estimates.
+
+Before that it checks the deployment (docs/deploy.md): the configuration file
+($MODEL_INSPECTOR_CONFIG or ./model_inspector.toml) and the saved-analyses store (a SQLite file or a
+postgresql:// URL, migrated here) must be usable, or it exits with one `error:` line. Streamlit's
+upload limit (server.maxUploadSize) follows the configuration's `uploads.max_mb` unless given here.
+
+Torch's threads: every core, waiting passively between parallel regions, or MODEL_INSPECTOR_THREADS=N
+(analysis/threads.py), set before anything imports torch.
 """
 from __future__ import annotations
 
@@ -17,10 +25,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import components.preload  # noqa: E402  (the same module app.py imports first)
-from streamlit.web import cli as streamlit_cli  # noqa: E402
+
+def check_deployment(argv: list[str]) -> list[str]:
+    """The configuration and the store, checked before the server starts; extra Streamlit options."""
+    import math
+
+    from analysis import config
+    from analysis.store import StoreError, open_store
+
+    try:
+        settings = config.current()
+        open_store(settings.store or None)  # creates or migrates the schema; a bad URL fails here
+    except (config.ConfigError, StoreError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    extra = []
+    if not any(a.startswith("--server.maxUploadSize") for a in argv):
+        extra += ["--server.maxUploadSize", str(max(1, math.ceil(settings.uploads.max_mb)))]
+    return extra
+
 
 if __name__ == "__main__":
+    extra = check_deployment(sys.argv[1:])  # in a second, before the heavy imports below
+    from analysis import threads
+
+    try:  # before torch is imported (components.preload): see analysis/threads.py
+        threads.configure()
+    except threads.ThreadsError as exc:
+        sys.exit(f"error: {exc}")
+    import components.preload  # (the same module app.py imports first)
+    from streamlit.web import cli as streamlit_cli
     # Each demo model's speed, measured now while the machine is idle (a fraction of a second each):
     # measured later, inside a crowd's first burst, it reads far too slow (components/preload.py).
     components.preload.calibrate_zoo()
@@ -29,5 +63,6 @@ if __name__ == "__main__":
     # a feature store there queues inotify events, and on overflow it walks the whole tree again.
     # Profiled with six users at once, that was more CPU than all six pages' script runs together.
     # Pass --server.fileWatcherType auto to get auto-reload back while editing.
-    sys.argv = ["streamlit", "run", str(ROOT / "app.py"), "--server.fileWatcherType", "none", *sys.argv[1:]]
+    sys.argv = ["streamlit", "run", str(ROOT / "app.py"), "--server.fileWatcherType", "none", *extra,
+                *sys.argv[1:]]
     sys.exit(streamlit_cli.main())

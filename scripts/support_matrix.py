@@ -5,8 +5,8 @@ save_pretrained layout and loaded through `load_model` like a user's local folde
 when the panel's analysis runs and its invariant holds; otherwise it is the panel's own one-line
 refusal. Anything else (a traceback) is a crash, which `tests/test_support_matrix.py` rejects.
 
-    python scripts/support_matrix.py           # measure and rewrite the README's table
-    python scripts/support_matrix.py --check   # measure and exit 1 if the README differs
+    python scripts/support_matrix.py           # measure and rewrite the table in docs/models.md
+    python scripts/support_matrix.py --check   # measure and exit 1 if docs/models.md differs
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-README = ROOT / "README.md"
+README = ROOT / "docs" / "models.md"  # the file holding the table
 BEGIN, END = "<!-- support-matrix:begin -->", "<!-- support-matrix:end -->"
 PANELS = {"sharpness": "Attention sharpness", "kv": "KV-cache eviction", "inversion": "Prompt reconstruction",
           "sae": "SAE-V", "captions": "Caption correction"}
@@ -96,7 +96,8 @@ def check_sae(handle, folder: Path) -> None:
     acts = sae_v.collect_activations(handle, pairs, 0)
     if handle.kind == "vlm":  # every patch of the base grid of every image is an image position
         found = int((acts.modality == sae_v.IMAGE).sum())
-        assert found >= len(pairs.pairs) * handle.info.image_tokens > 0, f"{found} image positions"
+        per_image = handle.info.image_tokens or 1  # None: the count depends on the image's size (LLaVA-NeXT)
+        assert found >= len(pairs.pairs) * per_image > 0, f"{found} image positions"
     x = sae_v.scaled(acts, meta.scales)
     codes = sae_v.encode(sae, x)
     with torch.no_grad():
@@ -188,7 +189,7 @@ def measure(families: list[str] | None = None) -> dict[str, dict[str, Cell]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The README table
+# The table (docs/models.md)
 
 
 def render(matrix: dict[str, dict[str, Cell]]) -> str:
@@ -211,18 +212,18 @@ def write_readme(table: str) -> None:
     text = README.read_text()
     old = readme_table(text)
     if old is None:
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers.")
+        raise SystemExit(f"docs/models.md has no {BEGIN} ... {END} markers.")
     README.write_text(text.replace(old, table))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when the README's table differs")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the table in docs/models.md differs")
     args = parser.parse_args(argv)
     table = render(measure())
     if args.check:
         same = readme_table() == table
-        print("README support matrix is up to date." if same else table)
+        print("The support matrix in docs/models.md is up to date." if same else table)
         return 0 if same else 1
     write_readme(table)
     print(table)

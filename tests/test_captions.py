@@ -1,7 +1,6 @@
 """Caption correction (CapMAS): agents, score, pipeline, grounding, metrics, image checks."""
 from __future__ import annotations
 
-import json
 import math
 import struct
 import zlib
@@ -11,7 +10,7 @@ import torch
 
 from analysis import captions as C
 from analysis import tiny_models
-from analysis.images import ImageError
+from analysis.images import ImageError, open_image
 from analysis.models import ModelSpec, load_model, zoo_models
 from analysis.zoo import shapes_world as W
 
@@ -82,7 +81,7 @@ def test_shapes_lm_decomposer_matches_grammar_reference(shapes_lm):
 
 def _fake_lm_rewriter(monkeypatch, output: str) -> C.ShapesLMRewriter:
     """The demo LM's rewriter with generation replaced by a fixed answer (the LM itself is not needed)."""
-    monkeypatch.setattr(C, "generate_text", lambda lm, prompt, n, add_special_tokens=False: output)
+    monkeypatch.setattr(C.generation, "generate_text", lambda lm, prompt, n, add_special_tokens=False: output)
     return C.ShapesLMRewriter(lm=None)
 
 
@@ -175,7 +174,7 @@ def test_hallucination_score_is_minus_log_of_the_clamped_margin():
 
 def test_planted_false_claim_is_dropped_and_true_claims_kept(scene, monkeypatch, shapes_llava):
     planted = W.caption(scene) + " there is a small green triangle at the bottom right ."
-    monkeypatch.setattr(C, "make_verifier", lambda name, vlm: OracleVerifier(scene))
+    monkeypatch.setattr(C.pipeline, "verifier_of", lambda params, vlm: OracleVerifier(scene))
     params = C.CorrectionParams(caption=planted, decomposer="grammar", rewriter="grammar", ground=False,
                                 scene_seed=None)
     result = C.correct_caption(shapes_llava, W.render(scene), params)
@@ -201,7 +200,7 @@ def test_demo_pipeline_caption_states_only_kept_claims_and_none_dropped(shapes_v
 
 
 def test_threshold_only_changes_flags_not_probabilities(scene, monkeypatch, shapes_llava):
-    monkeypatch.setattr(C, "make_verifier", lambda name, vlm: OracleVerifier(scene))
+    monkeypatch.setattr(C.pipeline, "verifier_of", lambda params, vlm: OracleVerifier(scene))
     params = C.CorrectionParams(caption=W.caption(scene), decomposer="grammar", rewriter="grammar",
                                 ground=False)
     verification = C.verify_caption(shapes_llava, W.render(scene), params)
@@ -289,12 +288,12 @@ def _png_header_only(width: int, height: int) -> bytes:
 
 def test_pixel_bomb_is_refused_before_decoding():
     with pytest.raises(ImageError, match="pixels"):
-        C.open_image(_png_header_only(100_000, 100_000))
+        open_image(_png_header_only(100_000, 100_000))
 
 
 def test_non_image_upload_is_refused():
     with pytest.raises(ImageError, match="not an image"):
-        C.open_image(b"%PDF-1.4 this is not an image")
+        open_image(b"%PDF-1.4 this is not an image")
 
 
 def test_small_png_round_trips(scene):
@@ -302,7 +301,7 @@ def test_small_png_round_trips(scene):
 
     buf = io.BytesIO()
     W.render(scene).save(buf, format="PNG")
-    assert C.open_image(buf.getvalue()).size == (64, 64)
+    assert open_image(buf.getvalue()).size == (64, 64)
 
 
 # --- result and CLI ---------------------------------------------------------------------------
@@ -333,7 +332,7 @@ def test_diff_html_escapes_user_text():
 def test_figures_show_claims_threshold_and_patch_grid(scene, monkeypatch, shapes_llava):
     from components.figures import captions as F
 
-    monkeypatch.setattr(C, "make_verifier", lambda name, vlm: OracleVerifier(scene))
+    monkeypatch.setattr(C.pipeline, "verifier_of", lambda params, vlm: OracleVerifier(scene))
     params = C.CorrectionParams(caption=W.caption(scene), decomposer="grammar", rewriter="grammar",
                                 ground=False, scene_seed=None)
     result = C.correct_caption(shapes_llava, W.render(scene), params)
@@ -356,20 +355,56 @@ VLM_CHAT = ("{% for m in messages %}USER: {% for c in m['content'] %}{% if c['ty
 def test_chat_agents_prompt_through_the_chat_template_and_parse_the_answer(shapes_llava, monkeypatch):
     monkeypatch.setattr(shapes_llava.tokenizer, "chat_template", CHAT, raising=False)
     prompts = []
+    answers = iter(["The cat is black.\n- The cat sleeps.\n\n* The cat sleeps.\n- ```python",
+                    "1. The mat is red.\n2. The cat lies on a mat.\n3. The dog barks loudly."])
 
     def fake_generate(handle, prompt, max_new_tokens=64, add_special_tokens=True):
         prompts.append((prompt, add_special_tokens))
-        return "1. The cat is black.\n- The cat sleeps.\n\n* The cat sleeps."
+        return next(answers)
 
-    monkeypatch.setattr(C, "generate_text", fake_generate)
-    claims = C.make_agent("decomposer", "lm-chat", shapes_llava).decompose("A black cat sleeps.")
-    assert claims == ["The cat is black.", "The cat sleeps."]
-    assert prompts[0][0].startswith("<s> USER: Split") and "A black cat sleeps." in prompts[0][0]
+    monkeypatch.setattr(C.generation, "generate_text", fake_generate)
+    decomposer = C.make_agent("decomposer", "lm-chat", shapes_llava)
+    claims = decomposer.decompose("A black cat sleeps. It lies on a red mat.")
+    # one call per sentence; bullets and numbers stripped, duplicates dropped; lines that are not sentences
+    # about the caption are refused and named
+    assert claims == ["The cat is black.", "The cat sleeps.", "The mat is red.", "The cat lies on a mat."]
+    assert "```python" in decomposer.note and "The dog barks loudly." in decomposer.note
+    first, second = prompts[0][0], prompts[1][0]
+    assert first.startswith("<s> USER: You list the facts") and first.endswith("ASSISTANT:- ")
+    assert "Caption: A black cat sleeps." in first and "red mat" not in first and "Caption: It lies on" in second
+    assert all(C.DECOMPOSE_EXAMPLES[0][1] in p for p, _ in prompts)  # the worked examples come first
     assert prompts[0][1] is False  # the template already has its BOS
     rewriter = C.make_agent("rewriter", "lm-chat", shapes_llava)
     assert rewriter.rewrite("A black cat sleeps.", ["The cat sleeps."], []) == "A black cat sleeps."
-    rewriter.rewrite("A black cat sleeps.", ["The cat sleeps."], ["The cat is black."])
+    answers = iter(["A cat sleeps."])
+    assert rewriter.rewrite("A black cat sleeps.", ["The cat sleeps."], ["The cat is black."]) == "A cat sleeps."
     assert "- The cat is black." in prompts[-1][0] and prompts[-1][0].endswith("ASSISTANT:")
+    assert rewriter.note == ""
+
+
+def test_chat_rewriter_writes_nothing_when_nothing_is_kept_and_checks_what_it_writes(shapes_llava, monkeypatch):
+    monkeypatch.setattr(shapes_llava.tokenizer, "chat_template", CHAT, raising=False)
+    answers = []
+
+    def fake_generate(handle, prompt, max_new_tokens=64, add_special_tokens=True):
+        return answers.pop(0)
+
+    monkeypatch.setattr(C.generation, "generate_text", fake_generate)
+    rewriter = C.make_agent("rewriter", "lm-chat", shapes_llava)
+    caption = "A black cat sleeps on a red sofa."
+    # every claim dropped: no model call (answers is empty), no caption, and a note that says so
+    assert rewriter.rewrite(caption, [], ["There is a cat.", "The sofa is red."]) == ""
+    assert rewriter.calls(caption, [], ["There is a cat."]) == [] and "no corrected caption" in rewriter.note
+    kept, dropped = ["There is a black cat.", "The cat sleeps on a sofa"], ["The sofa is red."]
+    long = "A black cat sleeps on a sofa and a dog plays with a ball in the sun ."
+    for answer, problem in [("", "is empty"), (long, "longer than the caption"),
+                            ("A black dog sleeps.", "words the caption does not")]:
+        answers.append(answer)
+        assert rewriter.rewrite(caption, kept, dropped) == "There is a black cat. The cat sleeps on a sofa."
+        assert problem in rewriter.note
+    answers.append("A black dog sleeps.")
+    rewriter.checked = False
+    assert rewriter.rewrite(caption, kept, dropped) == "A black dog sleeps." and rewriter.note == ""
 
 
 def test_chat_agents_refuse_a_model_without_chat_template(shapes_llava):

@@ -87,6 +87,7 @@ def test_moving_pi_to_zero_drops_every_claim_without_reverifying(shapes_llava_sp
         raise AssertionError("verification must come from the cache when only pi changes")
 
     monkeypatch.setattr(C, "verify_caption", no_verify)
+    monkeypatch.setattr(C.pipeline, "verify_caption", no_verify)
     at.slider(key="cap_pi").set_value(0.0).run()
     assert not at.exception and not _errors(at)
     assert set(at.dataframe[0].value["verdict"]) == {"hallucinated (dropped)"}
@@ -103,7 +104,7 @@ def test_rejected_lm_rewrite_is_replaced_and_the_page_says_so(shapes_llava_spec,
 
     scene = W.generate_scene(20000003)
     text = W.caption(scene)
-    monkeypatch.setattr(C, "generate_text", lambda lm, prompt, n, add_special_tokens=False: text)
+    monkeypatch.setattr(C.generation, "generate_text", lambda lm, prompt, n, add_special_tokens=False: text)
     at = _pasted(shapes_llava_spec, text, rew="shapes-lm", lm="zoo:shapes-lm", pi="0", ground="0")
     assert not at.exception and not _errors(at)
     notes = [i.value for i in at.info]
@@ -136,8 +137,8 @@ def _press(at):
 @pytest.fixture
 def every_step_asks(monkeypatch):
     """Every estimated step counts as long (the page tests otherwise start everything at once), and the
-    analysis functions count their calls: nothing may run before its button is pressed. The tiny VLM's
-    own caption and LM answers are noise, so the demo models' answers stand in for them."""
+    steps the page hands to the runner count their calls: nothing may run before its button is pressed.
+    The tiny VLM's own caption and LM answers are noise, so the demo models' answers stand in for them."""
     import functools
 
     from analysis import captions as C
@@ -146,13 +147,13 @@ def every_step_asks(monkeypatch):
     monkeypatch.setattr(runs, "ASK_ABOVE_S", 0.0)
     runs.run_store().clear()
     calls = {}
-    for name in ("caption_image", "verify_caption", "apply_threshold"):
+    for name in ("caption_upload", "verify_scene", "verify_upload", "rewrite_verified"):
         real = getattr(C, name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
             calls[_name] = calls.get(_name, 0) + 1
-            if _name == "caption_image":  # what the demo VLM says (the tiny one's caption is noise)
-                return W.caption(W.generate_scene(20000003))
+            if _name == "caption_upload":  # what the demo VLM says (the tiny one's caption is noise)
+                return C.GeneratedCaption(text=W.caption(W.generate_scene(20000003)))
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(C, name, functools.wraps(real)(counted))  # same name: the same estimator
@@ -162,7 +163,8 @@ def every_step_asks(monkeypatch):
         caption = prompt.split(" : ")[1].split(" drop")[0].removesuffix(" =")
         return " ; ".join(W.decompose(caption)) if " decompose " in prompt else caption
 
-    monkeypatch.setattr(C, "generate_text", trained_answer)
+    monkeypatch.setattr(C.generation, "generate_text", trained_answer)
+    # the tiny VLM's vocabulary is Shapes World's, so the demo LM agents accept its captions
     return calls
 
 
@@ -178,14 +180,14 @@ def test_scene_steps_wait_for_their_run_buttons(shapes_llava_spec, every_step_as
     assert _gate(at) == "Verifying claims" and not at.dataframe and not every_step_asks
     _press(at)
     assert _gate(at) == "Rewriting the caption" and not at.dataframe
-    assert every_step_asks == {"verify_caption": 1}
+    assert every_step_asks == {"verify_scene": 1}
     _press(at)
     assert not _gate(at) and len(at.dataframe[0].value) > 0
-    assert every_step_asks == {"verify_caption": 1, "apply_threshold": 1}
+    assert every_step_asks == {"verify_scene": 1, "rewrite_verified": 1}
 
 
 def test_upload_steps_wait_for_their_run_buttons(shapes_llava_spec, every_step_asks):
-    """An uploaded image's caption, verification and rewrite (cached by the page itself) ask the same way."""
+    """An uploaded image's caption, verification and rewrite (runs keyed by the image's bytes) ask the same way."""
     at = app_with_model(shapes_llava_spec, PAGE, query={"src": "upload", "cap": "vlm", "dec": "shapes-lm",
                                                         "rew": "shapes-lm", "lm": OWN_LM, "pi": "0", "ground": "0"})
     at.file_uploader(key="cap_upload").set_value(("scene.png", _scene_png(), "image/png")).run()
@@ -193,16 +195,18 @@ def test_upload_steps_wait_for_their_run_buttons(shapes_llava_spec, every_step_a
     assert _gate(at) == "Captioning" and not every_step_asks
     assert not [t for t in at.text_area if "generated" in t.label]
     _press(at)
-    assert _gate(at) == "Verifying claims" and every_step_asks == {"caption_image": 1}
+    assert _gate(at) == "Verifying claims" and every_step_asks == {"caption_upload": 1}
     assert [t for t in at.text_area if "generated" in t.label]
     _press(at)
     assert _gate(at) == "Rewriting the caption" and not at.dataframe
-    assert every_step_asks == {"caption_image": 1, "verify_caption": 1}
+    assert every_step_asks == {"caption_upload": 1, "verify_upload": 1}
     _press(at)
     assert not _gate(at) and len(at.dataframe[0].value) > 0
-    assert every_step_asks == {"caption_image": 1, "verify_caption": 1, "apply_threshold": 1}
+    assert every_step_asks == {"caption_upload": 1, "verify_upload": 1, "rewrite_verified": 1}
     done = dict(every_step_asks)
-    at.slider(key="cap_pi").set_value(0.05).run()  # another rewrite; caption and verification are cached
-    assert _gate(at) in ("", "Rewriting the caption") and every_step_asks["verify_caption"] == 1
-    at.slider(key="cap_pi").set_value(0.0).run()  # a pressed step is not asked about again
-    assert not _gate(at) and len(at.dataframe[0].value) > 0 and every_step_asks == done
+    at.slider(key="cap_pi").set_value(0.05).run()  # another rewrite; caption and verification are stored
+    assert _gate(at) == "Rewriting the caption" and every_step_asks == done
+    _press(at)
+    assert not _gate(at) and every_step_asks == {**done, "rewrite_verified": 2}
+    at.slider(key="cap_pi").set_value(0.0).run()  # back: that rewrite is stored, nothing is asked or run
+    assert not _gate(at) and len(at.dataframe[0].value) > 0 and every_step_asks == {**done, "rewrite_verified": 2}

@@ -36,7 +36,7 @@ def test_params_check_every_number_with_a_message_for_the_user():
              (dict(eps=0.0), "ε must be at least"), (dict(eps=0.9), "ε must be at most 0.5"),
              (dict(ig_steps=0), "Integrated Gradients steps must be at least 1"),
              (dict(scene_seed=-1), "scene seed must be at least 0"),
-             (dict(probabilities="softmax"), "Unknown p_True/p_False form")]
+             (dict(probabilities="softmax"), "p_True/p_False form must be one of raw, renormalised")]
     for settings, message in cases:
         with pytest.raises(SettingsError, match=message):
             C.CorrectionParams(caption="x", **settings).validate()
@@ -49,7 +49,7 @@ def test_agents_are_registered_classes_that_check_their_settings():
     assert C.VERIFIERS.names() == ["shapes-vlm", "vlm-yesno"]
     assert C.PROBABILITY_FORMS.names() == ["raw", "renormalised"]
     assert C.DECOMPOSERS.label("grammar") == C.GrammarDecomposer.label
-    with pytest.raises(SettingsError, match="Tokens to generate must be at least 1"):
+    with pytest.raises(SettingsError, match="Rewriter: tokens to generate must be at least 1"):
         C.ShapesLMRewriter(lm=None, max_new_tokens=0)
     with pytest.raises(C.CaptionError, match="needs a language model"):
         C.make_agent("rewriter", "lm-chat", None)
@@ -139,6 +139,7 @@ def test_page_shows_the_mass_warns_when_small_and_switches_form_without_reverify
         raise AssertionError("switching the probability form must reuse the cached verification")
 
     monkeypatch.setattr(C, "verify_caption", no_verify)
+    monkeypatch.setattr(C.pipeline, "verify_caption", no_verify)
     at.radio(key="cap_prob").set_value("renormalised").run()
     assert not at.exception, at.exception
     table = at.dataframe[0].value
@@ -180,14 +181,16 @@ def run_cli(capsys, argv):
 
 @pytest.mark.parametrize("extra, needle", [
     (["--pi", "-1"], "threshold π must be at least 0"),
-    (["--pi", "inf"], "finite"),
+    (["--pi", "inf"], "--pi: cannot read 'inf'"),
     (["--eps", "0"], "ε must be at least"),
     (["--eps", "2"], "ε must be at most 0.5"),
     (["--ig-steps", "0"], "Integrated Gradients steps must be at least 1"),
     (["--seed", "-4"], "scene seed must be at least 0"),
-    (["--probabilities", "softmax"], "invalid choice"),
-    (["--decomposer", "nope"], "invalid choice"),
-    (["--pi", "high"], "invalid float value"),
+    (["--probabilities", "softmax"], "p_True/p_False form must be one of raw, renormalised, got 'softmax'"),
+    (["--decomposer", "nope"], "Decomposer must be one of auto, grammar, shapes-lm, lm-chat, got 'nope'"),
+    (["--pi", "high"], "--pi: cannot read 'high' as The threshold π"),
+    (["--decomposer-tokens", "0"], "Decomposer: tokens to generate must be at least 1"),
+    (["--batch-size", "0"], "Verifier batch size must be at least 1"),
 ])
 def test_captions_cli_out_of_range_is_one_error_line(capsys, extra, needle):
     code, err = run_cli(capsys, ["captions", "--model", "local:/nonexistent", *extra])

@@ -13,8 +13,7 @@ TOPS = ("analysis", "components", "views")
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80
 TRANSITIONAL = {
-    "analysis/captions.py", "analysis/inversion.py", "analysis/inversion.py:reconstruct", "analysis/sharpness.py",
-    "analysis/zoo/train.py", "views/sae_features.py:show_feature",
+    "analysis/inversion.py", "analysis/inversion.py:reconstruct",
 }
 
 

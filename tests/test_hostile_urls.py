@@ -25,13 +25,15 @@ HOSTILE = {
 PAGES = {
     "views/attention_sharpness.py": ["ns", "samples", "theta", "layer", "head", "sink", "tlayers", "spread", "min_entropy",
                                      "prompt", "target", "n_view"],
-    "views/kv_cache.py": ["policy", "budget", "sinks", "heavy_share", "snap_window", "kernel", "morph_window",
-                          "fusion", "context", "prefill", "pairs", "queries", "seed", "prompt", "layer", "head",
-                          "examples", "metric"],
+    "views/kv_cache.py": ["task", "policy", "budget", "sinks", "heavy_share", "snap_window", "kernel",
+                          "morph_window", "fusion", "context", "prefill", "pairs", "queries", "seed", "prompt",
+                          "response", "layer", "head", "examples", "metric"],
     "views/prompt_reconstruction.py": ["prompt", "layer", "perm", "perturb", "order", "noise", "bits", "seed",
                                        "sweeps", "exhaustive", "parties", "sharding", "attacker", "budget"],
-    "views/caption_correction.py": ["src", "seed", "cap", "text", "lm", "dec", "ver", "rew", "pi", "prob", "ground"],
-    "views/sae_features.py": ["sae", "view", "sort", "labels", "feature", "by", "thr", "rule", "keep"],
+    "views/caption_correction.py": ["src", "seed", "cap", "text", "lm", "dec", "ver", "rew", "pi", "prob", "ground",
+                                    "dec_tokens", "rew_tokens", "rew_checked", "batch"],
+    "views/sae_features.py": ["sae", "view", "sort", "labels", "feature", "by", "thr", "rule", "keep", "data", "slayer",
+                              "spair", "img", "steer", "mode", "at", "tokens", "sprompt"],
     "views/overview.py": [],
 }
 for page_params in PAGES.values():

@@ -79,7 +79,7 @@ def test_bad_url_values_give_messages_not_tracebacks(demo_spec):
 
 @pytest.mark.parametrize("query,message", [
     ({"kernel": "4"}, "kernel must be a positive odd number"),
-    ({"morph_window": "-1"}, "MorphKV window R must be at least 1"),
+    ({"morph_window": "-1"}, "MorphKV window W must be at least 2"),
     ({"heavy_share": "1.5"}, "heavy-hitter share must be at most 0.95"),
     ({"prefill": "0"}, "Prefilled share must be at least 0.05"),
 ])
@@ -126,3 +126,30 @@ def test_model_whose_cache_cannot_be_evicted_gives_clear_message(tiny_mistral_sl
     at = app_with_model(ModelSpec("local", str(folder)), PAGE)
     assert not at.exception
     assert any("cannot be evicted" in e for e in _errors(at))
+
+
+def test_long_response_view_renders_its_heatmap_tables_and_charts(demo_spec):
+    at = app_with_model(demo_spec, PAGE, query={**SMALL, "task": "long-response", "budget": "16", "response": "12"},
+                        timeout=600)
+    assert not at.exception, at.exception
+    assert not _errors(at), _errors(at)
+    charts = [c.proto.spec for c in at.get("plotly_chart")]
+    assert len(charts) == 3 and "cached tokens while it writes" in charts[0]
+    assert "Item recall" in _metrics(at) and "Top-1 agreement (same prefix)" in _metrics(at)
+    summary = next(df.value for df in at.dataframe if "identical for (tokens)" in df.value.columns)
+    assert list(summary["policy"]) == [kv.POLICIES.label(n) for n in kv.main_policies()]
+    assert at.query_params["task"] in ("long-response", ["long-response"])
+    at.radio(key="kv_long_metric").set_value("kl").run(timeout=600)
+    assert not at.exception and "KL(full" in at.get("plotly_chart")[1].proto.spec
+
+
+@pytest.mark.parametrize("query,message", [
+    ({"response": "-5"}, "Response tokens (long response) must be at least 8"),
+    ({"budget": "0"}, "Budget C (entries per head) must be at least 1"),
+    ({"morph_window": "1"}, "MorphKV window W must be at least 2"),
+])
+def test_long_response_bad_link_settings_get_the_cli_message(tiny_llama_dir, query, message):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE,
+                        query={**SMALL, "task": "long-response", "response": "8", **query})
+    assert not at.exception, at.exception
+    assert any(message in e for e in _errors(at)), _errors(at)

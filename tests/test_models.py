@@ -101,7 +101,7 @@ def test_refuses_uncached_hub_id_offline(monkeypatch, tmp_path):
 
 
 def test_refuses_unknown_zoo_model():
-    assert "not a demo-zoo model" in _refused(ModelSpec("zoo", "no-such-model"))
+    assert "is not a zoo model" in _refused(ModelSpec("zoo", "no-such-model"))
 
 
 def test_patch_restores_model_even_on_error(tiny_llama):

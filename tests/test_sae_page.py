@@ -109,20 +109,24 @@ def test_explain_view_lists_features_of_a_dataset_scene(tiny_llava_dir, tiny_sae
     assert len(_frame(at, "token")) >= 1
 
 
-def test_ranking_view_shows_auc_and_exports_csv(tiny_llava_dir, tiny_sae):
+def test_ranking_of_unlabelled_pairs_shows_no_roc_and_exports_csv(tiny_llava_dir, tiny_sae):
+    """The noise pairs carry no corruption labels: no ROC AUC, precision or recall (issue 31)."""
     at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "ranking"})
     assert not at.exception, at.exception
     assert len(_frame(at, "score s_i")) == 8
-    assert any(m.label == "ROC AUC (s_i)" for m in at.metric)
+    assert "corrupted" not in _frame(at, "score s_i").columns
+    labels = {m.label for m in at.metric}
+    assert not {"ROC AUC (s_i)", "Precision: corrupted among removed", "Recall: corrupted pairs removed"} & labels
+    assert any("no corruption labels" in c.value for c in at.caption)
+    assert {b.label for b in at.get("download_button")} >= {"Ranked list (CSV)", "Ranked list (JSONL)"}
 
 
-def test_ranking_view_keep_fraction_reports_removed_corrupted_pairs(tiny_llava_dir, tiny_sae):
+def test_ranking_view_keep_fraction_counts_kept_and_removed_pairs(tiny_llava_dir, tiny_sae):
     at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "ranking", "keep": "0.25"})
     assert not at.exception, at.exception
     assert at.slider(key="sae_rank_keep").value == pytest.approx(0.25)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Pairs kept / removed"] == "2 / 6"  # 8 held-out pairs
-    assert "Precision: corrupted among removed" in metrics and "Recall: corrupted pairs removed" in metrics
     at.slider(key="sae_rank_keep").set_value(1.0).run()
     assert not at.exception
     assert {m.label: m.value for m in at.metric}["Pairs kept / removed"] == "8 / 0"
@@ -185,16 +189,28 @@ def test_text_only_model_on_image_view_gives_a_clear_message(tiny_llama_dir):
     assert any("no SAE" in i.value for i in at.info)
 
 
-def test_text_only_model_with_sae_refuses_image_views(tiny_llama, tiny_llama_dir, tmp_path):
+def test_text_only_model_with_sae_explains_text_and_refuses_the_ranking(tiny_llama, tiny_llama_dir, tmp_path):
     old = sae_v.types.CACHE_ROOT
     sae_v.types.CACHE_ROOT = tmp_path
     try:
         sae_v.build(tiny_llama, sae_v.BuildParams(layer=0, dataset="noise", train_pairs=8, eval_pairs=4,
                                                   train=sae_v.TrainParams(d_sae=8, k=2, steps=10, batch_size=32)))
-        for view, needle in (("ranking", "needs a vision-language model"), ("explain", "text-only model")):
-            at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query={"view": view})
-            assert not at.exception, at.exception
-            assert any(needle in e for e in _errors(at)), _errors(at)
+        at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query={"view": "ranking"})
+        assert not at.exception, at.exception
+        assert any("needs a vision-language model" in e for e in _errors(at)), _errors(at)
+        at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query={"view": "explain"})
+        assert not at.exception, at.exception
+        assert not _errors(at) and len(_frame(at, "token")) >= 1  # a text input's features, per token
+        assert not [r for r in at.radio if r.key == "sae_img_source"]  # no image source on a language model
+        at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query={"view": "feature"})
+        assert not at.exception and not _errors(at), _errors(at)
+        assert at.text_input(key="sae_steer_feature_prompt").value  # steering continues a text's start
+        at = [b for b in at.button if b.label.startswith("Run: Generating")][0].click().run()
+        assert not at.exception and not _errors(at), _errors(at)
+        assert any(m.value == "**Unsteered**" for m in at.markdown)
+        at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE)
+        assert "modality" not in _frame(at, "omega").columns  # one modality: no modality columns
+        assert not [b for b in at.button_group if b.key == "sae_labels"]  # and no modality filter
     finally:
         sae_v.types.CACHE_ROOT = old
 

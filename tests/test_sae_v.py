@@ -438,7 +438,7 @@ def test_activations_are_the_layer_outputs_at_text_and_image_positions(tiny_llav
     # brute force: one unbatched forward with all hidden states (the last one is after the final norm,
     # so compare layer 0's output, hidden_states[1])
     p = 4
-    enc = tiny_llava.processor(images=[llava_pairs.image(p)], text=[f"<image> {llava_pairs.pairs[p].text}"],
+    enc = tiny_llava.processor(images=[sae_v.render_pair(llava_pairs, p)], text=[f"<image> {llava_pairs.pairs[p].text}"],
                                return_tensors="pt")
     with tiny_llava.session():
         hidden = tiny_llava.model(**enc, output_hidden_states=True).hidden_states[1][0]
@@ -555,7 +555,7 @@ def test_neighbours_are_sorted_decoder_cosines(tiny_store):
 
 def test_explain_input_lists_features_per_patch_and_token(tiny_store, tiny_llava, llava_pairs):
     sae, _, store = tiny_store
-    image = llava_pairs.image(0)
+    image = sae_v.render_pair(llava_pairs, 0)
     result = sae_v.explain_input(tiny_llava, sae, store.meta, "w1 w2 w3", image)
     acts = sae_v.collect_activations(
         tiny_llava, sae_v.PairSet("", 0, tiny_llava.info.image_size, [sae_v.Pair("w1 w2 w3")]), 1, images=[image])
@@ -644,7 +644,9 @@ def test_cli_trains_and_prints_json(tiny_llava_dir, tmp_path, capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["meta"]["layer"] == 1 and out["summary"]["features"] == 16
-    assert len(out["meta"]["model_fingerprint"]) == 16
+    from analysis.precompute import weights_fingerprint
+
+    assert out["meta"]["model_fingerprint"] == weights_fingerprint(tiny_llava_dir)  # the app's one fingerprint
     assert {"roc_auc", "roc_auc_weighted", "precision", "recall"} <= set(out["ranking"])
     assert out["ranking"]["rule"] == "official" and out["summary"]["score_rule"] == "official"
     assert set(out["ranking"]["keep"]) >= {"precision", "recall", "kept", "removed"}

@@ -1,4 +1,4 @@
-"""The README's support matrix is what the tests measure: every panel on every tiny family."""
+"""The support matrix in docs/models.md is what the tests measure: every panel on every tiny family."""
 from __future__ import annotations
 
 import importlib.util
@@ -45,4 +45,4 @@ def test_refusals_say_why(matrix):
 def test_readme_table_matches_the_measured_matrix(matrix):
     measured = support_matrix.render(matrix)
     assert support_matrix.readme_table() == measured, (
-        "README.md's support matrix differs from the measured one; run `python scripts/support_matrix.py`.")
+        "docs/models.md's support matrix differs from the measured one; run `python scripts/support_matrix.py`.")

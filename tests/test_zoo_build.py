@@ -293,7 +293,7 @@ def test_a_phase_continued_from_saved_weights_gives_the_build_s_bytes(tmp_path):
     model = LlavaForConditionalGeneration.from_pretrained(tmp_path / "part", attn_implementation="eager")
     processor = AutoProcessor.from_pretrained(tmp_path / "part")
     train.continue_vlm(model, processor, train.SMOKE_VLM, rest, label=f"phase {len(first) + 2}")
-    train._save_vlm(model, processor, tmp_path / "resumed")
+    train.save_vlm(model, processor, tmp_path / "resumed")
     whole = (tmp_path / "whole" / "model.safetensors").read_bytes()
     assert (tmp_path / "resumed" / "model.safetensors").read_bytes() == whole
     partial = (tmp_path / "part" / "model.safetensors").read_bytes()

@@ -6,6 +6,7 @@ import streamlit as st
 from analysis import sharpness
 from analysis.errors import SettingsError
 from analysis.settings import url_name
+from components import hosting
 from components.common import (EMPTY_LIST, analysis_errors, explain, field_row, metric_row, require_model,
                                set_url_params, show_error, url_list, url_param)
 from components.figures import sharpness as F
@@ -160,6 +161,7 @@ if not text.strip():
     st.error("The prompt is empty: enter some text, the statistics are about how its last token attends.")
 else:
     try:
+        hosting.check_texts(text, target)  # the deployment's longest prompt
         pres = prompt_stats(handle.spec.label, sharpness.PromptParams(text, target, rule_of(theta, only, params.rules)
                                                                       ).to_json(), handle)
     except SettingsError as exc:  # this prompt cannot be measured

@@ -1,37 +1,43 @@
 """Caption correction (CapMAS): split a caption into claims, verify each alone, rewrite without the false ones."""
 from __future__ import annotations
 
-import hashlib
 import io
 
 import streamlit as st
 
-from analysis import captions as C
-from analysis.models import ModelLoadError, ModelSpec, load_model, zoo_models
-from analysis.registry import SettingsError
+from analysis import captions
+from analysis.errors import SettingsError
+from analysis.images import open_image
+from analysis.models import ModelSpec, load_model, zoo_models
+from analysis.settings import labelled
+from components.common import (analysis_errors, explain, field_row, metric_row, require_model, set_url_params,
+                               url_param)
 from components.figures import captions as F
-from components.common import (analysis_errors, explain, field_row, metric_row, progress, require_model,
-                               set_url_params, url_param)
+from components.params_form import ParamsForm, fields_of
 from components.presets import preset_bar
-from components.runs import cached_run, confirm, ready, remember
+from components.runs import cached_run, ready, remember
 from components.share import share_bar
+from components import hosting  # uploads under the deployment's limits
 
 st.title("Caption correction")
 st.write(
     "A detailed caption is split into atomic claims, the vision-language model answers a yes/no "
     "question about **each claim alone**, and claims it does not confirm are removed by a rewriter "
     "that adds nothing new — the multi-agent pipeline of *CapMAS* (ICML 2025). On Shapes World "
-    "scenes the ground truth is known, so factuality and coverage are exact."
+    "scenes the ground truth is known, so factuality and coverage are exact; on anything else they "
+    "are not measurable, and the page says so."
 )
 
 preset_bar("caption-correction", widget_prefix="cap_")
-handle = require_model("vlm", panel="Caption correction")
-world = C.shapes_world() if C.has_shapes_world() else None
+handle = require_model(*captions.ANALYSIS.kinds, panel="Caption correction")
+world = captions.shapes_world() if captions.has_shapes_world() else None
 zoo = zoo_models()
 WEAK = "shapes-vlm-weak"
 OWN_LM = "the VLM's own language model"
 SEED_MAX = 2**31 - 1
 AGENT_WIDTH = 200  # px: the longest agent label and "zoo:shapes-lm" whole
+PI_SHOWN = 10.0  # the slider's end: above -log ε = 9.2 (the default ε) every claim is kept
+ROLES = {"decomposer": captions.DECOMPOSERS, "verifier": captions.VERIFIERS, "rewriter": captions.REWRITERS}
 
 
 # Two at once: the weak captioner and the decomposer/rewriter LM are both used on every run.
@@ -47,27 +53,6 @@ def scene_png(seed: int) -> bytes:
     return buf.getvalue()
 
 
-# Shapes World scenes go through components/runs.py (keyed by the seed: shared between users and
-# shipped for the default view and presets by `python -m analysis warm`); uploads are keyed by their
-# bytes here.
-@st.cache_data(max_entries=32, show_spinner="Captioning ...")
-def generate_caption(model_label: str, image_key: str, _vlm, _image) -> str:
-    return C.caption_image(_vlm, _image)
-
-
-@st.cache_data(max_entries=16, show_spinner=False)
-def verify(vlm_label: str, lm_label: str, image_key: str, params_json: str, _vlm, _lm, _image):
-    # The progress bar lives inside the cached call: Streamlit replays (and removes) it on a hit.
-    with progress("Verifying claims ...") as report:
-        return C.verify_caption(_vlm, _image, C.CorrectionParams.from_json(params_json), _lm, report)
-
-
-@st.cache_data(max_entries=64, show_spinner="Rewriting ...")
-def correct(lm_label: str, verification_json: str, params_json: str, _lm):
-    verification = C.Verification.from_json(verification_json)
-    return C.apply_threshold(verification, C.CorrectionParams.from_json(params_json), _lm)
-
-
 # --- controls -----------------------------------------------------------------------------------
 
 left, right = st.columns([1, 2], gap="large")
@@ -76,28 +61,22 @@ with left:
     source = st.radio("Image", sources, index=sources.index(url_param("src", sources[0], choices=sources)),
                       format_func={"scene": "Shapes World scene", "upload": "Upload an image"}.get,
                       horizontal=True, key="cap_src")
-    seed = None
-    image = None
+    seed = upload = None
     if source == "scene":
         default_seed = world.split_seeds("test", 1)[0] + 3
         seed = int(st.number_input("Scene seed (test split starts at 20,000,000)", min_value=0,
                                    value=url_param("seed", default_seed, int, lo=0, hi=SEED_MAX),
                                    max_value=SEED_MAX, step=1, key="cap_seed"))
-        data = scene_png(seed)
-        image_key = f"scene:{seed}"
+        image = open_image(scene_png(seed))
     else:
-        upload = st.file_uploader("Image (PNG, JPEG, GIF, BMP, WebP)", key="cap_upload",
-                                  type=["png", "jpg", "jpeg", "gif", "bmp", "webp"])
-        if upload is None:
+        file = hosting.file_uploader("Image (PNG, JPEG, GIF, BMP, WebP)", key="cap_upload",
+                                     type=["png", "jpg", "jpeg", "gif", "bmp", "webp"])
+        if file is None:
             st.info("Upload an image, or switch to a Shapes World scene.")
             st.stop()
-        data = upload.getvalue()
-        image_key = "upload:" + hashlib.sha256(data).hexdigest()
-    try:
-        image = C.open_image(data)
-    except SettingsError as exc:
-        st.error(f"Cannot use this upload: {exc}")
-        st.stop()
+        upload = captions.Upload(file.getvalue())  # every step on it is keyed by its bytes
+        with analysis_errors(prefix="Cannot use this upload: "):
+            image = upload.image
     st.image(image, caption=f"Scene {seed}" if seed is not None else "Uploaded image", width="stretch")
     if seed is not None:
         with st.expander("Ground truth of this scene"):
@@ -111,71 +90,93 @@ with right:
     cap_source = st.radio("Caption", cap_sources, format_func=cap_labels.get, horizontal=True, key="cap_from",
                           index=cap_sources.index(url_param("cap", cap_default, choices=cap_sources)))
     if cap_source == "paste":
-        caption = st.text_area("Caption to check", value=url_param("text", "", str), key="cap_text", height=100)
+        caption = st.text_area("Caption to check", value=url_param("text", "", str), key="cap_text", height=100,
+                               max_chars=captions.params.CAPTION_CHARS)
     else:
-        try:
+        with analysis_errors(prefix="Could not generate a caption: "):
             captioner = handle if cap_source == "vlm" else agent_lm(f"zoo:{WEAK}")
             if seed is not None:
-                caption = cached_run("caption", C.caption_scene, captioner, C.SceneCaptionParams(scene_seed=seed),
-                                     label="Captioning").text
+                caption = cached_run("caption", captions.caption_scene, captioner,
+                                     captions.SceneCaptionParams(scene_seed=seed), label="Captioning").text
             else:
-                confirm("caption", C.caption_image, captioner, None, label="Captioning", inputs=image_key, image=image)
-                caption = generate_caption(captioner.spec.label, image_key, captioner, image)
-        except (C.CaptionError, ModelLoadError) as exc:
-            st.error(f"Could not generate a caption: {exc}")
-            st.stop()
+                caption = cached_run("caption", captions.caption_upload, captioner, captions.CaptionParams(),
+                                     label="Captioning", upload=upload).text
         st.text_area("Caption to check (generated)", value=caption, disabled=True, height=100)
 
     lm_choices = (["zoo:shapes-lm"] if "shapes-lm" in zoo else []) + [OWN_LM]
-    demo_vlm = C.speaks_shapes_world(handle)
-    lm_default = lm_choices[0] if demo_vlm else OWN_LM
-    decomposers, rewriters, verifiers = (["auto", *C.DECOMPOSERS], ["auto", *C.REWRITERS],
-                                         ["auto", *C.VERIFIERS])
-    forms = list(C.PROBABILITY_FORMS)
-
-    def labelled(registry):
-        return lambda name: "auto" if name == "auto" else registry.label(name)
-
-    url_pi = url_param("pi", C.DEFAULT_PI, float)
+    lm_default = lm_choices[0] if captions.speaks_shapes_world(handle) else OWN_LM
+    url_pi = url_param("pi", captions.DEFAULT_PI, float)
     try:
-        C.CorrectionParams(pi=url_pi).validate()  # the same check as the CLI's
+        captions.CorrectionParams(pi=url_pi).validate()  # the same check as the CLI's
     except SettingsError as exc:
-        st.error(f"{exc} Showing π = {C.DEFAULT_PI} instead.")
-        url_pi = C.DEFAULT_PI
+        st.error(f"{exc} Showing π = {captions.DEFAULT_PI} instead.")
+        url_pi = captions.DEFAULT_PI
+    form = ParamsForm("cap_")
     with st.expander("Agents and threshold", expanded=True):
         # fixed-width fields that wrap whole: equal columns cut their values ("zoo:shapes-l…") and, at
         # 1024 px, their labels mid-word
         row = field_row()
         lm_choice = row.selectbox("Decomposer/rewriter model", lm_choices, key="cap_lm", width=AGENT_WIDTH,
                                   index=lm_choices.index(url_param("lm", lm_default, choices=lm_choices)))
-        decomposer = row.selectbox("Decomposer", decomposers, key="cap_dec", format_func=labelled(C.DECOMPOSERS),
-                                   width=AGENT_WIDTH,
-                                   index=decomposers.index(url_param("dec", "auto", choices=decomposers)))
-        verifier = row.selectbox("Verifier (the loaded VLM)", verifiers, key="cap_ver",
-                                 format_func=labelled(C.VERIFIERS), width=AGENT_WIDTH,
-                                 index=verifiers.index(url_param("ver", "auto", choices=verifiers)))
-        rewriter = row.selectbox("Rewriter", rewriters, key="cap_rew", format_func=labelled(C.REWRITERS),
-                                 width=AGENT_WIDTH, index=rewriters.index(url_param("rew", "auto", choices=rewriters)))
-        ground_default = "1" if handle.info.parameters < 50_000_000 else "0"
+        labelled_names = {role: {"format_func": lambda n, r=registry: "auto" if n == "auto" else r.label(n)}
+                          for role, registry in ROLES.items()}
+        labelled_names["verifier"]["label"] = "Verifier (the loaded VLM)"
+        form.draw(row, fields_of(captions.CorrectionParams, ["decomposer", "verifier", "rewriter"]), width=AGENT_WIDTH,
+                  overrides=labelled_names)
+        with analysis_errors(prefix="Could not load the decomposer/rewriter model: "):
+            lm = agent_lm(lm_choice) if lm_choice != OWN_LM else handle
+        with analysis_errors():
+            chosen = {"decomposer": captions.resolve_agent("decomposer", form.values["decomposer"], lm),
+                      "rewriter": captions.resolve_agent("rewriter", form.values["rewriter"], lm),
+                      "verifier": captions.resolve_verifier(form.values["verifier"], handle)}
+        # each chosen agent's own settings (a role's settings keep one URL name: dec_tokens, rew_tokens, ...)
+        agent_forms = {role: ParamsForm(f"cap_{role[:3]}_") for role in ROLES}
+        row = field_row()
+        for role, registry in ROLES.items():
+            cls = registry.get(chosen[role])
+            agent_forms[role].draw(row, [(f, cls) for f in labelled(cls)])
         row = st.container(horizontal=True, wrap=True)
-        pi = row.slider("Threshold π (nats): drop a claim when H(u) > π", 0.0, 10.0, key="cap_pi",
-                        value=min(url_pi, 10.0), step=0.05, width=300)
-        form = row.radio("p_True / p_False in H", forms, format_func=C.PROBABILITY_FORMS.label, key="cap_prob",
-                         width=220, index=forms.index(url_param("prob", C.DEFAULT_PROBABILITIES, choices=forms)),
+        pi = row.slider("Threshold π (nats): drop a claim when H(u) > π", 0.0, PI_SHOWN, key="cap_pi",
+                        value=min(url_pi, PI_SHOWN), step=0.05, width=300)
+        forms = captions.PROBABILITY_FORMS.names()
+        prob = row.radio("p_True / p_False in H", forms, format_func=captions.PROBABILITY_FORMS.label, key="cap_prob",
+                         width=220, index=forms.index(url_param("prob", captions.DEFAULT_PROBABILITIES, choices=forms)),
                          help="Raw: the next-token probabilities of yes and no, as CapMAS defines H. "
                               "Renormalised: p_T / (p_T + p_F), the answer among yes and no only — it ignores "
                               "probability that went to other tokens.")
-        ground = st.checkbox("Ground each answer in the image (Captum Integrated Gradients)", key="cap_ground",
-                             value=url_param("ground", ground_default, choices=["0", "1"]) == "1",
-                             help="Integrated Gradients costs about 8 forward/backward passes per claim; "
-                                  "off by default for models above 50 M parameters.")
+        form.draw(st.container(), fields_of(captions.CorrectionParams, ["ground"]), width="content",
+                  defaults={"ground": handle.info.parameters < 50_000_000},
+                  overrides={"ground": {"help": "Integrated Gradients costs about 8 forward/backward passes per "
+                                                "claim; off by default for models above 50 M parameters."}})
         st.caption("auto: the demo LM for Shapes World, an instruct model's chat prompts otherwise, "
-                   "the grammar reference as a last resort. The demo LM's rewrite is parsed and replaced "
-                   "by the grammar's if it states a claim that was not kept. Verifier: the loaded VLM.")
+                   "the grammar reference as a last resort. A language model's rewrite is checked and replaced "
+                   "if it says what was not kept (the demo LM: by the grammar's; an instruct LM: by the kept "
+                   "claims). Verifier: the loaded VLM.")
 
-set_url_params(src=source, cap=cap_source, lm=lm_choice, dec=decomposer, ver=verifier, rew=rewriter, pi=pi, prob=form,
-               ground=int(ground), **({"seed": seed} if seed is not None else {}),
-               **({"text": caption} if cap_source == "paste" else {}))
+
+def params_of(values: dict, agents: dict[str, dict]) -> captions.CorrectionParams:
+    return captions.CorrectionParams(
+        caption=caption, pi=pi, probabilities=prob, scene_seed=seed, **values,
+        decomposers={chosen["decomposer"]: agents["decomposer"]} if agents["decomposer"] else {},
+        verifiers={chosen["verifier"]: agents["verifier"]} if agents["verifier"] else {},
+        rewriters={chosen["rewriter"]: agents["rewriter"]} if agents["rewriter"] else {})
+
+
+form.mirror()
+for agent_form in agent_forms.values():
+    agent_form.mirror()
+set_url_params(src=source, cap=cap_source, lm=lm_choice, pi=pi, prob=prob,
+               **({"seed": seed} if seed is not None else {}), **({"text": caption} if cap_source == "paste" else {}))
+
+
+def check_link(role: str, raw: dict) -> None:
+    """The link's own values of one agent's settings, validated as the CLI does."""
+    params_of(form.values, {**{r: f.values for r, f in agent_forms.items()}, role: raw}).validate()
+
+
+# a link's agent settings out of range: the CLI's message; the controls already show the nearest allowed
+for role, agent_form in agent_forms.items():
+    agent_form.check(lambda raw, r=role: check_link(r, raw))
 
 if not caption.strip():
     st.info("Paste a caption (or generate one) to check it.")
@@ -183,29 +184,25 @@ if not caption.strip():
 
 # --- run ----------------------------------------------------------------------------------------
 
-with analysis_errors(prefix="Could not load the decomposer/rewriter model: "):
-    lm = agent_lm(lm_choice) if lm_choice != OWN_LM else handle
-with analysis_errors(C.CaptionError):
-    params = C.CorrectionParams(caption=caption, pi=pi, decomposer=decomposer, verifier=verifier,
-                                rewriter=rewriter, ground=ground, scene_seed=seed, probabilities=form)
-    # pi and the probability form do not change verification (p_T, p_F): moving them only re-scores
-    verify_params = C.verification_params(params)
+models = {"lm": lm}
+with analysis_errors():
+    params = params_of(form.values, {role: f.values for role, f in agent_forms.items()})
+    params.validate()
+    # pi, the probability form and the rewriter's settings do not change verification: moving them only re-scores
+    verify_params = captions.verification_params(params)
     if seed is not None:
-        agents = {"lm": lm}
-        result = ready("correct", handle, params, agents)
+        result = ready("correct", handle, params, models)
         if result is None:
-            verification = cached_run("verify", C.verify_scene, handle, verify_params, label="Verifying claims",
-                                      models=agents)
-            confirm("rewrite", C.apply_threshold, lm, params, label="Rewriting the caption", verification=verification)
-            result = correct(lm.spec.label, verification.to_json(), params.to_json(), lm)
-            remember("correct", C.correct_scene, handle, params, result, models=agents)
+            verification = cached_run("verify", captions.verify_scene, handle, verify_params,
+                                      label="Verifying claims", models=models)
+            result = cached_run("rewrite", captions.rewrite_verified, lm, params, label="Rewriting the caption",
+                                verification=verification)
+            remember("correct", captions.correct_scene, handle, params, result, models=models)
     else:
-        confirm("verify", C.verify_caption, handle, verify_params, label="Verifying claims", models={"lm": lm},
-                inputs=image_key, image=image)
-        verification = verify(handle.spec.label, lm.spec.label, image_key, verify_params.to_json(), handle, lm,
-                              image)
-        confirm("rewrite", C.apply_threshold, lm, params, label="Rewriting the caption", verification=verification)
-        result = correct(lm.spec.label, verification.to_json(), params.to_json(), lm)
+        verification = cached_run("verify", captions.verify_upload, handle, verify_params, label="Verifying claims",
+                                  models=models, upload=upload)
+        result = cached_run("rewrite", captions.rewrite_verified, lm, params, label="Rewriting the caption",
+                            verification=verification)
 
 # --- views --------------------------------------------------------------------------------------
 
@@ -214,24 +211,24 @@ st.markdown(F.diff_html(result.diff), unsafe_allow_html=True)
 dropped = len(result.dropped)
 st.caption(f"{dropped} of {len(result.claims)} claims dropped · agents: "
            + ", ".join(f"{k} = {v}" for k, v in result.agents.items()))
-if result.rewrite_note:
-    st.info(result.rewrite_note)
+for note in (result.decompose_note, result.rewrite_note):
+    if note:
+        st.info(note)
 explain("The caption you checked, with the words the rewriter removed struck through in red and any "
         "words it added in green. A faithful rewrite only removes.")
 
+row = metric_row()
+for label, value, delta, colour in F.metric_cards(result):
+    row.metric(label, value, delta, delta_color=colour)
 if result.before and result.after:
-    row = metric_row()
-    row.metric("Factuality", f"{result.after.factuality:.2f}",
-               f"{result.after.factuality - result.before.factuality:+.2f}")
-    row.metric("Coverage", f"{result.after.coverage:.2f}",
-               f"{result.after.coverage - result.before.coverage:+.2f}")
-    row.metric("CHAIR_i", f"{result.after.chair_i:.2f}",
-               f"{result.after.chair_i - result.before.chair_i:+.2f}", delta_color="inverse")
     st.plotly_chart(F.metrics_figure(result.before, result.after), key="cap_metrics")
-    explain("Factuality: share of the caption's claims that are true in the scene. Coverage: share of "
-            "the scene's facts (three per object: it exists, its size, its position) the caption "
-            "states. CHAIR_i: share of mentioned objects that are not in the scene. Exact, because "
-            "the scene is known.")
+if result.ground_truth:
+    st.caption(result.ground_truth)
+explain("Factuality: share of the caption's claims that are true in the scene. Coverage: share of "
+        "the scene's facts (three per object: it exists, its size, its position) the caption "
+        "states. CHAIR_i: share of mentioned objects that are not in the scene. Exact, because "
+        "the scene is known — and only then: without a Shapes World scene, or for a caption its grammar "
+        "does not read, no claim has ground truth and the numbers are shown as not measurable.")
 
 st.subheader("Claims")
 low = [c for c in result.claims if c.low_mass]
@@ -254,9 +251,9 @@ grounded = [c for c in result.claims if c.heatmap]
 if grounded:
     st.subheader("Grounding")
     names = [c.claim for c in grounded]
-    chosen = st.selectbox("Claim", range(len(names)), format_func=lambda i: names[i], key="cap_claim")
+    picked = st.selectbox("Claim", range(len(names)), format_func=lambda i: names[i], key="cap_claim")
     view = F.model_view(image, handle.info.image_size)
-    st.plotly_chart(F.heatmap_figure(grounded[chosen], view), key="cap_heat")
+    st.plotly_chart(F.heatmap_figure(grounded[picked], view), key="cap_heat")
     explain("Integrated Gradients (Captum) of the answer's log-odds, log p(yes) − log p(no), with "
             "respect to the pixels, summed over each vision patch. Red patches pushed the model towards "
             "'yes' (the claim is true), blue ones towards 'no'. The image is shown as the vision "
@@ -271,4 +268,4 @@ explain("For every threshold π: the factuality of the claims that would be kept
 share_bar("captions", title=f"Caption correction on {handle.spec.label}", params=params.to_dict(),
           result=result, model=handle.spec.label,
           figures={"Scores": F.score_figure(result), "Threshold sweep": F.sweep_figure(result)},
-          tables={"claims": F.claim_rows(result)})
+          tables={"metrics": F.metric_rows(result), "claims": F.claim_rows(result)})

@@ -6,6 +6,7 @@ import streamlit as st
 from analysis import kv
 from analysis.cost import default_for
 from components.figures import kv as F
+from components.figures import kv_long as L
 from components.common import (analysis_errors, charts_side_by_side, explain, field_row, metric_row,
                                require_model, set_url_params, url_param)
 from components.params_form import WIDTH, ParamsForm, fields_of
@@ -13,14 +14,17 @@ from components.presets import preset_bar
 from components.runs import cached_run
 from components.share import share_bar
 
-TASK_CONTROLS = ["context", "prefill", "pairs", "queries", "seed"]  # the task's settings drawn in one row
+TASK_CONTROLS = ["context", "prefill", "pairs", "queries", "seed"]  # the retrieval task's settings, one row
+LONG_CONTROLS = ["response", "seed"]  # the long-response task's
+TASKS = {"retrieval": "Retrieval (needles in a context)", "long-response": "Long response (the model writes)"}
 
 st.title("KV-cache eviction")
 st.write(
     "A decoder caches the keys and values of every token it has seen; eviction policies keep only a "
     "budget of them. This panel runs each policy on the loaded model on identical tokens and compares it "
-    "with the full cache — *MorphKV* (ICML 2025) against StreamingLLM, H2O, TOVA and SnapKV. The default "
-    "prompt is a key-value recall task: needles (key, value) hidden in filler, then each key is asked."
+    "with the full cache — *MorphKV* (ICML 2025) against StreamingLLM, H2O, TOVA, SnapKV and PyramidKV. Two "
+    "tasks: **retrieval** (needles hidden in filler, then asked) and **long response** (the prompt read once, "
+    "then each policy writes its own long answer at constant memory: MorphKV's claim)."
 )
 
 preset_bar("kv-cache", widget_prefix="kv_")
@@ -33,15 +37,20 @@ with analysis_errors():
 
 form = ParamsForm("kv_")
 with st.container(border=True):
-    c1, c2 = st.columns([2, 1])
+    c0, c1, c2 = st.columns([1, 2, 1])
+    task_kind = form.draw(c0, fields_of(kv.KvParams, ["task"]), width="stretch",
+                          overrides={"task": {"format_func": TASKS.get}})["task"]
     form.draw(c1, fields_of(kv.KvParams, ["policy"]), width="stretch",
               overrides={"policy": {"format_func": kv.POLICIES.label}})
     form.draw(c2, fields_of(kv.KvParams, ["budget"]), width="stretch")
     st.caption("Each policy's own settings")
     form.draw(field_row(), kv.POLICIES.settings())
-    form.draw(field_row(), fields_of(kv.KvParams, TASK_CONTROLS),
-              defaults={"context": default_for(handle, kv.KvParams.context, 64)},
-              overrides={"prefill": {"width": 2 * WIDTH}})
+    if task_kind == "long-response":
+        form.draw(field_row(), fields_of(kv.KvParams, LONG_CONTROLS))
+    else:
+        form.draw(field_row(), fields_of(kv.KvParams, TASK_CONTROLS),
+                  defaults={"context": default_for(handle, kv.KvParams.context, 96)},
+                  overrides={"prefill": {"width": 2 * WIDTH}})
     form.draw(st.container(), fields_of(kv.KvParams, ["prompt"]), width="stretch")
 
 
@@ -55,6 +64,66 @@ params = params_of(form.values)
 form.mirror()
 # a link's own values go through the same validation as the CLI; the controls already show the nearest allowed
 form.check(lambda raw: kv.validate_params(params_of(raw), check_budget=False))
+
+
+def long_response_view() -> None:
+    """The long-response task: every policy writes its own answer with its cache held at the budget."""
+    with analysis_errors():
+        long: kv.LongResult = cached_run("long_response", kv.long_response, handle, params,
+                                         label="Every policy writes its own answer ...")
+    mine, full = long.run(params.policy), long.runs[0]
+    st.caption(f"{long.task.source}: a {len(long.task.tokens)}-token prompt read in one forward, then up to "
+               f"{long.task.max_new} generated tokens · budget {params.budget} entries per layer and KV head, "
+               f"held from the first generated token · {len(long.layers)} evictable layers × {long.kv_heads} KV heads")
+    row = metric_row()
+    row.metric("Item recall", "n/a" if mine.recall is None else f"{mine.recall:.0%}",
+               None if mine.recall is None or full.recall is None else f"{mine.recall - full.recall:+.0%} vs full")
+    row.metric("Top-1 agreement (same prefix)", f"{mine.agreement:.0%}")
+    row.metric("Identical to the full cache's answer for", f"{int(sum(mine.same))} tokens",
+               f"of {len(full.generated)}", delta_color="off")
+    row.metric("Cache at last step", f"{mine.cache_bytes[-1] / 1024:.1f} KiB" if mine.cache_bytes else "—",
+               f"full cache {full.cache_bytes[-1] / 1024:.1f} KiB" if full.cache_bytes else None, delta_color="off")
+    st.subheader("Which tokens stay in the cache as the answer grows")
+    h1, h2 = st.columns(2)
+    layer_idx = h1.selectbox("Layer", list(range(len(long.layers))), format_func=lambda i: str(long.layers[i]),
+                             index=url_param("layer", 0, int, lo=0, hi=len(long.layers) - 1), key="kv_long_layer")
+    head = h2.selectbox("KV head", list(range(long.kv_heads)),
+                        index=url_param("head", 0, int, lo=0, hi=long.kv_heads - 1), key="kv_long_head")
+    set_url_params(layer=layer_idx, head=head)
+    heat = L.kept_heatmap(long, layer_idx, head)
+    st.plotly_chart(heat, key="kv_long_heatmap")
+    explain("Each row is one generated token, each column a position: the prompt, then the answer as it is "
+            "written. Dark cells are the entries this layer and KV head holds after that step; light cells were "
+            "evicted; blank cells are not written yet. MorphKV keeps its last W + 1 tokens and the older entries "
+            "its recent queries look at; StreamingLLM two bands; H2O what gathered attention so far.")
+    st.subheader(f"All policies at budget {params.budget}: each writes its own answer")
+    st.dataframe(L.summary_rows(long), hide_index=True)
+    explain("Item recall and precision check each answer against the task's ground truth (Shapes World: the "
+            "caption's claims; a real model: one line per person of the list in the prompt). Top-1 agreement "
+            "and KL compare each policy with the full cache *after the same prefix* (its own answer so far); "
+            "'identical for' counts the tokens before the answer first differs from the full cache's.")
+    if long.task.reference:
+        st.dataframe(L.item_rows(long), hide_index=True)
+        explain("One row per item of a correct answer, in order: which policies wrote it.")
+    names = {"top1": "top-1 agreement", "same": "identical so far", "kl": "KL"}
+    metric = st.radio("By position", list(names), horizontal=True, key="kv_long_metric", format_func=names.get,
+                      index=list(names).index(url_param("metric", "top1", choices=list(names))))
+    set_url_params(metric=metric)
+    charts_side_by_side((L.position_figure(long, metric), "kv_long_position"), (L.memory_figure(long), "kv_long_memory"))
+    explain("Left: how each policy's answer keeps agreeing with the full cache as it grows (moving mean over 8 "
+            "tokens). Right: the measured key/value bytes at each generated token — flat at the budget for "
+            "every policy of the comparison, growing for the full cache.")
+    st.dataframe(L.answer_rows(long), hide_index=True)
+    share_bar("kv", title=f"KV long response: {kv.POLICIES.label(params.policy)} at budget {params.budget} on "
+              f"{handle.spec.label}", params=params.to_dict(), result=long, model=handle.spec.label,
+              figures={"Retained tokens": heat, "Memory": L.memory_figure(long)},
+              tables={"policies": L.summary_rows(long)})
+
+
+if params.task == "long-response":
+    long_response_view()
+    st.stop()
+
 with analysis_errors():
     result: kv.KvResult = cached_run("analyze", kv.analyze, handle, params,
                                      label="Running every policy on identical tokens ...")
@@ -104,17 +173,18 @@ explain("Every policy ran on exactly the same tokens as the full cache (teacher 
         "is the share of the full cache's attention (same step, same layer) that falls on the entries the "
         "policy still held; needle survival is the share of the asked-for key/value tokens still cached when "
         "the answer is predicted, averaged over layers and heads; time is per decode step, eviction included. "
-        "Every policy in this table holds the same number of entries once the context exceeds the budget "
-        "(PyramidKV: the same on average over layers): SnapKV and PyramidKV evict at every decode step too.")
+        "Every policy in this table holds the budget once the context exceeds it (PyramidKV: its official "
+        "per-layer schedule, at least the budget on average): SnapKV and PyramidKV evict at every decode step "
+        "too. MorphKV selects before each query attends (as its code does), the others after.")
 variant_rows = F.summary_rows(result, variants=True)
 if variant_rows:
     st.markdown("**Labelled variants** (not part of the equal-entries comparison)")
     st.dataframe(variant_rows, hide_index=True)
     explain("The prefill-only variants compress the prompt once, as SnapKV's and PyramidKV's official code does, "
             "and then grow by one entry per decode step, so they hold more than the budget when the answer is "
-            "predicted (see the cache column). The MorphKV variant is our earlier reading (max over the query "
-            "heads of a group of per-head fused scores, window including the current token); the default "
-            "MorphKV follows the official code.")
+            "predicted (see the cache column). The MorphKV variant is the later Llama rule of its repository "
+            "(8903d2a: the group's logits summed before one softmax, W scoring queries); the default MorphKV is "
+            "the code released with the paper (36fefc7: a softmax per query head, then the max over the group).")
 if task.answer_positions:
     st.dataframe(F.answer_rows(result), hide_index=True)
     explain("One row per asked key: did each policy's top prediction equal the true value?")

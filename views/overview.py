@@ -33,7 +33,7 @@ for panel in PANELS:
                              for k in panel.kinds)
         paper = f" Reproduces *{panel.paper}*; works on {works_on}." if panel.paper else ""
         st.caption(panel.summary + paper)
-missing = [p.title for p in PANELS if not p.available]
+missing = [p.title for p in PANELS if not p.path.is_file()]  # not hidden ones (the configuration's panels.hidden)
 if missing:
     st.caption("Coming next: " + ", ".join(missing) + ".")
 

@@ -128,16 +128,17 @@ def budget_sweep(handle: ModelHandle, params: KvParams, progress: Progress | Non
                 if progress:
                     progress(done / total, f"{pol.label} at {share:.0%} ...")
                 run = compare(full, run_policy(handle, task.tokens, task.prefill_len, pol), task, pol, layers, groups)
-                acc = sums.setdefault((name, share), [0.0, 0.0, 0.0, 0.0, 0.0, pol.budget, 0.0])
+                acc = sums.setdefault((name, share), [0.0, 0.0, 0.0, 0.0, 0.0, pol.budget, 0.0, 0.0])
                 acc[0] += (run.accuracy or 0.0) * n_ans
                 acc[1] += n_ans
                 acc[2] += run.mean_kl / n_ex
                 acc[3] += run.agreement / n_ex
                 acc[4] += run.mean_recall / n_ex
                 acc[6] += (run.cache_len[-1] if run.cache_len else 0.0) / n_ex
+                acc[7] += run.claimed / n_ex
                 done += 1
     points = [SweepPoint(policy=name, share=share, budget=int(v[5]), accuracy=v[0] / v[1] if v[1] else None,
-                         mean_kl=v[2], agreement=v[3], recall=v[4], cache=v[6])
+                         mean_kl=v[2], agreement=v[3], recall=v[4], cache=v[6], claimed=v[7])
               for (name, share), v in sums.items()]
     return SweepResult(model=handle.spec.label, context=context, points=points,
                        full_accuracy=full_hits / full_n if full_n else None)

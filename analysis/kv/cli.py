@@ -6,6 +6,7 @@ import argparse
 
 from analysis.errors import SettingsError
 from analysis.kv.analysis import analyze, budget_sweep
+from analysis.kv.longresp import LongResult, long_response
 from analysis.kv.params import KvParams, policy_settings, validate_params
 from analysis.kv.policies import POLICIES
 from analysis.settings import ArgumentParser, add_arguments, labelled, parse_text, read_arguments
@@ -45,10 +46,18 @@ def cli(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     params = params_from(args)
     validate_params(params, check_budget=args.sweep is None)  # before loading the model: bad input fails fast
+    if args.sweep is not None and params.task == "long-response":
+        raise SettingsError("--sweep runs the retrieval task; benchmarks/kv_longresp.py sweeps budgets on long "
+                            "responses (or run --task long-response once per --budget).")
     handle = load_model(ModelSpec.parse(args.model))
-    result = budget_sweep(handle, params) if args.sweep is not None else analyze(handle, params)
+    if params.task == "long-response":
+        result = long_response(handle, params)
+    else:
+        result = budget_sweep(handle, params) if args.sweep is not None else analyze(handle, params)
     if args.json:
         print(result.to_json())
+    elif isinstance(result, LongResult):
+        print_long(result)
     elif args.sweep is not None:
         print(f"context {result.context} tokens; full-cache accuracy {result.full_accuracy}")
         print("| policy | share | budget | accuracy | mean KL | top-1 agreement | recall | cache held |")
@@ -66,3 +75,17 @@ def cli(argv: list[str]) -> int:
             print(f"| {r.label} | {acc} | {r.mean_kl:.4f} | {r.agreement:.2f} | {r.mean_recall:.3f} | "
                   f"{r.cache_len[-1] if r.cache_len else 0:g} |")
     return 0
+
+
+def print_long(result: LongResult) -> None:
+    task = result.task
+    print(f"{task.source}: prompt {len(task.tokens)} tokens, budget {result.params.budget}, "
+          f"up to {task.max_new} generated tokens")
+    print("| policy | answer tokens | item recall | item precision | top-1 agreement | mean KL | identical for "
+          "(tokens) | cache entries (last step) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in result.runs:
+        def share(x):
+            return "n/a" if x is None else f"{x:.2f}"
+        print(f"| {r.label} | {len(r.generated)} | {share(r.recall)} | {share(r.precision)} | {r.agreement:.2f} | "
+              f"{sum(r.kl) / max(1, len(r.kl)):.4f} | {int(sum(r.same))} | {r.cache_len[-1] if r.cache_len else 0:g} |")

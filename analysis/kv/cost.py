@@ -44,3 +44,19 @@ def sweep_work(handle: ModelHandle, params: KvParams, kwargs: dict) -> Work:
     names = [n for n in (kwargs.get("names") or POLICIES) if n != "full"]
     runs = examples * (1 + len(params.sweep) * len(names))
     return Work().add(**vars(sequence(prefill, total, overhead=HOOK_OVERHEAD)), times=runs)
+
+
+def long_work(handle: ModelHandle, params: KvParams, kwargs: dict) -> Work:
+    """`long_response`: the full cache's answer, then each policy's (prompt read once, up to `response` tokens
+    each; answers that end earlier cost less), and one plain forward over each policy's prompt and answer."""
+    from analysis.kv.longresp import long_task
+
+    validate_params(params)
+    prompt = len(long_task(handle, params).tokens)
+    names = kwargs.get("names") or [n for n in main_policies() if n != "full"]
+    runs = len(names) + (0 if params.policy in names or params.policy == "full" else 1)
+    total = prompt + params.response
+    work = Work().add(**vars(sequence(prompt, prompt, generate=params.response, overhead=HOOK_OVERHEAD)),
+                      times=1 + runs)
+    work.add(calls=1, tokens=total, attended=total * (total + 1) / 2, times=runs)
+    return work

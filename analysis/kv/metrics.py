@@ -11,7 +11,11 @@ from analysis.tasks.records import KvTask
 
 
 def present_positions(trace: Trace, step: int, layer: int) -> torch.Tensor:
-    """(H_kv, K) original positions the query of decode step `step` attended to in `layer`."""
+    """(H_kv, K) original positions cached when the query of decode step `step` attended in `layer`: the
+    previous step's kept entries and its own ("after" policies), or the step's own selection ("before":
+    MorphKV selects first; its query heads may each see a subset of that, see runner.py)."""
+    if trace.timing == "before" and trace.kept[step][layer] is not None:
+        return trace.kept[step][layer]
     before = trace.prefill_kept[layer] if step == 0 else trace.kept[step - 1][layer]
     new = torch.full((before.shape[0], 1), trace.prompt_len + step, dtype=before.dtype)
     return torch.cat([before, new], dim=1)
@@ -38,11 +42,14 @@ def compare(full: Trace, run: Trace, task: KvTask, policy: Policy, layers: list[
     preds = [int(lp[a - task.prefill_len].argmax()) for a in task.answer_positions]
     accuracy = (sum(int(p == task.tokens[a]) for p, a in zip(preds, task.answer_positions)) / len(preds)
                 if preds else None)
+    steps = len(run.cache_len)
+    held = policy.held(len(run.cache_len[0]), run.prompt_len, run.prompt_len + steps) if steps else []
     return PolicyRun(
         policy=policy.name, label=policy.label, budget=policy.budget, kl=kl.tolist(), top1=top1.tolist(),
         dnll=dnll.tolist(), recall=recall, needle_survival=survival, accuracy=accuracy, answers=preds,
         cache_len=[sum(lens[l] for l in layers) / len(layers) for lens in run.cache_len], cache_bytes=run.cache_bytes,
         analytic_bytes=run.analytic_bytes, step_ms=[1000 * t for t in run.step_time],
+        claimed=sum(held[l] for l in layers) / len(layers) if held else 0.0,
     )
 
 

@@ -39,6 +39,9 @@ def policy_settings(**flat) -> dict[str, dict]:
 class KvParams(Result):
     """Everything one analysis needs; every field is validated from its description (analysis/settings.py)."""
 
+    task: str = setting("retrieval", label="Task", choices=["retrieval", "long-response"],
+                        help="Retrieval: needles hidden in a context, then asked (teacher-forced). Long response: the "
+                             "prompt read in one forward, then every policy writes its own long answer.")
     policy: str = setting("morphkv", label="Policy", choices=POLICIES.names,
                           help="Full cache keeps everything (the reference). Variants are labelled as such.")
     budget: int = setting(64, label="Budget C (entries per head)", low=1, high=100_000,
@@ -49,6 +52,8 @@ class KvParams(Result):
                                "continuation is the reference every policy is scored on.")
     new_tokens: int = setting(24, label="Generated tokens", low=0, high=4096,
                               help="Tokens generated after a custom prompt (and for the text comparison).")
+    response: int = setting(96, label="Response tokens (long response)", low=8, high=4096,
+                            help="Long response: tokens each policy may write (its answer ends earlier at end-of-text).")
     seed: int = setting(0, label="Example seed", low=0, high=2**31 - 1)
     pairs: int = setting(2, label="Needles", low=1, high=64, help="Key-value pairs hidden in the context.")
     queries: int = setting(1, label="Questions", low=1, high=64,

@@ -24,6 +24,7 @@ class PolicyRun(Result):
     cache_bytes: list[int]
     analytic_bytes: list[int]
     step_ms: list[float]
+    claimed: float = 0.0  # entries per KV head it should hold at the last step, mean over layers (Policy.held)
 
     @property
     def mean_kl(self) -> float:
@@ -49,6 +50,7 @@ class SweepPoint(Result):
     agreement: float
     recall: float
     cache: float = 0.0  # entries per KV head when the last token is predicted (mean over layers and prompts)
+    claimed: float = 0.0  # what the policy's rule says it holds then (Policy.held; the tests hold cache == claimed)
 
 
 @dataclass

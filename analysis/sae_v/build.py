@@ -2,30 +2,36 @@
 from __future__ import annotations
 
 import hashlib
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from analysis import anatomy
 from analysis.models import ModelHandle
+from analysis.precompute import weights_fingerprint
+from analysis.results import Result
 from analysis.sae_v import types as T
 from analysis.sae_v.activations import collect_activations, modality_scales, scaled
 from analysis.sae_v.datasets import default_dataset, make_pairs
+from analysis.sae_v.params import BuildParams
 from analysis.sae_v.store import build_feature_store, save_store
 from analysis.sae_v.training import reconstruction_metrics, save_sae, train_sae
-from analysis.sae_v.types import IMAGE, STORE_FILE, TEXT, BuildParams, Progress, SaeMeta, _noop
+from analysis.sae_v.types import IMAGE, STORE_FILE, TEXT, Progress, SaeMeta, _noop
+
 
 def model_fingerprint(handle: ModelHandle) -> str:
-    """A short hash of the model's weight files (empty when they are not on disk)."""
-    digest = hashlib.sha256()
-    files = sorted(Path(handle.path).glob("*.safetensors")) if handle.path else []
-    for f in files:
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()[:16] if files else ""
+    """The SHA-256 of the model's weight files (analysis/precompute.py's, the one fingerprint of the app);
+    empty when they are not on disk."""
+    return weights_fingerprint(handle.path) if handle.path else ""
 
 
 def is_stale(handle: ModelHandle, meta: SaeMeta) -> bool:
-    return bool(meta.model_fingerprint) and meta.model_fingerprint != model_fingerprint(handle)
+    """True when the SAE was trained here on other weights of this model. Fingerprints from before the
+    app had one (16 hex digits) cannot be compared: not stale."""
+    stored = meta.model_fingerprint
+    if not stored or len(stored) != 64:
+        return False
+    return stored != model_fingerprint(handle)
 
 
 def demo_folder(handle: ModelHandle, layer: int) -> Path | None:
@@ -41,25 +47,23 @@ def available_saes(handle: ModelHandle) -> list[Path]:
     found = []
     if handle.spec.source == "zoo":
         found += sorted((T.SAE_ROOT / handle.spec.name).glob("layer*/" + STORE_FILE))
-    found += sorted(_cache_dir(handle).glob("*/" + STORE_FILE))
+    found += sorted(cache_dir(handle).glob("*/" + STORE_FILE))
     return [p.parent for p in found]
 
 
-def _cache_dir(handle: ModelHandle) -> Path:
+def cache_dir(handle: ModelHandle) -> Path:
     digest = hashlib.sha1(f"{handle.spec.label}|{handle.path}".encode()).hexdigest()[:12]
     return T.CACHE_ROOT / digest
 
 
 def build_folder(handle: ModelHandle, params: BuildParams) -> Path:
     digest = hashlib.sha1(params.to_json(sort_keys=True).encode()).hexdigest()[:10]
-    return _cache_dir(handle) / f"layer{params.layer}-{digest}"
+    return cache_dir(handle) / f"layer{params.layer}-{digest}"
 
 
 def build(handle: ModelHandle, params: BuildParams, folder: str | Path | None = None,
           progress: Progress | None = None) -> Path:
     """Collect activations, train the SAE, measure it and build its feature store into `folder`."""
-    import time
-
     progress = progress or _noop
     params.validate()
     anatomy.check_layer(handle.model, params.layer)
@@ -84,7 +88,8 @@ def build(handle: ModelHandle, params: BuildParams, folder: str | Path | None = 
                    fve=round(fve, 4), l0=round(l0, 3), dead=dead, train_seconds=round(seconds, 1),
                    model_fingerprint=model_fingerprint(handle), scales=[round(x, 8) for x in scales],
                    fve_text=None if fve_mod[0] is None else round(fve_mod[0], 4),
-                   fve_image=None if fve_mod[1] is None else round(fve_mod[1], 4))
+                   fve_image=None if fve_mod[1] is None else round(fve_mod[1], 4),
+                   hook_name=f"blocks.{params.layer}.hook_resid_post")
     store = build_feature_store(handle, sae, meta, eval_acts, eval_set, params.store,
                                 progress=lambda f, m: progress(0.8 + 0.2 * f, m))
     save_sae(sae, meta, folder)
@@ -92,6 +97,20 @@ def build(handle: ModelHandle, params: BuildParams, folder: str | Path | None = 
     (folder / "build_params.json").write_text(params.to_json(indent=1))
     progress(1.0, "done")
     return folder
+
+
+@dataclass
+class Trained(Result):
+    """Where `train` put the SAE and its feature store (the page then lists it)."""
+
+    folder: str
+    name: str
+
+
+def train(handle: ModelHandle, params: BuildParams, progress: Progress | None = None) -> Trained:
+    """The runner's entry for training (`build` into this model's cache folder)."""
+    folder = build(handle, params, progress=progress)
+    return Trained(folder=str(folder), name=folder.name)
 
 
 def rebuild_store(handle: ModelHandle, folder: str | Path, score_rule: str | None = None,
@@ -115,4 +134,3 @@ def rebuild_store(handle: ModelHandle, folder: str | Path, score_rule: str | Non
     save_store(store, folder)
     params_file.write_text(params.to_json(indent=1))
     return folder
-

@@ -1,20 +1,39 @@
 """SAE-V on one input: the active features at every text token and image patch."""
 from __future__ import annotations
 
+from analysis.errors import SettingsError
 from analysis.models import ModelHandle
 from analysis.sae_v.activations import collect_activations, scaled
-from analysis.sae_v.scores import per_pair_max
+from analysis.sae_v.params import ExplainParams
+from analysis.sae_v.rules import per_pair_max
+from analysis.sae_v.sources import open_sae, store_for
 from analysis.sae_v.training import encode
-from analysis.sae_v.types import IMAGE, TEXT, InputExplanation, Pair, PairSet, PositionFeatures, SaeMeta, Scored
+from analysis.sae_v.types import (
+    IMAGE, TEXT, InputExplanation, Pair, PairSet, PositionFeatures, Progress, SaeMeta, Scored, _noop,
+)
+from analysis.sae_v.userdata import image_from_ref
+
+
+def explain(handle: ModelHandle, params: ExplainParams, progress: Progress | None = None) -> InputExplanation:
+    """The runner's entry: the features of `params.text` (and its image on a VLM: a pair of the data, or
+    an upload)."""
+    progress = progress or _noop
+    if not params.text.strip():
+        raise SettingsError("Enter some text to explain.")
+    sae, meta = open_sae(handle, params)
+    pairs = store_for(handle, params).pairs if params.image.startswith("pair:") else None
+    image = image_from_ref(params.image, pairs)
+    progress(0.1, "running the model")
+    return explain_input(handle, sae, meta, params.text, image, per_position=params.per_position)
 
 
 def explain_input(handle: ModelHandle, sae, meta: SaeMeta, text: str, image=None, per_position: int = 8,
                   threshold: float = 0.0) -> InputExplanation:
     """Active features at every text token and image patch of one input."""
     if handle.kind == "vlm" and image is None:
-        raise ValueError("A vision-language model needs an image with the text.")
+        raise SettingsError("A vision-language model needs an image with the text.")
     if handle.kind != "vlm" and image is not None:
-        raise ValueError(f"{handle.spec.label} is a text-only model; it cannot read an image.")
+        raise SettingsError(f"{handle.spec.label} is a text-only model; it cannot read an image.")
     pairs = PairSet(dataset="", seed=0, image_size=handle.info.image_size, pairs=[Pair(text=text)])
     layer = meta.layer
     acts = collect_activations(handle, pairs, layer, images=[image] if image is not None else None)
@@ -38,5 +57,3 @@ def explain_input(handle: ModelHandle, sae, meta: SaeMeta, text: str, image=None
         text_max={int(f): round(float(text_max[f]), 4) for f in (text_max > threshold).nonzero().squeeze(1)},
         image_max={int(f): round(float(image_max[f]), 4) for f in (image_max > threshold).nonzero().squeeze(1)},
     )
-
-

@@ -12,11 +12,13 @@ from analysis import anatomy
 from analysis.models import ModelHandle
 from analysis.sae_v.datasets import DATASETS, dataset_for
 from analysis.sae_v.activations import scaled
-from analysis.sae_v.scores import SCORE_RULES, _amax_into, modality_labels
+from analysis.sae_v.params import StoreParams
+from analysis.sae_v.rules import _amax_into
+from analysis.sae_v.scores import modality_labels
 from analysis.sae_v.training import encode
 from analysis.sae_v.types import (
     IMAGE, STORE_FILE, TEXT, Activations, Concept, Example, FeatureCard, FeatureStore, ImageExample, PairSet,
-    Progress, QuantileBin, SaeMeta, Scored, StoreParams, TextExample, _noop,
+    Progress, QuantileBin, SaeMeta, Scored, TextExample, _noop,
 )
 
 
@@ -188,8 +190,7 @@ def build_feature_store(handle: ModelHandle, sae, meta: SaeMeta, acts: Activatio
 
     labels, n_text_top, n_image_top = modality_labels(codes, acts.modality, params.modality_top,
                                                       params.modality_min, params.threshold)
-    rule = SCORE_RULES.create(params.score_rule, top=params.modality_top, minimum=params.modality_min,
-                              omega_top=params.omega_top)
+    rule = params.rule()
     omega, has_omega = rule.weights(acts.acts, codes, acts.modality, threshold=params.threshold)
     progress(0.2, "neighbours")
     dec_cos, corr = _neighbour_tables(sae, codes, active)

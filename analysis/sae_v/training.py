@@ -9,26 +9,8 @@ from typing import Iterator
 
 import torch
 
-from analysis.sae_v.types import ARCHITECTURES, META_FILE, Progress, SaeMeta, TrainParams, _noop
-
-
-def _training_config(params: TrainParams, d_in: int):
-    from sae_lens import (
-        JumpReLUTrainingSAEConfig,
-        StandardTrainingSAEConfig,
-        TopKTrainingSAEConfig,
-    )
-
-    common = dict(d_in=d_in, d_sae=params.d_sae, normalize_activations="expected_average_only_in")
-    if params.architecture == "topk":
-        return TopKTrainingSAEConfig(k=params.k, **common)
-    if params.architecture == "standard":
-        return StandardTrainingSAEConfig(l1_coefficient=params.l1_coefficient,
-                                         l1_warm_up_steps=params.steps // 10, **common)
-    if params.architecture == "jumprelu":
-        return JumpReLUTrainingSAEConfig(l0_coefficient=params.l0_coefficient,
-                                         l0_warm_up_steps=params.steps // 10, **common)
-    raise ValueError(f"Unknown SAE architecture '{params.architecture}' (use {', '.join(ARCHITECTURES)}).")
+from analysis.sae_v.params import TrainParams
+from analysis.sae_v.types import META_FILE, Progress, SaeMeta, _noop
 
 
 def _batches(acts: torch.Tensor, batch_size: int, total_steps: int, progress: Progress,
@@ -55,12 +37,11 @@ def train_sae(acts: torch.Tensor, params: TrainParams, progress: Progress | None
     from sae_lens.saes.sae import TrainingSAE
 
     progress = progress or _noop
-    if params.architecture not in ARCHITECTURES:
-        raise ValueError(f"Unknown SAE architecture '{params.architecture}' (use {', '.join(ARCHITECTURES)}).")
+    sae_type = params.sae_type()  # an unknown architecture or a bad setting: SettingsError
     batch_size = min(params.batch_size, acts.shape[0])
     torch.manual_seed(params.seed)
     generator = torch.Generator().manual_seed(params.seed)
-    sae_cfg = _training_config(params, acts.shape[1])
+    sae_cfg = sae_type.training_config(acts.shape[1], params.d_sae, params.steps)
     training_sae = TrainingSAE.from_dict(sae_cfg.to_dict())
     trainer_cfg = SAETrainerConfig(
         total_training_samples=params.steps * batch_size, train_batch_size_samples=batch_size,
@@ -97,9 +78,13 @@ def reconstruction_metrics(sae, acts: torch.Tensor, threshold: float = 0.0) -> t
 
 
 def save_sae(sae, meta: SaeMeta, folder: str | Path) -> Path:
-    """sae-lens layout (cfg.json + sae_weights.safetensors) plus our metadata."""
+    """sae-lens layout (cfg.json + sae_weights.safetensors) plus our metadata. The cfg names the hook it
+    reads, so sae-lens (and this panel's outside-SAE loader) can use it too; its inputs are scaled per
+    modality (meta.scales), which only our metadata records."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    if meta.hook_name and getattr(sae.cfg.metadata, "hook_name", None) is None:
+        sae.cfg.metadata.hook_name = meta.hook_name
     sae.save_model(folder)
     (folder / META_FILE).write_text(meta.to_json(indent=1))
     return folder

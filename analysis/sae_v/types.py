@@ -1,4 +1,4 @@
-"""SAE-V records: constants, settings and results (all `Result` dataclasses, JSON round-trippable)."""
+"""SAE-V records: where things live, and the results (`Result` dataclasses, JSON round-trippable)."""
 from __future__ import annotations
 
 import os
@@ -8,15 +8,12 @@ from typing import Callable
 
 import torch
 
-from analysis.registry import SettingsError, check_range
 from analysis.results import Result
+from analysis.sae_v.modality import IMAGE, LABELS, MODALITY_NAMES, TEXT  # noqa: F401  (the records' face)
+from analysis.sae_v.params import StoreParams, TrainParams
 
 Progress = Callable[[float, str], None]
 
-TEXT, IMAGE = 0, 1
-MODALITY_NAMES = ("text", "image")
-LABELS = ("text-only", "image-only", "cross-modal", "dead")
-ARCHITECTURES = ("topk", "standard", "jumprelu")
 SAE_ROOT = Path(__file__).resolve().parent.parent / "zoo" / "sae"
 CACHE_ROOT = Path(os.environ.get("MODEL_INSPECTOR_CACHE", Path.home() / ".cache" / "model-inspector")) / "sae"
 STORE_FILE = "feature_store.json.gz"
@@ -28,77 +25,26 @@ def _noop(fraction: float, message: str = "") -> None:
 
 
 @dataclass
-class TrainParams(Result):
-    architecture: str = "topk"  # topk | standard | jumprelu
-    d_sae: int = 512
-    k: int = 8  # TopK: active latents per token
-    l1_coefficient: float = 3.0  # Standard
-    l0_coefficient: float = 0.3  # JumpReLU
-    steps: int = 2000
-    batch_size: int = 256
-    lr: float = 2e-3
-    seed: int = 0
-    # Scale each modality to the same mean norm before the SAE. Image-token residuals can be tens of
-    # times larger than text ones (they come from the projector); without this the reconstruction
-    # loss is spent almost entirely on image tokens.
-    balance_modalities: bool = True
-
-    def validate(self) -> None:
-        """Raise SettingsError (one line, for the user) when a setting is out of range."""
-        if self.architecture not in ARCHITECTURES:
-            raise SettingsError(f"Unknown SAE architecture '{self.architecture}' (use {', '.join(ARCHITECTURES)}).")
-        check_range("SAE features (d_sae)", self.d_sae, low=1, high=1 << 20, integer=True)
-        check_range("k (active features per token)", self.k, low=1, high=self.d_sae, integer=True)
-        check_range("training steps", self.steps, low=1, high=10_000_000, integer=True)
-        check_range("batch size", self.batch_size, low=1, integer=True)
-        check_range("learning rate", self.lr, low=0.0)
-        if self.lr <= 0:
-            raise SettingsError(f"learning rate must be positive, got {self.lr}.")
-        check_range("L1 coefficient", self.l1_coefficient, low=0.0)
-        check_range("L0 coefficient", self.l0_coefficient, low=0.0)
-
-
-@dataclass
-class StoreParams(Result):
-    top_n: int = 12  # top text tokens / top images shown per feature
-    top_images: int = 6
-    quantile_bins: int = 5
-    per_quantile: int = 3
-    hist_bins: int = 24
-    neighbours: int = 8
-    logit_tokens: int = 8
-    modality_top: int = 30  # modality label: among the top-30 tokens ...
-    modality_min: int = 5  # ... at least 5 of each modality makes a feature cross-modal
-    omega_top: int = 5  # omega_k: top-5 text x top-5 image residual vectors
-    score_rule: str = "official"  # which features get an omega_k and what s_i sums (scores.SCORE_RULES)
-    concept_top: int = 20  # concept precision over the top-20 tokens of a modality
-    threshold: float = 0.0  # "active" means activation > threshold
-
-
-@dataclass
 class Pair(Result):
-    """One image-caption pair; the image is regenerated from `image_seed` by its dataset."""
+    """One image-caption pair: a generated pair's image is drawn again from `image_seed` by its dataset; a
+    user's pair names its image (`image`: a path in their folder, or `row:N` of their table)."""
 
     text: str
     image_seed: int | None = None
     corrupted: bool = False
-    kind: str = "clean"  # clean | other-scene | swapped-attribute ...
+    kind: str = "clean"  # clean | other_scene | swapped | colour_word | unlabelled ...
+    image: str = ""
+    row: int = -1  # the row of the user's file it came from (0-based; -1 for generated pairs)
 
 
 @dataclass
 class PairSet(Result):
-    dataset: str  # registry name: "shapes" or "noise"
+    dataset: str  # registry name ("shapes", "scenes", "noise") or "user" for a user's data
     seed: int
     image_size: int | None
     pairs: list[Pair] = field(default_factory=list)
-
-    def image(self, i: int):
-        from analysis.sae_v.datasets import dataset_for
-
-        pair = self.pairs[i]
-        if pair.image_seed is None or self.image_size is None:
-            return None
-        return dataset_for(self.dataset).render(pair.image_seed, self.image_size)
+    source: str = ""  # where a user's pairs live (the data locator); "" for generated ones
+    labelled: bool = True  # whether `corrupted` is known (False: no pair is known to be corrupted or clean)
 
 
 @dataclass
@@ -122,7 +68,7 @@ class SaeMeta(Result):
     model: str
     layer: int
     d_in: int
-    train: TrainParams
+    train: TrainParams | None  # None for an SAE not trained here
     dataset: str
     n_pairs: int
     n_tokens: int
@@ -134,6 +80,13 @@ class SaeMeta(Result):
     scales: list[float] = field(default_factory=lambda: [1.0, 1.0])  # input scale for text, image tokens
     fve_text: float | None = None
     fve_image: float | None = None
+    source: str = "trained here"  # or "sae-lens folder" / "sae-lens release": an SAE from elsewhere
+    hook_name: str = ""  # the SAE's own hook name (an outside SAE's, read from its cfg.json)
+    architecture: str = ""  # sae-lens architecture (an outside SAE's; ours: train.architecture)
+
+    @property
+    def kind(self) -> str:
+        return self.architecture or (self.train.architecture if self.train is not None else "?")
 
 
 @dataclass
@@ -248,6 +201,17 @@ class PairScore(Result):
     weighted: float  # activation-weighted mean omega over shared features
     shared: int  # number of features active on both modalities of the pair
     rank: int = 0
+    image: str = ""  # a user's pair: its image (path in their folder, or row:N)
+    row: int = -1  # a user's pair: its row in their file (0-based)
+
+
+@dataclass
+class Skipped(Result):
+    """A row of the user's data that was not used, and why (reported, never dropped silently)."""
+
+    row: int  # 0-based row of their file (the line of captions.jsonl, the record of a table)
+    image: str
+    reason: str
 
 
 @dataclass
@@ -261,7 +225,12 @@ class Ranking(Result):
     roc_auc_weighted: float | None
     precision: float | None  # of "clean" among the top half
     recall: float | None  # share of clean pairs that land in the top half
-    rule: str = "official"  # the score rule (scores.SCORE_RULES) behind omega and s_i
+    rule: str = "official"  # the score rule (rules.SCORE_RULES) behind omega and s_i
+    labelled: bool = True  # False: no pair is known to be clean or corrupted, so no ROC / precision / recall
+    source: str = ""  # the data locator ("" for the SAE's own evaluation pairs)
+    rows_read: int = 0  # rows of the user's data read (used + skipped); 0 for generated pairs
+    skipped: list[Skipped] = field(default_factory=list)
+    resumed: int = 0  # pairs taken from an interrupted earlier run of the same ranking
 
 
 @dataclass
@@ -285,22 +254,24 @@ class InputExplanation(Result):
 
 
 @dataclass
-class BuildParams(Result):
-    layer: int = 1
-    dataset: str = ""  # "" = the model's default (Shapes World for the demo VLM)
-    train_pairs: int = 600
-    eval_pairs: int = 300
-    corrupted: float = 0.5  # share of corrupted pairs in the evaluation set
-    seed: int = 0
-    train: TrainParams = field(default_factory=TrainParams)
-    store: StoreParams = field(default_factory=StoreParams)
+class SteeredText(Result):
+    text: str
+    tokens: list[str]
+    changed: list[bool]  # per token: not in the other output at this place (difflib alignment)
 
-    def validate(self) -> None:
-        """Raise SettingsError when a setting is out of range (the layer against the model: anatomy)."""
-        check_range("layer", self.layer, low=0, integer=True)
-        check_range("training pairs", self.train_pairs, low=2, high=1_000_000, integer=True)
-        check_range("evaluation pairs", self.eval_pairs, low=2, high=1_000_000, integer=True)
-        check_range("corrupted share", self.corrupted, low=0.0, high=1.0)
-        check_range("seed", self.seed, low=0, integer=True)
-        self.train.validate()
+
+@dataclass
+class SteeringResult(Result):
+    model: str
+    layer: int
+    features: dict[int, float]  # feature -> strength
+    mode: str  # add | clamp
+    prompt: str
+    unsteered: SteeredText
+    steered: SteeredText
+    positions: str = "all"  # all | image | text: where the features were added
+
+    @property
+    def changed(self) -> bool:
+        return self.unsteered.text != self.steered.text
 

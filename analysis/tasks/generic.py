@@ -17,7 +17,7 @@ class Tasks:
     subclass (e.g. `ShapesWorldTasks`) and one line in `tasks_for`."""
 
     name: str = "generic"
-    sae_dataset: str = "noise"  # SAE-V pairs: random blocks and vocabulary words
+    sae_dataset: str = "scenes"  # SAE-V pairs: Shapes World scenes with English captions (real corrupted pairs)
     reconstruction_prompt: str = PLAIN_PROMPT  # the inversion panel's default prompt
     verifier: str = "vlm-yesno"  # caption correction: a yes/no question through the chat template
 
@@ -31,9 +31,25 @@ class Tasks:
         return generic_builder(tokenizer)
 
     def kv_task(self, handle, *, context: int, pairs: int, seed: int, queries: int, prefill: float) -> KvTask:
-        """The key-value recall prompt of the KV-cache panel."""
+        """The KV-cache panel's recall prompt: facts in English filler text asked through the chat template
+        (analysis/tasks/kv_recall.py), or random key/value tokens for a tokenizer that cannot spell English."""
+        from analysis.tasks.kv_recall import recall_task, speaks_english
+
+        if speaks_english(handle.tokenizer):
+            return recall_task(handle.tokenizer, context=context, pairs=pairs, seed=seed, queries=queries,
+                               prefill=prefill)
         return synthetic_kv_task(handle.tokenizer, handle.info.vocab_size, context=context, pairs=pairs,
                                  seed=seed, queries=queries, prefill=prefill)
+
+    def long_response_task(self, handle, *, seed: int, max_new: int):
+        """The KV panel's long-response task: a list stated in the prompt and asked back (a tokenizer that cannot
+        spell English: random tokens, no ground truth)."""
+        from analysis.tasks.kv_recall import speaks_english
+        from analysis.tasks.long_response import generic_list, synthetic_prompt
+
+        if speaks_english(handle.tokenizer):
+            return generic_list(handle.tokenizer, seed, max_new)
+        return synthetic_prompt(plain_ids(handle.tokenizer, handle.info.vocab_size), seed, max_new)
 
     def caption_prompt(self, handle) -> str | None:
         """The captioning prompt (None: the caption panel's generic one through the chat template)."""

@@ -39,6 +39,11 @@ class ShapesWorldTasks(Tasks):
         return shapes_kv_task(handle.tokenizer, context=context, pairs=pairs, seed=seed, queries=queries,
                               prefill=prefill)
 
+    def long_response_task(self, handle, *, seed: int, max_new: int):
+        from analysis.tasks.long_response import shapes_decomposition
+
+        return shapes_decomposition(handle.tokenizer, seed, max_new)
+
     def caption_prompt(self, handle) -> str | None:
         return world().VLM_CAPTION_PROMPT if handle.kind == "vlm" else None
 

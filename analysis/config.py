@@ -1,0 +1,360 @@
+"""Deployment configuration: one TOML file, plus environment variables for secrets.
+
+    MODEL_INSPECTOR_CONFIG=deploy/public.toml python scripts/serve.py
+    python -m analysis.config [FILE]       # check a file and print the settings in force
+
+The file is $MODEL_INSPECTOR_CONFIG, else `model_inspector.toml` in the working folder when there is
+one; without a file every setting keeps its default, which is the local run as it always was (every
+model source, uploads on, no sign-in, a writable gallery, every panel). docs/deploy.md is the
+reference; `deploy/public.toml` is the example for a public instance.
+
+Environment variables that existed before the file still work and win over it:
+MODEL_INSPECTOR_STORE (the store: a SQLite path or a postgresql:// URL), MODEL_INSPECTOR_ROOTS,
+MODEL_INSPECTOR_MAX_PARAMS. Secrets never go in the file: MODEL_INSPECTOR_ACCESS_TOKEN (the shared
+access token) and Streamlit's own `.streamlit/secrets.toml` (OIDC client secret, cookie secret).
+
+This module reads settings and answers questions about them ("may this model be loaded?", "is
+this upload acceptable?"); it never imports Streamlit, so the analysis modules and the command
+line can use it too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_ENV = "MODEL_INSPECTOR_CONFIG"
+DEFAULT_FILE = "model_inspector.toml"
+TOKEN_ENV = "MODEL_INSPECTOR_ACCESS_TOKEN"
+SOURCES = ("zoo", "hub", "local")
+SOURCE_NAMES = {"zoo": "the demo zoo", "hub": "the Hugging Face Hub", "local": "local folders"}
+AUTH_MODES = ("none", "token", "oidc")
+SIGNED_OUT = ("read-only", "none")
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, unreadable or has a bad value; the message says which."""
+
+
+@dataclass(frozen=True)
+class Models:
+    sources: tuple[str, ...] = SOURCES  # where models may come from
+    hub_models: tuple[str, ...] = ("*",)  # Hub ids that may be loaded; "*": any
+    local_folders: tuple[str, ...] = ()  # folders local models may live under; (): $MODEL_INSPECTOR_ROOTS or zoo + cwd
+    max_params: int = 3_000_000_000  # the largest model, in parameters (checked before any weight is read)
+    default: str = "zoo:shapes-lm"  # what a visitor gets first, and instead of a refused model
+
+
+@dataclass(frozen=True)
+class Uploads:
+    enabled: bool = True
+    max_mb: float = 20.0  # also Streamlit's server.maxUploadSize when started by scripts/serve.py
+    max_pixels: int = 0  # refused above this from the header, before decoding; 0: the pages' own limits only
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_prompt_chars: int = 0  # the longest text an analysis accepts; 0: no limit
+    concurrent_runs: int = 0  # heavy analyses running at once on this server; 0: no limit
+    runs_per_minute: int = 0  # heavy analyses one visitor may start per minute; 0: no limit
+
+
+@dataclass(frozen=True)
+class Gallery:
+    writable: bool = True  # False: saved analyses open, nobody saves or deletes
+
+
+@dataclass(frozen=True)
+class Panels:
+    hidden: tuple[str, ...] = ()  # url paths of panels not offered (e.g. "caption-correction")
+
+
+@dataclass(frozen=True)
+class Embeds:
+    # True: ?embed=true (and a saved analysis's embed link) shows the view alone. A host whose own page
+    # always adds ?embed=true to the app's address would then hide the controls there too: set false.
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class Auth:
+    mode: str = "none"  # none | token (shared access token) | oidc (st.login)
+    provider: str = ""  # oidc: the provider's name under [auth] in .streamlit/secrets.toml ("" : the default)
+    signed_out: str = "read-only"  # read-only: signed-out visitors see every page, save nothing; none: sign in first
+
+
+@dataclass(frozen=True)
+class Config:
+    models: Models = field(default_factory=Models)
+    uploads: Uploads = field(default_factory=Uploads)
+    limits: Limits = field(default_factory=Limits)
+    gallery: Gallery = field(default_factory=Gallery)
+    panels: Panels = field(default_factory=Panels)
+    embeds: Embeds = field(default_factory=Embeds)
+    auth: Auth = field(default_factory=Auth)
+    store: str = ""  # SQLite path or postgresql:// URL; "": .model_inspector/analyses.db
+    trust_proxy: bool = False  # behind a reverse proxy: the visitor is X-Forwarded-For's first address
+    name: str = "local"  # shown to the admin only (the command line, the server log)
+    path: str = ""  # the file it came from ("" : the defaults)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    # -- questions the app asks ---------------------------------------------------------------
+
+    def model_refusal(self, source: str, name: str) -> str | None:
+        """Why this instance will not load `source:name`, in words for the visitor; None if it may.
+
+        Only the configuration is consulted (nothing is read, resolved or downloaded): the folder's
+        own checks (allowed roots after resolving symlinks, the parameter limit) come after, in
+        analysis/models.py."""
+        if source not in self.models.sources:
+            offered = ", ".join(SOURCE_NAMES[s] for s in self.models.sources) or "no source"
+            return f"This instance does not load models from {SOURCE_NAMES.get(source, repr(source))} (it offers {offered})."
+        if source == "hub" and "*" not in self.models.hub_models and name not in self.models.hub_models:
+            offered = ", ".join(self.models.hub_models) or "none"
+            return f"'{_short(name)}' is not among the Hub models this instance offers ({offered})."
+        return None
+
+    def hub_allow_list(self) -> list[str] | None:
+        """The Hub ids a visitor may pick from, or None when any id may be typed."""
+        return None if "*" in self.models.hub_models else list(self.models.hub_models)
+
+    def local_roots(self) -> list[Path] | None:
+        """Configured local folders (resolved), or None for the default roots."""
+        if not self.models.local_folders:
+            return None
+        base = Path(self.path).parent if self.path else Path.cwd()
+        return [(base / Path(p).expanduser()).resolve() for p in self.models.local_folders]
+
+    def panel_shown(self, url_path: str) -> bool:
+        return url_path not in self.panels.hidden
+
+    def upload_problem(self, data: bytes, name: str = "upload") -> str | None:
+        """Why this upload is refused (off, too large, not an image, too many pixels, a
+        decompression bomb), or None. Reads the image header only: nothing is decoded here."""
+        return upload_problem(data, name, self.uploads)
+
+    def prompt_problem(self, texts: list[str]) -> str | None:
+        limit = self.limits.max_prompt_chars
+        longest = max((len(t) for t in texts), default=0)
+        if limit and longest > limit:
+            return (f"The text is {longest:,} characters long; this instance accepts up to {limit:,}. "
+                    "Shorten it and run again.")
+        return None
+
+
+def _short(text: str, n: int = 80) -> str:
+    text = str(text)
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def upload_problem(data: bytes, name: str, uploads: Uploads) -> str | None:
+    """The app's one upload decoder (analysis/images.py) under this instance's limits: it reads the
+    header first, so a file above the limits, or a decompression bomb, is refused undecoded."""
+    from analysis import images
+
+    if not uploads.enabled:
+        return "Uploads are turned off on this instance; use the demo scenes."
+    try:
+        images.open_image(data, f"'{_short(name, 60)}'", max_bytes=int(uploads.max_mb * 2**20),
+                          max_pixels=uploads.max_pixels or images.MAX_IMAGE_PIXELS)
+    except images.ImageError as exc:
+        return str(exc)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the file
+
+_SECTIONS = {"models": Models, "uploads": Uploads, "limits": Limits, "gallery": Gallery, "panels": Panels,
+             "embeds": Embeds, "auth": Auth}
+_TOP = {"name", "store", "trust_proxy"}
+
+
+def config_path() -> Path | None:
+    """The configuration file in force: $MODEL_INSPECTOR_CONFIG, else ./model_inspector.toml if present."""
+    env = os.environ.get(CONFIG_ENV, "").strip()
+    if env:
+        return Path(env).expanduser()
+    local = Path.cwd() / DEFAULT_FILE
+    return local if local.is_file() else None
+
+
+def parse(text: str, path: str = "") -> Config:
+    """A Config from TOML text; every key checked (an unknown key is an error: a typo in a safety
+    setting must not silently leave it at its default)."""
+    where = f" in {path}" if path else ""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"the configuration{where} is not valid TOML: {exc}") from None
+    unknown = set(raw) - set(_SECTIONS) - _TOP
+    if unknown:
+        raise ConfigError(f"unknown setting{where}: {', '.join(sorted(unknown))} "
+                          f"(known: {', '.join(sorted(set(_SECTIONS) | _TOP))})")
+    parts: dict[str, Any] = {}
+    for section, cls in _SECTIONS.items():
+        values = raw.get(section, {})
+        if not isinstance(values, dict):
+            raise ConfigError(f"[{section}]{where} must be a table of settings")
+        parts[section] = _section(section, cls, values, where)
+    for key in _TOP:
+        if key in raw:
+            parts[key] = _value(key, raw[key], bool if key == "trust_proxy" else str, where)
+    config = Config(**parts, path=path)
+    _check(config, where)
+    return config
+
+
+def _section(section: str, cls, values: dict, where: str):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(values) - set(fields)
+    if unknown:
+        raise ConfigError(f"unknown setting{where}: {', '.join(f'{section}.{k}' for k in sorted(unknown))} "
+                          f"(known in [{section}]: {', '.join(fields)})")
+    defaults = cls()
+    kwargs = {}
+    for name, value in values.items():
+        kind = type(getattr(defaults, name))
+        kwargs[name] = _value(f"{section}.{name}", value, kind, where)
+    return cls(**kwargs)
+
+
+def _value(key: str, value: Any, kind: type, where: str) -> Any:
+    if kind is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{key}{where} must be a list of strings, got {value!r}")
+        return tuple(value)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}{where} must be true or false, got {value!r}")
+        return value
+    if kind is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # 3e9
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{key}{where} must be a whole number >= 0, got {value!r}")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"{key}{where} must be a number > 0, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}{where} must be a string, got {value!r}")
+    return value
+
+
+def _check(config: Config, where: str) -> None:
+    bad = [s for s in config.models.sources if s not in SOURCES]
+    if bad or not config.models.sources:
+        raise ConfigError(f"models.sources{where} must be some of {', '.join(SOURCES)}, got {list(config.models.sources)}")
+    source, _, name = config.models.default.partition(":")
+    if source not in config.models.sources or not name:
+        raise ConfigError(f"models.default{where} ('{config.models.default}') must be 'source:name' with an "
+                          f"allowed source ({', '.join(config.models.sources)})")
+    if config.model_refusal(source, name.partition("@")[0] if source == "hub" else name):
+        raise ConfigError(f"models.default{where} ('{config.models.default}') is not among the allowed models")
+    if config.auth.mode not in AUTH_MODES:
+        raise ConfigError(f"auth.mode{where} must be one of {', '.join(AUTH_MODES)}, got '{config.auth.mode}'")
+    if config.auth.signed_out not in SIGNED_OUT:
+        raise ConfigError(f"auth.signed_out{where} must be one of {', '.join(SIGNED_OUT)}, got "
+                          f"'{config.auth.signed_out}'")
+    if config.auth.mode == "token" and not os.environ.get(TOKEN_ENV):
+        raise ConfigError(f"auth.mode is 'token'{where} but {TOKEN_ENV} is not set (the token is a secret: "
+                          "it goes in the environment, not in the file)")
+
+
+_CACHE: dict[tuple, Config] = {}
+
+
+def current() -> Config:
+    """The configuration in force (re-read when the file or the environment changes).
+
+    The environment variables that predate the file win over it (MODEL_INSPECTOR_STORE,
+    MODEL_INSPECTOR_MAX_PARAMS; MODEL_INSPECTOR_ROOTS is read by analysis/models.py)."""
+    path = config_path()
+    try:
+        stamp = path.stat().st_mtime_ns if path is not None else None
+    except OSError:
+        raise ConfigError(f"the configuration file {path} ({CONFIG_ENV}) does not exist or cannot be read") from None
+    env = tuple(os.environ.get(k) for k in ("MODEL_INSPECTOR_STORE", "MODEL_INSPECTOR_MAX_PARAMS", TOKEN_ENV))
+    key = (str(path), stamp, env)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    if path is None:
+        config = Config()
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"the configuration file {path} cannot be read: {exc}") from None
+        config = parse(text, str(path))
+    config = _with_env(config)
+    _CACHE.clear()
+    _CACHE[key] = config
+    return config
+
+
+def _with_env(config: Config) -> Config:
+    store = os.environ.get("MODEL_INSPECTOR_STORE", "").strip()
+    if store:
+        config = dataclasses.replace(config, store=store)
+    raw = os.environ.get("MODEL_INSPECTOR_MAX_PARAMS", "").strip()
+    if raw:
+        try:
+            limit = int(float(raw))
+        except ValueError:
+            raise ConfigError(f"MODEL_INSPECTOR_MAX_PARAMS must be a number, got '{raw}'") from None
+        config = dataclasses.replace(config, models=dataclasses.replace(config.models, max_params=limit))
+    return config
+
+
+def access_token() -> str:
+    return os.environ.get(TOKEN_ENV, "")
+
+
+def cli(argv: list[str]) -> int:
+    """Check a configuration file (or the one in force) and print the settings it gives, as JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m analysis.config", description=cli.__doc__)
+    parser.add_argument("file", nargs="?", help=f"a TOML file (default: ${CONFIG_ENV}, else ./{DEFAULT_FILE})")
+    args = parser.parse_args(argv)
+    try:
+        if args.file:
+            path = Path(args.file)
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"cannot read {path}: {exc}") from None
+            config = _with_env(parse(text, str(path)))
+        else:
+            config = current()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    shown = config.to_dict()
+    if "://" in shown["store"]:  # never print a database password
+        shown["store"] = _redact(shown["store"])
+    print(json.dumps(shown, indent=2))
+    return 0
+
+
+def _redact(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user = creds.partition(":")[0]
+    return f"{scheme}{sep}{user}:***@{host}"
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

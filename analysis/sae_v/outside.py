@@ -1,0 +1,102 @@
+"""SAEs from elsewhere: any SAE sae-lens can load from a folder (`cfg.json` + `sae_weights.safetensors`),
+or a sae-lens release / SAE id through its pretrained loader when the machine is online.
+
+Before it is used, an outside SAE is checked against the loaded model, with one clear message when it
+does not fit: its hook must be the residual stream after (or before) a decoder layer of this model, and
+its input width (`d_in`) must be that layer's width. It reads the raw residual (no per-modality scale).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from analysis import anatomy
+from analysis.errors import SettingsError
+from analysis.models import ModelHandle
+
+RELEASE_PREFIX = "sae-lens:"
+# hook name -> (pattern, offset): the decoder layer whose *output* the hook reads is the number + offset
+HOOKS = (
+    (re.compile(r"^blocks\.(\d+)\.hook_resid_post$"), 0),  # TransformerLens: after block L
+    (re.compile(r"^blocks\.(\d+)\.hook_resid_pre$"), -1),  # before block L = after block L - 1
+    (re.compile(r"^(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(\d+)(?:\.output)?$"), 0),  # an HF module
+)
+
+
+class SaeFitError(SettingsError):
+    """An outside SAE that cannot be loaded or does not fit the loaded model; the message says why."""
+
+
+def hook_layer(hook_name: str | None) -> int | None:
+    """The decoder layer whose output a hook reads (None: no hook name; -1: the embeddings); raises
+    SaeFitError for a hook that is not the residual stream of a decoder layer."""
+    if not hook_name:
+        return None
+    for pattern, offset in HOOKS:
+        found = pattern.match(hook_name.strip())
+        if found:
+            return int(found.group(1)) + offset
+    raise SaeFitError(f"This SAE reads '{hook_name}', which is not the residual stream of a decoder layer "
+                      "(blocks.L.hook_resid_post, blocks.L.hook_resid_pre or model.layers.L): the SAE-V panel reads "
+                      "only those.")
+
+
+def load_outside(locator: str):
+    """The sae-lens SAE a folder or `sae-lens:RELEASE/SAE_ID` names (in eval mode)."""
+    from sae_lens import SAE
+
+    if locator.startswith(RELEASE_PREFIX):
+        release, _, sae_id = locator[len(RELEASE_PREFIX):].partition("/")
+        if not release or not sae_id:
+            raise SaeFitError(f"A pretrained SAE is named sae-lens:RELEASE/SAE_ID, got '{locator}'.")
+        try:
+            return SAE.from_pretrained(release, sae_id).eval()
+        except Exception as exc:  # offline, an unknown release or id, a failed download: one line for the user
+            raise SaeFitError(f"sae-lens could not fetch {release} / {sae_id}: {_first_line(exc)} (pretrained SAEs "
+                              "need the machine to be online, or the files in the Hugging Face cache).") from None
+    folder = Path(locator)
+    if not (folder / "cfg.json").is_file() or not list(folder.glob("*.safetensors")):
+        raise SaeFitError(f"No sae-lens SAE in '{folder}' (cfg.json and sae_weights.safetensors expected).")
+    try:
+        return SAE.load_from_disk(folder).eval()
+    except Exception as exc:  # a cfg.json sae-lens does not understand: one line for the user
+        raise SaeFitError(f"sae-lens could not load the SAE in '{folder.name}': {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def check_fit(handle: ModelHandle, sae, layer: int = -1) -> tuple[int, str]:
+    """(layer, hook name) this SAE reads on this model; SaeFitError (one line) when it does not fit.
+
+    `layer` (>= 0) is the user's choice for an SAE whose cfg.json names no hook; with a hook it must agree."""
+    cfg = sae.cfg
+    hook = getattr(cfg.metadata, "hook_name", None) or ""
+    from_hook = hook_layer(hook)
+    if from_hook == -1:
+        raise SaeFitError(f"This SAE reads '{hook}', the token embeddings before any decoder layer; the SAE-V panel "
+                          "reads a decoder layer's output.")
+    if from_hook is None and layer < 0:
+        raise SaeFitError("This SAE's cfg.json names no hook, so the layer it reads is unknown: choose the layer "
+                          "(--layer on the command line).")
+    if from_hook is not None and layer >= 0 and layer != from_hook:
+        raise SaeFitError(f"This SAE reads layer {from_hook} (hook '{hook}'), not layer {layer}.")
+    chosen = from_hook if from_hook is not None else layer
+    n = anatomy.n_layers(handle.model)
+    if not 0 <= chosen < n:
+        raise SaeFitError(f"This SAE reads layer {chosen}{f' (hook {hook!r})' if hook else ''}, but "
+                          f"{handle.spec.label} has layers 0 to {n - 1}: it was made for another model.")
+    width = int(handle.info.hidden_size)
+    if int(cfg.d_in) != width:
+        raise SaeFitError(f"This SAE reads {cfg.d_in}-wide vectors (cfg.json d_in), but layer {chosen} of "
+                          f"{handle.spec.label} is {width}-wide: it was made for another model.")
+    if getattr(cfg, "reshape_activations", "none") not in ("none", None):
+        raise SaeFitError(f"This SAE reshapes its input ({cfg.reshape_activations}); the SAE-V panel reads plain "
+                          "residual vectors.")
+    return chosen, hook or f"blocks.{chosen}.hook_resid_post"
+
+
+def source_label(locator: str) -> str:
+    return "sae-lens release" if locator.startswith(RELEASE_PREFIX) else "sae-lens folder"

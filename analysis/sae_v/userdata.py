@@ -1,0 +1,404 @@
+"""Your own image-caption data: a folder (or a small zip) read into pairs, bad rows reported one by one.
+
+Accepted layouts (the first found wins):
+- `captions.jsonl`: one `{"image": "relative/path.png", "caption": "..."}` per line;
+- `captions.csv`: columns `image,caption`;
+- a Parquet file (`*.parquet`), or a Hugging Face `datasets` folder written by `save_to_disk`
+  (`state.json` + `*.arrow`), with an image column (`image`: an Image feature or a relative path) and a text
+  column (`caption` or `text`);
+- for a language model, texts alone: `texts.txt` (one per line) or `texts.jsonl` (`{"text": ...}`).
+Any of them may have a `label` or `corrupted` column (true / 1 / "corrupted" marks a corrupted pair): only
+then are ROC, precision and recall measured.
+
+A row without a caption, without an image, with an image outside the folder, missing or above the size
+limit is reported (`Skipped`: row, image, reason) and left out before the model runs; an image that does
+not decode is reported the same way when its batch is read. Nothing is dropped silently.
+"""
+from __future__ import annotations
+
+import csv
+import functools
+import hashlib
+import io
+import json
+import shutil
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from analysis import images
+from analysis.errors import SettingsError
+from analysis.sae_v import types as T
+from analysis.sae_v.datasets import render_pair
+from analysis.sae_v.types import Pair, PairSet, Skipped
+
+USER = "user"  # PairSet.dataset of a user's pairs
+IMAGE_COLUMNS = ("image", "image_path", "file_name", "path")
+TEXT_COLUMNS = ("caption", "text")
+LABEL_COLUMNS = ("corrupted", "label")
+MAX_ZIP_BYTES = 50 * 2**20  # an upload, compressed
+MAX_UNZIPPED_BYTES = 400 * 2**20
+MAX_ZIP_FILES = 20_000
+MAX_ROWS = 1_000_000
+
+
+class DataError(SettingsError):
+    """Data that cannot be read at all (no known layout, no caption column, a bad zip); the message says why."""
+
+
+@dataclass
+class UserData:
+    """A user's data read into pairs, with every row left out and why."""
+
+    locator: str  # what the user gave (a folder, a file, upload:SHA)
+    root: Path  # the folder image paths are relative to
+    layout: str  # jsonl | csv | parquet | arrow | txt | texts-jsonl
+    index: Path  # the file (or folder) the rows come from
+    pairs: PairSet
+    skipped: list[Skipped] = field(default_factory=list)
+    rows_read: int = 0
+    columns: dict[str, str] = field(default_factory=dict)  # role (image, text, label) -> column name
+
+    @property
+    def has_images(self) -> bool:
+        return "image" in self.columns
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the data is
+
+
+def upload_root() -> Path:
+    return T.CACHE_ROOT / "uploads"
+
+
+def resolve(locator: str) -> Path:
+    """The folder or file a data locator names: `upload:SHA` (an extracted zip) or a path under the allowed
+    roots (MODEL_INSPECTOR_ROOTS, as for local models)."""
+    from analysis.models import allowed_roots
+
+    text = str(locator).strip()
+    if text.startswith("upload:"):
+        path = upload_root() / _hex(text.partition(":")[2])
+        if not path.is_dir():
+            raise DataError("That upload is no longer on this server; upload the zip again.")
+        return path
+    if not text:
+        raise DataError("Enter the path of a data folder.")
+    path = Path(text).expanduser().resolve()
+    roots = allowed_roots()
+    if not any(path == r or r in path.parents for r in roots):
+        raise DataError(f"'{path}' is outside the folders data may be read from ({', '.join(map(str, roots))}). "
+                        "Set MODEL_INSPECTOR_ROOTS to allow another folder.")
+    if not path.exists():
+        raise DataError(f"No such folder or file: '{path}'.")
+    return path
+
+
+def _hex(text: str) -> str:
+    if not text or any(c not in "0123456789abcdef" for c in text) or len(text) > 64:
+        raise DataError("A data upload is named by its SHA-256.")
+    return text
+
+
+def save_zip(data: bytes, name: str = "the zip") -> str:
+    """Extract an uploaded zip into this server's cache (content-addressed) and return its locator."""
+    if len(data) > MAX_ZIP_BYTES:
+        raise DataError(f"{name} is {len(data) / 2**20:.1f} MB; zips up to {MAX_ZIP_BYTES / 2**20:g} MB are accepted "
+                        "(point at a folder on the server for more).")
+    sha = hashlib.sha256(data).hexdigest()
+    target = upload_root() / sha
+    if target.is_dir():
+        return f"upload:{sha}"
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        members = [m for m in archive.infolist() if not m.is_dir()]
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise DataError(f"{name} is not a zip file that can be read ({exc}).") from None
+    if len(members) > MAX_ZIP_FILES or sum(m.file_size for m in members) > MAX_UNZIPPED_BYTES:
+        raise DataError(f"{name} holds too much ({len(members)} files, {sum(m.file_size for m in members) / 2**20:.0f} "
+                        f"MB unpacked; at most {MAX_ZIP_FILES} files and {MAX_UNZIPPED_BYTES / 2**20:g} MB).")
+    tmp = target.with_name(sha + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for m in members:
+        parts = Path(m.filename).parts
+        if m.filename.startswith(("/", "\\")) or ".." in parts or (m.external_attr >> 16) & 0o170000 == 0o120000:
+            raise DataError(f"{name} has an unsafe entry '{m.filename}' (absolute, '..' or a link); nothing was "
+                            "extracted.")
+        out = tmp.joinpath(*parts)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(archive.read(m))
+    inner = _single_folder(tmp)
+    inner.rename(target)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return f"upload:{sha}"
+
+
+def _single_folder(path: Path) -> Path:
+    """A zip of one folder (`data/captions.jsonl`, ...) is read from inside that folder."""
+    entries = [p for p in path.iterdir() if p.name != "__MACOSX"]
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() and not _layout(path) else path
+
+
+def fingerprint(data: UserData) -> str:
+    """A hash of the rows' file and every image's name, size and modification time (changes when the data do)."""
+    digest = hashlib.sha256()
+    for f in sorted([data.index] if data.index.is_file() else data.index.glob("*")):
+        if f.is_file():
+            digest.update(f.name.encode() + f.read_bytes() if f.stat().st_size < 50 * 2**20
+                          else f"{f.name}{f.stat().st_size}{f.stat().st_mtime_ns}".encode())
+    for p in data.pairs.pairs:
+        if p.image and not p.image.startswith("row:"):
+            st = (data.root / p.image).stat()
+            digest.update(f"{p.image}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return digest.hexdigest()[:20]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the rows
+
+
+def _layout(path: Path) -> tuple[str, Path] | None:
+    if path.is_file():
+        suffix = path.suffix.lower()
+        return {".jsonl": ("jsonl", path), ".csv": ("csv", path), ".parquet": ("parquet", path),
+                ".txt": ("txt", path)}.get(suffix)
+    for name, layout in (("captions.jsonl", "jsonl"), ("captions.csv", "csv"), ("texts.txt", "txt"),
+                         ("texts.jsonl", "jsonl")):
+        if (path / name).is_file():
+            return layout, path / name
+    if (path / "state.json").is_file() and list(path.glob("*.arrow")):
+        return "arrow", path
+    parquet = sorted(path.glob("*.parquet"))
+    if parquet:
+        return "parquet", parquet[0]
+    return None
+
+
+def load(locator: str, kind: str = "vlm") -> UserData:
+    """Read a user's data; rows that cannot be used are in `.skipped`. `kind`: the model's ("vlm" needs
+    images; a "causal_lm" reads only the texts)."""
+    path = resolve(locator)
+    found = _layout(path)
+    if found is None:
+        raise DataError(f"'{path.name}' has no captions.jsonl, captions.csv, *.parquet, datasets folder (state.json "
+                        "+ *.arrow), texts.txt or texts.jsonl.")
+    layout, index = found
+    root = index.parent if index.is_file() else index
+    records = _records(layout, index)
+    columns = _columns(records[:50], layout)
+    if kind == "vlm" and "image" not in columns:
+        raise DataError(f"{index.name} has no image column ({', '.join(IMAGE_COLUMNS)}); a vision-language model "
+                        "needs an image per caption.")
+    pairs, skipped = [], []
+    for row, record in enumerate(records[:MAX_ROWS]):
+        pair, why = _pair(row, record, columns, root, layout, kind)
+        if why:
+            skipped.append(Skipped(row=row, image=str(record.get(columns.get("image", ""), "") or "")[:200],
+                                   reason=why))
+        else:
+            pairs.append(pair)
+    labelled = "label" in columns
+    pair_set = PairSet(dataset=USER, seed=0, image_size=None, pairs=pairs, source=locator, labelled=labelled)
+    return UserData(locator=locator, root=root, layout=layout, index=index, pairs=pair_set, skipped=skipped,
+                    rows_read=len(records), columns=columns)
+
+
+def _records(layout: str, index: Path) -> list[dict]:
+    try:
+        if layout == "jsonl":
+            return [_json_line(line, i) for i, line in enumerate(index.read_text(encoding="utf-8").splitlines())
+                    if line.strip()]
+        if layout == "csv":
+            with open(index, newline="", encoding="utf-8") as fh:
+                return list(csv.DictReader(fh))
+        if layout == "txt":
+            return [{"text": line} for line in index.read_text(encoding="utf-8").splitlines() if line.strip()]
+        table = _table(str(index), index.stat().st_mtime_ns)
+        blobs = [c for c in table.column_names if c in IMAGE_COLUMNS and _is_blob(table, c)]
+        records = table.drop_columns(blobs).to_pylist()  # images stay in the mapped file until asked for
+        for record in records:
+            record.update(dict.fromkeys(blobs))
+        return records
+    except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
+        raise DataError(f"{index.name} cannot be read: {exc}") from None
+
+
+def _json_line(line: str, i: int) -> dict:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError:
+        return {"_error": f"line {i + 1} is not JSON"}
+    return value if isinstance(value, dict) else {"_error": f"line {i + 1} is not a JSON object"}
+
+
+def _columns(sample: list[dict], layout: str) -> dict[str, str]:
+    names = list(dict.fromkeys(k for r in sample for k in r))
+    out = {}
+    for role, options in (("image", IMAGE_COLUMNS), ("text", TEXT_COLUMNS), ("label", LABEL_COLUMNS)):
+        found = next((c for c in options if c in names), None)
+        if found is not None:
+            out[role] = found
+    if "text" not in out and not all("_error" in r for r in sample):
+        raise DataError(f"No caption column ({' or '.join(TEXT_COLUMNS)}) among {', '.join(names) or 'no columns'}.")
+    return out
+
+
+def _label(value) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "corrupted", "bad"):
+        return True
+    if text in ("0", "false", "no", "clean", "good"):
+        return False
+    return None
+
+
+def _pair(row: int, record: dict, columns: dict, root: Path, layout: str, kind: str) -> tuple[Pair | None, str]:
+    """(pair, "") or (None, why the row cannot be used)."""
+    if "_error" in record:
+        return None, record["_error"]
+    text = str(record.get(columns.get("text", ""), "") or "").strip()
+    if not text:
+        return None, "empty caption"
+    label = None
+    if "label" in columns:
+        label = _label(record.get(columns["label"]))
+        if label is None:
+            return None, f"label {record.get(columns['label'])!r} is neither true/false, 1/0 nor corrupted/clean"
+    image = ""
+    if kind == "vlm":
+        image, why = _image_ref(row, record, columns, root, layout)
+        if why:
+            return None, why
+    pair = Pair(text=text, corrupted=bool(label), kind=("corrupted" if label else "clean") if label is not None
+                else "unlabelled", image=image, row=row)
+    return pair, ""
+
+
+def _image_ref(row: int, record: dict, columns: dict, root: Path, layout: str) -> tuple[str, str]:
+    value = record.get(columns["image"])
+    if layout in ("parquet", "arrow") and (value is None or isinstance(value, dict)):
+        return f"row:{row}", ""  # an image stored in the table: read when its batch comes
+    name = str(value or "").strip()
+    if not name:
+        return "", "no image"
+    path = (root / name).resolve()
+    if root.resolve() not in path.parents:
+        return "", f"image path '{name}' leaves the data folder"
+    if not path.is_file():
+        return "", f"image '{name}' is missing"
+    if path.stat().st_size > images.MAX_IMAGE_BYTES:
+        return "", f"image '{name}' is {path.stat().st_size / 2**20:.1f} MB (limit {images.MAX_IMAGE_BYTES / 2**20:g} MB)"
+    return name, ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables (Parquet, datasets' Arrow files) and images
+
+
+def _is_blob(table, column: str) -> bool:
+    import pyarrow as pa
+
+    typ = table.schema.field(column).type
+    return pa.types.is_struct(typ) or pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
+
+
+@functools.lru_cache(maxsize=4)
+def _table(path: str, stamp: int):
+    """The rows of a Parquet file or a `datasets` folder as one Arrow table, memory-mapped (images are read
+    from the mapped file only when asked for)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    if p.is_file():
+        return pq.read_table(p, memory_map=True)
+    state = json.loads((p / "state.json").read_text())
+    files = [p / f["filename"] for f in state.get("_data_files", [])] or sorted(p.glob("*.arrow"))
+    tables = []
+    for f in files:
+        with pa.memory_map(str(f)) as source:
+            tables.append(pa.ipc.open_stream(source).read_all())
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def user_image(data_root: Path, index: Path, layout: str, image: str, columns: dict):
+    """The decoded image of one pair (ImageError with the reason when it cannot be used)."""
+    if image.startswith("row:"):
+        table = _table(str(index), index.stat().st_mtime_ns)
+        value = table.column(columns["image"])[int(image[4:])].as_py()
+        if isinstance(value, dict):
+            blob = value.get("bytes")
+            if blob is None and value.get("path"):
+                return _file_image(data_root, value["path"])
+            value = blob
+        if not value:
+            raise images.ImageError(f"row {image[4:]} has no image")
+        return images.open_image(bytes(value), name=f"the image of row {image[4:]}")
+    return _file_image(data_root, image)
+
+
+def _file_image(root: Path, name: str):
+    path = (root / name).resolve()
+    if root.resolve() not in path.parents or not path.is_file():
+        raise images.ImageError(f"image '{name}' is missing")
+    return images.open_image(path.read_bytes(), name=f"'{name}'")
+
+
+@functools.lru_cache(maxsize=8)
+def _loaded(locator: str, kind: str) -> UserData:
+    return load(locator, kind)
+
+
+def pair_image(pairs: PairSet, i: int):
+    """The image of pair `i`: drawn again for a generated pair, read from the user's files for theirs."""
+    if pairs.dataset != USER:
+        return render_pair(pairs, i)
+    data = _loaded(pairs.source, "vlm")
+    return user_image(data.root, data.index, data.layout, pairs.pairs[i].image, data.columns)
+
+
+# ---------------------------------------------------------------------------------------------
+# Single images given to explain or steer: kept by content hash in this server's cache
+
+
+def save_image(data: bytes, name: str = "The file") -> str:
+    """Check an uploaded image (the one decoder, analysis/images.py) and keep it; returns `sha:HEX`."""
+    images.open_image(data, name=name)
+    sha = hashlib.sha256(data).hexdigest()
+    folder = upload_root() / "images"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{sha}.img"
+    if not target.is_file():
+        target.write_bytes(data)
+    old = sorted(folder.glob("*.img"), key=lambda p: p.stat().st_mtime)
+    for p in old[:-200]:  # a bounded cache: the 200 most recent uploads
+        p.unlink(missing_ok=True)
+    return f"sha:{sha}"
+
+
+def image_from_ref(ref: str, pairs: PairSet | None = None):
+    """The image an explain / steer request names: `pair:I` of `pairs`, `sha:HEX` of an upload, `file:PATH`
+    under the allowed roots; None for ""."""
+    if not ref:
+        return None
+    kind, _, value = ref.partition(":")
+    if kind == "pair":
+        if pairs is None or not value.isdigit() or int(value) >= len(pairs.pairs):
+            raise SettingsError(f"There is no pair {value} to take the image from.")
+        return pair_image(pairs, int(value))
+    if kind == "sha":
+        path = upload_root() / "images" / f"{_hex(value)}.img"
+        if not path.is_file():
+            raise SettingsError("That uploaded image is no longer on this server; upload it again.")
+        return images.open_image(path.read_bytes(), name="The uploaded image")
+    if kind == "file":
+        path = resolve(value)
+        if not path.is_file():
+            raise SettingsError(f"'{value}' is not an image file.")
+        return images.open_image(path.read_bytes(), name=f"'{path.name}'")
+    raise SettingsError(f"An image is named pair:I, sha:HEX or file:PATH, got '{ref}'.")
