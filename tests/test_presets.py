@@ -233,6 +233,7 @@ CHECKS = {
     ("kv-cache", "morphkv"): _morph_long_wins,
     ("kv-cache", "morphkv-loses"): _morph_long_loses,
     **({("kv-cache", "real-recall"): _needle_streaming} if P.real_model_in_zoo() else {}),
+    **({("attention-sharpness", "real-retrieval-head"): _real_dispersion} if P.real_model_in_zoo() else {}),
     ("prompt-reconstruction", "shuffle-fails"): _shuffle_fails,
     ("prompt-reconstruction", "noise-defeats"): _noise_defeats,
     ("prompt-reconstruction", "cascade-contiguous"): _cascade_blocks,

@@ -4,7 +4,7 @@ Three families, chosen by the tokenizer (`Tasks.retrieval_builder`):
 - Shapes World's max retrieval, exactly the demo LM's training format ("<s> max : 12 7 93 41 =" -> "93");
 - key-value recall for any tokenizer that spells English ("The code of pear is 41. The code of plum is 87.
   ... The code of plum is" -> "87"), through the model's chat template where it has one: a trained
-  instruct LM can do it (SmolLM2-135M-Instruct: 1.00 / 0.81 / 0.69 / 0.63 at n = 2 / 4 / 8 / 16 on 16
+  instruct LM can do it (SmolLM2-135M-Instruct: 1.00 / 1.00 / 0.81 / 0.69 at n = 2 / 4 / 8 / 16 on 16
   prompts each, chance 1/n), while max retrieval over numbers stays at chance on it;
 - max retrieval over numbers 0-99, or over the tokenizer's own words, for toy tokenizers that cannot spell
   the recall prompt (no model can solve the words' "order", so its accuracy means nothing).
