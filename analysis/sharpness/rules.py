@@ -139,17 +139,10 @@ class AdaptiveTheta(Rule):
 
 def rule_settings(**flat) -> dict[str, dict]:
     """{rule name: its settings} from settings named by field (`min_entropy=0.3`); unknown names refused."""
-    out: dict[str, dict] = {}
-    used = set()
-    for name, cls in RULES.items():
-        chosen = {f: flat[f] for f in cls.__dataclass_fields__ if f in flat}
-        used |= set(chosen)
-        if chosen:
-            out[name] = chosen
-    unknown = set(flat) - used
-    if unknown:
-        raise SharpnessError(f"No temperature rule has the setting(s) {', '.join(sorted(unknown))}.")
-    return out
+    try:
+        return RULES.split_settings(**flat)
+    except SettingsError as exc:
+        raise SharpnessError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------------
