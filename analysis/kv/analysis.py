@@ -5,7 +5,7 @@ from __future__ import annotations
 from analysis.kv.metrics import compare
 from analysis.kv.params import KvEvictionError, KvParams, main_policies, make_policy, validate_params
 from analysis.kv.policies import POLICIES, FullCache, Policy
-from analysis.kv.records import GeneratedText, KvResult, PolicyRun, SweepPoint, SweepResult
+from analysis.kv.records import GeneratedText, KvResult, PolicyRun, SweepPoint, SweepResult, token_pieces
 from analysis.kv.runner import Progress, Trace, evictable_layers, run_policy
 from analysis.kv.task import build_task, text_start
 from analysis.models import ModelHandle
@@ -69,7 +69,7 @@ def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = N
         progress(1.0, "done")
     return KvResult(
         params=params, model=handle.spec.label, task=task,
-        token_text=[str(t) for t in handle.tokenizer.convert_ids_to_tokens(task.tokens)],
+        token_text=token_pieces(handle.tokenizer, task.tokens),
         layers=layers, kv_heads=handle.info.kv_heads, runs=runs, kept=kept,
         full_accuracy=runs[0].accuracy, texts=texts,
     )
@@ -97,7 +97,7 @@ def generate_texts(handle, params, task, names, progress=None, forked: dict | No
         reference = new if reference is None else reference
         out.append(GeneratedText(
             policy=name, label=pol.label, text=handle.tokenizer.decode(new),
-            tokens=[str(t) for t in handle.tokenizer.convert_ids_to_tokens(new)],
+            tokens=token_pieces(handle.tokenizer, new),
             matches_full=[a == b for a, b in zip(new, reference)]))
     return out
 

@@ -17,6 +17,7 @@ import torch
 
 from analysis.kv.params import KvParams, main_policies, make_policy, validate_params
 from analysis.kv.policies import FullCache
+from analysis.kv.records import token_pieces
 from analysis.kv.runner import Progress, Trace, evictable_layers, run_policy
 from analysis.models import ModelHandle
 from analysis.results import Result
@@ -154,9 +155,9 @@ def long_response(handle: ModelHandle, params: KvParams, progress: Progress | No
             for layer in layers]
     tok = handle.tokenizer
     return LongResult(params=params, model=handle.spec.label, task=task,
-                      prompt_text=[str(t) for t in tok.convert_ids_to_tokens(task.tokens)], layers=layers,
+                      prompt_text=token_pieces(tok, task.tokens), layers=layers,
                       kv_heads=handle.info.kv_heads, runs=runs, kept=kept,
-                      answer_text=[str(t) for t in tok.convert_ids_to_tokens(chosen.tokens[len(task.tokens):])]
+                      answer_text=token_pieces(tok, chosen.tokens[len(task.tokens):])
                       if chosen_run else [])
 
 

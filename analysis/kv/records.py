@@ -8,6 +8,11 @@ from analysis.results import Result
 from analysis.tasks.records import KvTask
 
 
+def token_pieces(tokenizer, ids: list[int]) -> list[str]:
+    """Each token as the text it stands for (" Tokyo", not byte-level BPE's "ĠTokyo"), for labels."""
+    return [tokenizer.decode([int(i)]) for i in ids]
+
+
 @dataclass
 class PolicyRun(Result):
     policy: str
