@@ -22,7 +22,6 @@ is priced with that model's own calibration and carried as seconds. Pages refuse
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import threading
 import time
@@ -37,7 +36,6 @@ from analysis.models import ModelHandle
 
 LIMIT_S = 10.0  # work expected to take longer is not started without the user asking
 EAGER_ATTENTION_OVERHEAD = 3.0  # eager softmax attention runs well below the matmul FLOP rate
-TEMPERATURE_OVERHEAD = 1.5  # the adaptive-temperature attention function with its recorder
 BACKWARD = 3.0  # a forward plus backward costs about three forwards
 # A forward plus a backward for the input's gradient alone costs about two: Captum's Integrated
 # Gradients asks autograd for the pixels' gradient only, so no weight gradient is computed (0.5 B VLM:
@@ -289,32 +287,3 @@ def continuation(start: int, generate: int, *, overhead: float = 1.0) -> Work:
     steps = max(0, generate - 1)
     return Work(calls=steps, tokens=steps, attended=steps * start + steps * (steps + 1) / 2,
                 overhead=steps * (overhead - 1))
-
-
-# -- attention sharpness -------------------------------------------------------------------------
-
-
-def _sharpness_sweep(handle, params, kwargs) -> Work:
-    from analysis import sharpness as S
-
-    build = S.prompt_builder(handle.tokenizer)
-    limit = handle.info.max_positions or 4096
-    rules = 2 + len([t for t in params.thetas if t != 1.0])
-    work = Work()
-    for n in sorted(set(params.ns)):
-        length = len(build(n, params.seed).input_ids)
-        if length > limit:
-            continue
-        batches = math.ceil(params.samples / max(1, params.batch))
-        work.add(calls=batches, tokens=params.samples * length, logits=params.samples * (length - 1),
-                 overhead=batches * (TEMPERATURE_OVERHEAD - 1),
-                 attended=params.samples * length * (length + 1) / 2 * TEMPERATURE_OVERHEAD, times=rules)
-    return work
-
-
-def _sharpness_prompt(handle, params, kwargs) -> Work:
-    from analysis import sharpness as S
-
-    n = len(S._leading_specials(handle.tokenizer) + S._encode(handle.tokenizer, params.text))
-    return Work().add(calls=1, tokens=n, logits=n - 1, attended=n * (n + 1) / 2 * TEMPERATURE_OVERHEAD,
-                      overhead=TEMPERATURE_OVERHEAD - 1, times=2)

@@ -23,7 +23,7 @@ HOSTILE = {
 
 # Every parameter each page reads from its URL.
 PAGES = {
-    "views/attention_sharpness.py": ["ns", "samples", "theta", "layer", "head", "sink", "tlayers", "spread",
+    "views/attention_sharpness.py": ["ns", "samples", "theta", "layer", "head", "sink", "tlayers", "spread", "min_entropy",
                                      "prompt", "target", "n_view"],
     "views/kv_cache.py": ["task", "policy", "budget", "sinks", "heavy_share", "snap_window", "kernel",
                           "morph_window", "fusion", "context", "prefill", "pairs", "queries", "seed", "prompt",

@@ -93,6 +93,17 @@ def _adaptive(at):
     assert large[weight] < small[weight] - 0.3
 
 
+def _real_dispersion(at):
+    rows = _frame(at, "n").to_dict("records")
+    by_n = {r["n"]: r for r in rows}
+    assert [r["n"] for r in rows] == [2, 4, 8, 16]
+    assert by_n[4]["softmax accuracy"] >= 2 * by_n[4]["chance"]  # a task the model can do
+    weight = [c for c in rows[0] if c.startswith("softmax answer-item weight L")][0]
+    assert weight == "softmax answer-item weight L24H4", weight  # the retrieval head found
+    assert by_n[2][weight] >= 0.8 and by_n[16][weight] <= 0.1  # it disperses as n grows
+    assert by_n[16]["adaptive accuracy"] < by_n[16]["softmax accuracy"]  # adaptive θ everywhere costs accuracy
+
+
 def _lemma(at):
     assert any(s.value == 2.0 for s in at.slider if s.label.startswith("Logit spread"))
 
@@ -215,6 +226,7 @@ CHECKS = {
     ("kv-cache", "morphkv"): _morph_long_wins,
     ("kv-cache", "morphkv-loses"): _morph_long_loses,
     **({("kv-cache", "real-recall"): _needle_streaming} if P.real_model_in_zoo() else {}),
+    **({("attention-sharpness", "real-retrieval-head"): _real_dispersion} if P.real_model_in_zoo() else {}),
     ("prompt-reconstruction", "shuffle-fails"): _shuffle_fails,
     ("prompt-reconstruction", "noise-defeats"): _noise_defeats,
     **({("prompt-reconstruction", "real-vocabulary"): _real_vocabulary} if P.real_model_in_zoo() else {}),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from analysis import sharpness as S
+from analysis.sharpness import attention
 from analysis.tiny_models import make_word_tokenizer
 
 COEFFS = [-0.037, 0.481, -2.3, 4.917, -1.791]  # the paper's polynomial, written out independently
@@ -36,7 +37,7 @@ def random_rows() -> torch.Tensor:
 
 def test_adaptive_rule_matches_independent_reference_on_random_logits():
     rows = random_rows()
-    out, h, beta = S.tempered_softmax(rows, S.Temperature("adaptive"))
+    out, h, beta = S.tempered_softmax(rows, S.Temperature.adaptive())
     regimes = set()
     for i, row in enumerate(rows.numpy()):
         ref, ref_h, ref_beta = reference_adaptive(row)
@@ -51,15 +52,15 @@ def test_adaptive_rule_matches_independent_reference_on_random_logits():
 def test_adaptive_rule_ignores_masked_keys():
     row = torch.randn(1, 1, 1, 9, dtype=torch.float64)
     masked = torch.cat([row, torch.full((1, 1, 1, 5), torch.finfo(torch.float32).min, dtype=torch.float64)], -1)
-    a, _, beta_a = S.tempered_softmax(row, S.Temperature("adaptive"))
-    b, _, beta_b = S.tempered_softmax(masked, S.Temperature("adaptive"))
+    a, _, beta_a = S.tempered_softmax(row, S.Temperature.adaptive())
+    b, _, beta_b = S.tempered_softmax(masked, S.Temperature.adaptive())
     assert torch.allclose(a, b[..., :9]) and float(b[..., 9:].abs().max()) == 0.0
     assert torch.allclose(beta_a, beta_b)
 
 
 def test_entropy_never_increases_under_adaptive_temperature():
     rows = random_rows()
-    out, h, beta = S.tempered_softmax(rows, S.Temperature("adaptive"))
+    out, h, beta = S.tempered_softmax(rows, S.Temperature.adaptive())
     assert bool((beta >= 1).all())
     assert bool((S.entropy_nats(out) <= h + 1e-9).all())
     assert bool((S.entropy_nats(out) < h - 1e-3).any())  # and it does sharpen some rows
@@ -72,14 +73,14 @@ def test_sharpening_interval_is_about_085_to_595_nats():
 
 def test_fixed_theta_is_softmax_of_scaled_logits():
     rows = random_rows()[:8]
-    out, _, _ = S.tempered_softmax(rows, S.Temperature("fixed", 0.5))
+    out, _, _ = S.tempered_softmax(rows, S.Temperature.fixed(0.5))
     assert torch.allclose(out, torch.softmax(rows * 2, -1))
-    assert bool((S.rule_beta(S.Temperature("fixed", 0.5), S.row_entropy(rows)) == 2).all())
+    assert bool((S.rule_beta(S.Temperature.fixed(0.5), S.row_entropy(rows)) == 2).all())
 
 
 def test_bad_temperature_is_refused_clearly():
-    with pytest.raises(S.SharpnessError, match="positive"):
-        S.Temperature("fixed", 0.0)
+    with pytest.raises(S.SharpnessError, match="Temperature θ must be at least"):
+        S.Temperature.fixed(0.0)
     with pytest.raises(S.SharpnessError, match="Unknown"):
         S.Temperature("hot")
 
@@ -92,7 +93,7 @@ def _ids(handle, n=12, seed=0):
 
 
 @pytest.mark.parametrize("which", ["tiny_llama", "tiny_gpt2"])
-@pytest.mark.parametrize("rule", [S.Temperature(), S.Temperature("fixed", 1.0)])
+@pytest.mark.parametrize("rule", [S.Temperature(), S.Temperature.fixed(1.0)])
 def test_theta_one_through_patched_path_reproduces_unpatched_logits(which, rule, request):
     handle = request.getfixturevalue(which)
     x = torch.cat([_ids(handle, 12, 0), _ids(handle, 12, 1)])
@@ -126,7 +127,7 @@ def test_fixed_theta_matches_eager_with_rescaled_queries(which, request):
             if hasattr(m, "scaling") and hasattr(m, "layer_idx"):
                 p.setattr(m, "scaling", m.scaling / theta)
         reference = handle.model(input_ids=x).logits
-    tempered = S.tempered_logits(handle, x, S.Temperature("fixed", theta))
+    tempered = S.tempered_logits(handle, x, S.Temperature.fixed(theta))
     assert float((tempered - reference).abs().max()) <= 1e-4
     assert float((tempered - S.tempered_logits(handle, x, S.Temperature())).abs().max()) > 1e-3
 
@@ -145,15 +146,15 @@ def test_model_is_restored_after_patch_even_on_error(tiny_llama):
     x = _ids(tiny_llama, 16)
     with tiny_llama.session():
         before = tiny_llama.model(input_ids=x).logits
-    S.tempered_logits(tiny_llama, x, S.Temperature("adaptive"))
+    S.tempered_logits(tiny_llama, x, S.Temperature.adaptive())
     with pytest.raises(RuntimeError):
-        with S.temperature_patch(tiny_llama, S.Temperature("fixed", 0.1)):
+        with S.temperature_patch(tiny_llama, S.Temperature.fixed(0.1)):
             raise RuntimeError("boom")
     with tiny_llama.session():
         after = tiny_llama.model(input_ids=x).logits
     assert torch.equal(before, after)
     assert tiny_llama.model.config._attn_implementation == "eager"
-    assert S._ACTIVE.get() is None
+    assert attention._ACTIVE.get() is None
 
 
 def test_adaptive_temperature_works_on_vlm_language_model(tiny_llava):
@@ -162,7 +163,7 @@ def test_adaptive_temperature_works_on_vlm_language_model(tiny_llava):
         plain = tiny_llava.language_model(input_ids=x).logits
     assert float((S.tempered_logits(tiny_llava, x, S.Temperature()) - plain).abs().max()) <= 1e-5
     rec = S.Recorder()
-    adaptive = S.tempered_logits(tiny_llava, x, S.Temperature("adaptive"), rec)
+    adaptive = S.tempered_logits(tiny_llava, x, S.Temperature.adaptive(), rec)
     assert float((adaptive - plain).abs().max()) > 1e-4
     assert len(rec.beta) == tiny_llava.info.layers and all(bool((b >= 1).all()) for b in rec.beta.values())
     assert bool(torch.stack([rec.beta[k] for k in rec.beta]).gt(1).any())  # some head was sharpened
@@ -175,11 +176,11 @@ def test_model_with_sdpa_attention_gives_same_statistics(tiny_llama):
     """The panel does not need eager: it swaps in its own function, so an sdpa handle works too."""
     x = _ids(tiny_llama, 16)
     rec_eager = S.Recorder()
-    S.tempered_logits(tiny_llama, x, S.Temperature("adaptive"), rec_eager)
+    S.tempered_logits(tiny_llama, x, S.Temperature.adaptive(), rec_eager)
     rec_sdpa = S.Recorder()
     with tiny_llama.patch() as p:
         p.attn_implementation(tiny_llama.model, "sdpa")
-        S.tempered_logits(tiny_llama, x, S.Temperature("adaptive"), rec_sdpa)
+        S.tempered_logits(tiny_llama, x, S.Temperature.adaptive(), rec_sdpa)
     for layer in rec_eager.probs:
         assert torch.allclose(rec_eager.probs[layer], rec_sdpa.probs[layer], atol=1e-6)
 
@@ -218,7 +219,7 @@ def test_row_statistics_match_brute_force_with_and_without_sink():
     probs = torch.softmax(scores, -1)
     target = [[0, 2], [4]]
     for drop_sink in (False, True):
-        st = S._row_stats(scores, probs, target, drop_sink)
+        st = S.row_stats(scores, probs, target, drop_sink)
         for b in range(2):
             for h in range(3):
                 valid = [i for i in range(7) if scores[b, h, i] > -1e30 and not (drop_sink and i == 0)]
@@ -311,8 +312,8 @@ def test_size_sweep_accuracy_counts_argmax_hits(tiny_llama):
 
 def test_single_prompt_stats_change_with_theta_and_find_target(tiny_llama):
     text = "w3 w17 w99 w5 w42 w8"
-    cold = S.analyse_prompt(tiny_llama, S.PromptParams(text, "w99", S.Temperature("fixed", 0.25)))
-    hot = S.analyse_prompt(tiny_llama, S.PromptParams(text, "w99", S.Temperature("fixed", 4.0)))
+    cold = S.analyse_prompt(tiny_llama, S.PromptParams(text, "w99", S.Temperature.fixed(0.25)))
+    hot = S.analyse_prompt(tiny_llama, S.PromptParams(text, "w99", S.Temperature.fixed(4.0)))
     assert cold.target_positions == [2] and len(cold.tokens) == 6
     assert cold.softmax == hot.softmax  # the softmax reference does not depend on θ
     assert np.all(np.array(cold.tempered.entropy) < np.array(hot.tempered.entropy))
@@ -341,11 +342,11 @@ def test_fully_masked_and_minus_infinity_rows_stay_finite():
     rows = torch.randn(4, 6, generator=torch.Generator().manual_seed(1)) * 3
     rows[0] = low  # a fully masked row (a padding query)
     rows[1, 3:] = -float("inf")  # a mask written with -inf
-    for rule in (S.Temperature("adaptive"), S.Temperature("fixed", 0.2)):
+    for rule in (S.Temperature.adaptive(), S.Temperature.fixed(0.2)):
         out = S.tempered_softmax(rows, rule)[0]
         assert bool(torch.isfinite(out).all()) and torch.allclose(out.sum(-1), torch.ones(4))
         assert float(out[1, 3:].abs().max()) == 0.0
-    _, h, _ = S.tempered_softmax(rows, S.Temperature("adaptive"))
+    _, h, _ = S.tempered_softmax(rows, S.Temperature.adaptive())
     assert math.isclose(float(h[0]), math.log(6), rel_tol=1e-5)
     assert math.isclose(float(h[1]), float(S.row_entropy(rows[1, :3])), rel_tol=1e-4, abs_tol=1e-5)
 
@@ -354,8 +355,8 @@ def test_temperature_restricted_to_layers_leaves_other_layers_softmax(tiny_llama
     x = _ids(tiny_llama, 16)
     soft, only1, every = S.Recorder(), S.Recorder(), S.Recorder()
     S.tempered_logits(tiny_llama, x, S.Temperature(), soft)
-    S.tempered_logits(tiny_llama, x, S.Temperature("fixed", 0.3, layers=(1,)), only1)
-    S.tempered_logits(tiny_llama, x, S.Temperature("fixed", 0.3), every)
+    S.tempered_logits(tiny_llama, x, S.Temperature.fixed(0.3, layers=(1,)), only1)
+    S.tempered_logits(tiny_llama, x, S.Temperature.fixed(0.3), every)
     assert torch.allclose(only1.probs[0], soft.probs[0])  # layer 0 untouched
     assert bool((only1.beta[0] == 1).all()) and torch.allclose(only1.beta[1], torch.full_like(only1.beta[1], 1 / 0.3))
     assert not torch.allclose(only1.probs[1], soft.probs[1], atol=1e-3)
@@ -383,17 +384,19 @@ def _run_cli(capsys, argv):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--n", "1"], "Each item count n must be at least 2"),
-    (["--n", "4,-8"], "Each item count n must be at least 2"),
-    (["--n", "4,eight"], "'eight' is not one"),
-    (["--n", ","], "at least one item count"),
-    (["--thetas", "0"], "Each temperature θ must be at least"),
-    (["--thetas", "-2"], "Each temperature θ must be at least"),
-    (["--thetas", "nan"], "finite"),
-    (["--samples", "0"], "--samples (prompts per n) must be at least 1"),
-    (["--seed", "-1"], "--seed must be at least 0"),
+    (["--n", "1"], "Item counts n must be at least 2"),
+    (["--n", "4,-8"], "Item counts n must be at least 2"),
+    (["--n", "4,eight"], "--n: cannot read '4,eight' as Item counts n"),
+    (["--n", ","], "Item counts n needs at least 1 value"),
+    (["--thetas", "0"], "Fixed temperatures θ must be at least"),
+    (["--thetas", "-2"], "Fixed temperatures θ must be at least"),
+    (["--thetas", "nan"], "--thetas: cannot read 'nan' as Fixed temperatures θ"),
+    (["--samples", "0"], "Prompts per n must be at least 1"),
+    (["--seed", "-1"], "Seed must be at least 0"),
     (["--layers", "-1"], "Each layer in --layers must be at least 0"),
-    (["--samples", "many"], "invalid int value"),
+    (["--samples", "many"], "--samples: cannot read 'many' as Prompts per n"),
+    (["--min-entropy", "-1"], "Adaptive θ: rows left alone up to H (nats) must be at least 0"),
+    (["--bogus", "1"], "unrecognized arguments: --bogus 1"),
 ])
 def test_cli_out_of_range_is_one_error_line(capsys, extra, needle):
     code, err = _run_cli(capsys, ["sharpness", "--model", "local:/nonexistent", *extra])

@@ -42,17 +42,20 @@ def test_changing_theta_layer_and_head_updates_the_values(tiny_llama_dir):
     at.select_slider(key="sh_theta").set_value("0.125").run()
     cold = metrics(at)
     assert cold != first
-    at.selectbox(key="sh_head").set_value(3).run()
+    # the page opens at the retrieval head it found; move to another head, then to the other layer
+    at.selectbox(key="sh_head").set_value(3 - at.selectbox(key="sh_head").value).run()
     other_head = metrics(at)
     assert other_head != cold
-    at.selectbox(key="sh_layer").set_value(1).run()
-    layer1 = metrics(at)
-    assert layer1 != other_head
-    at.button_group(key="sh_tlayers").set_value([0]).run()  # temperature in layer 0 only
-    assert metrics(at) != layer1
+    shown = 1 - at.selectbox(key="sh_layer").value
+    at.selectbox(key="sh_layer").set_value(shown).run()
+    other_layer = metrics(at)
+    assert other_layer != other_head
+    at.button_group(key="sh_tlayers").set_value([1 - shown]).run()  # temperature only in the layer not shown
+    assert metrics(at) != other_layer
     assert not at.exception
-    assert str(at.query_params["head"]).strip("[]'") == "3"
-    assert str(at.query_params["tlayers"]).strip("[]'") == "0"
+    assert str(at.query_params["head"]).strip("[]'") == str(at.selectbox(key="sh_head").value)
+    assert str(at.query_params["layer"]).strip("[]'") == str(shown)
+    assert str(at.query_params["tlayers"]).strip("[]'") == str(1 - shown)
 
 
 def test_item_counts_are_toggles_kept_sorted_in_the_url(tiny_llama_dir):
@@ -81,7 +84,7 @@ def test_no_item_count_gives_a_clear_message(tiny_llama_dir):
 
 def test_empty_prompt_gives_a_clear_message(tiny_llama_dir):
     at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, QUERY)
-    at.text_area(key="sh_prompt").input("").run()
+    at.text_area(key="sh_text").input("").run()
     assert not at.exception
     assert any("prompt is empty" in e.value for e in at.error)
     assert len(at.header) == 6  # the other views still render

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from analysis.tasks.records import KvTask, TaskError, with_questions
+from analysis.tasks.retrieval import generic_builder
 
 PLAIN_PROMPT = "My password is hunter2 and my PIN is 4921"
 
@@ -25,10 +26,9 @@ class Tasks:
         return False
 
     def retrieval_builder(self, tokenizer) -> Callable:
-        """`build(n, seed)` -> a max-retrieval prompt with n items (the sharpness panel)."""
-        from analysis import sharpness
-
-        return sharpness._generic_builder(tokenizer, sharpness.item_format(tokenizer))
+        """`build(n, seed)` -> a prompt that asks for one item among n (the sharpness panel): key-value recall
+        where the tokenizer spells English, else max retrieval over numbers or the tokenizer's words."""
+        return generic_builder(tokenizer)
 
     def kv_task(self, handle, *, context: int, pairs: int, seed: int, queries: int, prefill: float) -> KvTask:
         """The KV-cache panel's recall prompt: facts in English filler text asked through the chat template

@@ -7,6 +7,7 @@ from typing import Callable
 
 from analysis.tasks.generic import Tasks
 from analysis.tasks.records import KvTask, TaskError, with_questions
+from analysis.tasks.retrieval import shapes_world_builder
 
 SHAPES_PROMPT = "there is a large red circle at the top left . there is a small blue square at the bottom right ."
 
@@ -32,9 +33,7 @@ class ShapesWorldTasks(Tasks):
         return True
 
     def retrieval_builder(self, tokenizer) -> Callable:
-        from analysis import sharpness
-
-        return sharpness._zoo_builder(tokenizer) or super().retrieval_builder(tokenizer)
+        return shapes_world_builder(tokenizer) or super().retrieval_builder(tokenizer)
 
     def kv_task(self, handle, *, context, pairs, seed, queries, prefill) -> KvTask:
         return shapes_kv_task(handle.tokenizer, context=context, pairs=pairs, seed=seed, queries=queries,

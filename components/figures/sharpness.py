@@ -58,9 +58,10 @@ def lemma_figure(result: LemmaResult) -> go.Figure:
 
 @shared_figure
 def size_figure(result: SweepResult, layer: int, head: int, sink: bool = True) -> go.Figure:
-    """Entropy, max weight and max-item weight of one head vs n, softmax vs adaptive θ."""
+    """Entropy, max weight and the answer item's weight of one head vs n, softmax vs adaptive θ."""
     ns = [p.n for p in result.points]
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("Entropy H / ln n", "Largest weight", "Max item's weight"),
+    item = "Max item's weight" if result.item == "max-item" else "Answer item's weight"
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("Entropy H / ln n", "Largest weight", item),
                         horizontal_spacing=0.15)
     for label, colour in (("softmax", SOFTMAX_COLOUR), ("adaptive θ", ADAPTIVE_COLOUR)):
         runs = [_stats(p.run(label), sink) for p in result.points]
@@ -110,18 +111,20 @@ def theta_sweep_figure(result: SweepResult, layer: int, head: int, sink: bool = 
 @shared_figure
 def beta_figure(result: SweepResult, n: int) -> go.Figure:
     """β(H) of the adaptive rule, the sharpening band shaded, and every head's observed (H, β) at n."""
-    h, beta = beta_curve(8.0)
+    point = next(p for p in result.points if p.n == n)
+    run = point.run("adaptive θ")
+    threshold = run.rule.rule.min_entropy
+    h, beta = beta_curve(8.0, min_entropy=threshold)
     lo, hi = sharpening_interval()
+    lo = max(lo, threshold)
     fig = go.Figure()
     fig.add_vrect(x0=lo, x1=hi, fillcolor=ADAPTIVE_COLOUR, opacity=0.08, line_width=0,
                   annotation_text=f"sharpens: {lo:.2f} < H < {hi:.2f} nats", annotation_position="top left")
-    fig.add_scatter(x=h, y=beta, name="β(H) = max(poly(H), 1) for H > 0.5", line=dict(color="black"))
-    point = next(p for p in result.points if p.n == n)
-    run = point.run("adaptive θ")
+    fig.add_scatter(x=h, y=beta, name=f"β(H) = max(poly(H), 1) for H > {threshold:g}", line=dict(color="black"))
     for layer in range(result.layers):
         h_mean = run.with_sink.raw_entropy[layer]
         fig.add_scatter(
-            x=h_mean, y=adaptive_beta(torch.tensor(h_mean, dtype=torch.float64)).tolist(), mode="markers",
+            x=h_mean, y=adaptive_beta(torch.tensor(h_mean, dtype=torch.float64), threshold).tolist(), mode="markers",
             name=f"layer {layer}", marker=dict(size=10),
             customdata=run.with_sink.beta[layer],
             text=[f"layer {layer}, head {k}" for k in range(result.heads)],
@@ -164,10 +167,32 @@ def accuracy_figure(result: SweepResult) -> go.Figure:
                     line=dict(color=SOFTMAX_COLOUR))
     fig.add_scatter(x=ns, y=[r["adaptive accuracy"] for r in rows], name="adaptive θ", mode="lines+markers",
                     line=dict(color=ADAPTIVE_COLOUR))
+    if all("chance" in r for r in rows):
+        fig.add_scatter(x=ns, y=[r["chance"] for r in rows], name="chance (1 / candidates)", line=REFERENCE)
     fig.update_xaxes(type="log", title_text="items in the prompt n (log scale)", tickvals=ns)
     fig.update_yaxes(title_text="accuracy (share of prompts answered right)", range=[0, 1.05])
-    fig.update_layout(title="Max retrieval accuracy vs n", height=360)
+    fig.update_layout(title=f"{result.task.capitalize()} accuracy vs n", height=360)
     return fig
+
+
+@shared_figure
+def retrieval_heads_figure(result: SweepResult, k: int = 3) -> go.Figure:
+    """The weight each of the k retrieval heads puts on the answer item vs n, softmax (solid), adaptive θ (dotted)."""
+    ns = [p.n for p in result.points]
+    heads = result.retrieval_heads(k)
+    fig = go.Figure()
+    for i, (layer, head) in enumerate(heads):
+        colour = THETA_COLOURS[i % len(THETA_COLOURS)]
+        for label, dash in (("softmax", "solid"), ("adaptive θ", "dot")):
+            fig.add_scatter(x=ns, y=[p.run(label).with_sink.target_weight[layer][head] for p in result.points],
+                            name=f"L{layer}H{head}, {label}", mode="lines+markers",
+                            line=dict(color=colour, dash=dash))
+    fig.add_scatter(x=ns, y=[1.0 / n for n in ns], name="1/n (uniform over items)", line=REFERENCE)
+    fig.update_xaxes(type="log", title_text="items in the prompt n (log scale)", tickvals=ns)
+    fig.update_yaxes(title_text=f"weight on the {result.item.replace('-', ' ')} (probability)", range=[0, 1.05])
+    fig.update_layout(height=400)
+    set_title(fig, f"The retrieval heads found (most weight on the answer item at n = {ns[0]}) as n grows")
+    return legend_below(fig)
 
 
 @shared_figure
