@@ -210,4 +210,4 @@ def test_task_provider_gives_shapes_world_tasks_only_to_its_tokenizers():
     for tok in (make_word_tokenizer(family_words()), qwen2_char_tokenizer()):
         generic = tasks.tasks_for(tok)
         assert generic.name == "generic" and generic.reconstruction_prompt == tasks.PLAIN_PROMPT
-        assert generic.retrieval_builder(tok)(4, 0).format in ("numbers", "vocabulary")
+        assert generic.retrieval_builder(tok)(4, 0).format in ("numbers", "vocabulary", "key-value recall")

@@ -296,7 +296,7 @@ def computations(monkeypatch):
     runs.run_store().clear()
 
 
-@pytest.mark.parametrize("page,key", [("views/attention_sharpness.py", "sh_prompt"),
+@pytest.mark.parametrize("page,key", [("views/attention_sharpness.py", "sh_text"),
                                       ("views/kv_cache.py", "kv_prompt"),
                                       ("views/prompt_reconstruction.py", None)])
 def test_a_one_megabyte_prompt_is_refused_with_one_line(public, computations, page, key):

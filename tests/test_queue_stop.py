@@ -4,7 +4,7 @@ what), and the first stops its long run with the Stop button, which leaves its p
 User A opens attention sharpness with settings nothing has precomputed and that take a while (long
 prompts, many of them: each forward holds the shared model for a second or more). User B then opens
 KV-cache eviction with its own uncached settings; its run waits for A's forward and must show
-"Queued: the shared model is busy with “Running max-retrieval prompts … on zoo:shapes-lm”". A then
+"Queued: the shared model is busy with “Running the retrieval prompts … on zoo:shapes-lm”". A then
 presses Stop: its page must say the run was stopped, offer to run it again instead of restarting it,
 and keep working, while B's run finishes on the freed model.
 """
@@ -33,7 +33,7 @@ pytestmark = [
 
 LONG = "attention-sharpness?ns=256,512&samples=320"  # 7 rules x 2 n x 5 batches of 64 prompts of 260-516 tokens
 OTHER = "kv-cache?context=48&budget=16&snap_window=4&morph_window=4&examples=1"
-HOLDER = "Running max-retrieval prompts"
+HOLDER = "Running the retrieval prompts"
 TIMEOUT_MS = 240_000
 
 

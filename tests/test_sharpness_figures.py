@@ -40,7 +40,7 @@ def test_theta_sweep_uses_one_colour_per_n_across_panels(sweep):
 
 def test_beta_figure_places_heads_on_the_rule_curve(sweep):
     fig = F.beta_figure(sweep, 16)
-    points = [tr for tr in fig.data if tr.mode == "markers"]
+    points = [tr for tr in fig.data if tr.mode == "markers" and tr.name.startswith("layer ")]
     assert len(points) == sweep.layers and all(len(tr.x) == sweep.heads for tr in points)
     for tr in points:
         import torch

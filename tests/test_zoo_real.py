@@ -248,7 +248,7 @@ def test_the_picker_offers_it_after_the_demo_models_and_loads_it(handle):
 
     at = app_with_model(None)
     box = at.sidebar.selectbox(key="picker_zoo")
-    assert box.options[-1] == f"{NAME} (real trained model)"  # converted already: no "on first load"
+    assert box.options[-1] == f"{NAME} (real)"  # short enough for the sidebar at 1024 px
     if "shapes-lm" in zoo_models():
         assert box.value == "shapes-lm"  # the default stays a demo model
     box.set_value(NAME).run()

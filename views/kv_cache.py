@@ -16,7 +16,7 @@ from components.share import share_bar
 
 TASK_CONTROLS = ["context", "prefill", "pairs", "queries", "seed"]  # the retrieval task's settings, one row
 LONG_CONTROLS = ["response", "seed"]  # the long-response task's
-TASKS = {"retrieval": "Retrieval (needles in a context)", "long-response": "Long response (the model writes)"}
+TASKS = {"retrieval": "Retrieval (needles)", "long-response": "Long response"}  # short: whole at 1024 px
 
 st.title("KV-cache eviction")
 st.write(
@@ -37,7 +37,7 @@ with analysis_errors():
 
 form = ParamsForm("kv_")
 with st.container(border=True):
-    c0, c1, c2 = st.columns([1, 2, 1])
+    c0, c1, c2 = st.columns([3, 4, 2])  # the task box holds "Retrieval (needles)" whole at 1024 px
     task_kind = form.draw(c0, fields_of(kv.KvParams, ["task"]), width="stretch",
                           overrides={"task": {"format_func": TASKS.get}})["task"]
     form.draw(c1, fields_of(kv.KvParams, ["policy"]), width="stretch",

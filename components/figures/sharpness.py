@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 import torch
+from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
 from analysis.sharpness import (
@@ -14,6 +15,8 @@ from components.figures.text import legend_below, panel_titles, set_title
 SOFTMAX_COLOUR = "#636efa"
 ADAPTIVE_COLOUR = "#ef553b"
 REFERENCE = dict(color="grey", dash="dot")
+MAX_LAYER_LEGEND = 12  # more layers than this: one colour scale instead of a legend entry per layer
+LAYER_SCALE = "Viridis"
 # one colour per fixed temperature of the lemma figure, the same on both of its panels (left to
 # Plotly's colour cycle, each panel's entropy curve took the next trace's colour, not its own)
 THETA_COLOURS = ["#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#e377c2"]
@@ -60,7 +63,7 @@ def lemma_figure(result: LemmaResult) -> go.Figure:
 def size_figure(result: SweepResult, layer: int, head: int, sink: bool = True) -> go.Figure:
     """Entropy, max weight and the answer item's weight of one head vs n, softmax vs adaptive θ."""
     ns = [p.n for p in result.points]
-    item = "Max item's weight" if result.item == "max-item" else "Answer item's weight"
+    item = "Max item's weight" if result.item == "max-item" else "Answer's weight"
     fig = make_subplots(rows=1, cols=3, subplot_titles=("Entropy H / ln n", "Largest weight", item),
                         horizontal_spacing=0.15)
     for label, colour in (("softmax", SOFTMAX_COLOUR), ("adaptive θ", ADAPTIVE_COLOUR)):
@@ -121,11 +124,20 @@ def beta_figure(result: SweepResult, n: int) -> go.Figure:
     fig.add_vrect(x0=lo, x1=hi, fillcolor=ADAPTIVE_COLOUR, opacity=0.08, line_width=0,
                   annotation_text=f"sharpens: {lo:.2f} < H < {hi:.2f} nats", annotation_position="top left")
     fig.add_scatter(x=h, y=beta, name=f"β(H) = max(poly(H), 1) for H > {threshold:g}", line=dict(color="black"))
+    # a deep model's layers by one colour scale (a legend of 30 entries ran past the chart), a shallow one's
+    # by name
+    many = result.layers > MAX_LAYER_LEGEND
+    if many:
+        fig.add_scatter(x=[None], y=[None], mode="markers", name="layer scale", showlegend=False, hoverinfo="skip",
+                        marker=dict(color=[0], cmin=0, cmax=result.layers - 1, colorscale=LAYER_SCALE,
+                                    showscale=True, colorbar=dict(title=dict(text="layer"), thickness=12)))
     for layer in range(result.layers):
         h_mean = run.with_sink.raw_entropy[layer]
+        colour = (dict(color=sample_colorscale(LAYER_SCALE, layer / max(result.layers - 1, 1))[0]) if many
+                  else {})
         fig.add_scatter(
             x=h_mean, y=adaptive_beta(torch.tensor(h_mean, dtype=torch.float64), threshold).tolist(), mode="markers",
-            name=f"layer {layer}", marker=dict(size=10),
+            name=f"layer {layer}", marker=dict(size=10, **colour), showlegend=not many,
             customdata=run.with_sink.beta[layer],
             text=[f"layer {layer}, head {k}" for k in range(result.heads)],
             hovertemplate="%{text}<br>mean H = %{x:.2f} nats<br>β(mean H) = %{y:.2f}"
@@ -206,6 +218,6 @@ def prompt_weights_figure(result: PromptResult, layer: int, head: int) -> go.Fig
     for pos in result.target_positions:
         fig.add_vline(x=pos, line=dict(color="green", dash="dash"))
     fig.update_xaxes(title_text="key token (position:token)", type="category")
-    fig.update_yaxes(title_text="attention weight of the last token (probability)", range=[0, 1.05])
-    fig.update_layout(title=f"Layer {layer}, head {head}: where the last token looks", barmode="group", height=380)
+    fig.update_yaxes(title_text="last token's weight", range=[0, 1.05])
+    fig.update_layout(title=f"Layer {layer}, head {head}: where the last token looks", barmode="group", height=420)
     return fig
