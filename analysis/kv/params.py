@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from analysis.errors import SettingsError
 from analysis.kv.policies import POLICIES, Policy
 from analysis.results import Result
-from analysis.settings import check_settings, labelled, setting
+from analysis.settings import check_settings, setting
 
 
 class KvEvictionError(SettingsError):
@@ -22,17 +22,7 @@ class KvEvictionError(SettingsError):
 def policy_settings(**flat) -> dict[str, dict]:
     """{policy name: its settings} from settings named by field (`sinks=4, snap_window=8`): each goes to every
     policy that declares a field of that name; names no policy declares are refused."""
-    out: dict[str, dict] = {}
-    used = set()
-    for name, cls in POLICIES.items():
-        chosen = {f.name: flat[f.name] for f in labelled(cls) if f.name in flat}
-        used |= set(chosen)
-        if chosen:
-            out[name] = chosen
-    unknown = set(flat) - used
-    if unknown:
-        raise SettingsError(f"No eviction policy has the setting(s) {', '.join(sorted(unknown))}.")
-    return out
+    return POLICIES.split_settings(**flat)
 
 
 @dataclass
