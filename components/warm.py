@@ -34,6 +34,10 @@ def targets(panels: list[str] | None = None, presets: bool = True) -> list[tuple
             continue
         model = DEMO_MODEL[panel.kinds[0]]  # the panel's first kind is the one its default view is made for
         out.append((f"{panel.url_path} (default)", panel.script, model, {}))
+        for kind in panel.kinds[1:]:  # the default view on the other demo model too: a session keeps its
+            other = DEMO_MODEL[kind]  # model across pages (SAE-V's link opens the VLM, then KV-cache is on it)
+            if other != model:
+                out.append((f"{panel.url_path} (default on {other})", panel.script, other, {}))
         if presets:
             for name, query in _presets(panel):
                 query = dict(query)

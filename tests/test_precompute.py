@@ -156,20 +156,23 @@ def test_the_committed_store_is_small():
     assert precompute.total_bytes() < 3_000_000
 
 
-# panel -> (page, default model). SAE-V reads its feature store from the zoo instead.
-STORED_PAGES = {"kv-cache": ("views/kv_cache.py", "zoo:shapes-lm"),
-                "prompt-reconstruction": ("views/prompt_reconstruction.py", "zoo:shapes-lm"),
-                "attention-sharpness": ("views/attention_sharpness.py", "zoo:shapes-lm"),
-                "caption-correction": ("views/caption_correction.py", "zoo:shapes-vlm")}
+# panel -> (page, the demo models its default view is stored for: the first is the panel's default; a
+# session keeps its model across pages, so after SAE-V (the VLM) the other panels open on the VLM too).
+# SAE-V reads its feature store from the zoo instead.
+STORED_PAGES = {"kv-cache": ("views/kv_cache.py", ["zoo:shapes-lm", "zoo:shapes-vlm"]),
+                "prompt-reconstruction": ("views/prompt_reconstruction.py", ["zoo:shapes-lm", "zoo:shapes-vlm"]),
+                "attention-sharpness": ("views/attention_sharpness.py", ["zoo:shapes-lm", "zoo:shapes-vlm"]),
+                "caption-correction": ("views/caption_correction.py", ["zoo:shapes-vlm"])}
 
 
 def _lm_views() -> list[tuple[str, str, dict]]:
-    """Each panel's default view and every preset's permalink (`?preset=name&model=...`)."""
+    """Each panel's default view (on each demo model) and every preset's permalink (`?preset=name&model=...`)."""
     from analysis import presets as P
 
     views = []
-    for panel, (page, model) in STORED_PAGES.items():
-        views.append((f"{panel}-default", page, {"model": model}))
+    for panel, (page, models) in STORED_PAGES.items():
+        views.append((f"{panel}-default", page, {"model": models[0]}))
+        views += [(f"{panel}-default-on-{m.split(':')[1]}", page, {"model": m}) for m in models[1:]]
         views += [(f"{panel}-{p.name}", page, {"model": p.model, "preset": p.name}) for p in P.for_panel(panel)
                   if _converted(p.model)]
     return views
