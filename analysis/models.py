@@ -38,6 +38,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 Source = Literal["zoo", "hub", "local"]
 Kind = Literal["causal_lm", "vlm"]
 KIND_NAMES = {"causal_lm": "a causal language model", "vlm": "a vision-language model"}
+DEMO_MODELS = {"causal_lm": "shapes-lm", "vlm": "shapes-vlm"}  # the zoo model each kind's default views are made for
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ from typing import Any, Callable, Iterator
 import streamlit as st
 
 from analysis.errors import UserError
-from analysis.models import KIND_NAMES, ModelHandle
-from components.model_picker import current_handle
+from analysis.models import DEMO_MODELS, KIND_NAMES, ModelHandle, ModelSpec, zoo_models
+from components import hosting
+from components.model_picker import current_handle, try_load
 
 
 def require_model(*kinds: str, panel: str) -> ModelHandle:
@@ -20,10 +21,24 @@ def require_model(*kinds: str, panel: str) -> ModelHandle:
         st.stop()
     if kinds and handle.kind not in kinds:
         wanted = " or ".join(KIND_NAMES[k] for k in kinds)
+        demo = _demo_model_for(kinds)
         st.error(f"The {panel} panel needs {wanted}; {handle.spec.label} is "
-                 f"{KIND_NAMES.get(handle.kind, handle.kind)}. Pick another model in the sidebar.")
+                 f"{KIND_NAMES.get(handle.kind, handle.kind)}. Pick another model in the sidebar"
+                 + (f", or use the demo model {demo.label}." if demo else "."))
+        if demo is not None and st.button(f"Use {demo.label}", key="require_model_demo", type="primary"):
+            if try_load(demo) is not None:
+                st.rerun()
         st.stop()
     return handle
+
+
+def _demo_model_for(kinds: tuple[str, ...]) -> ModelSpec | None:
+    """The demo zoo's model of the first accepted kind, when it is here and this deployment allows it."""
+    for kind in kinds:
+        name = DEMO_MODELS.get(kind)
+        if name and name in zoo_models() and not hosting.settings().model_refusal("zoo", name):
+            return ModelSpec("zoo", name)
+    return None
 
 
 def metric_row() -> Any:

@@ -19,12 +19,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO_MODEL = {"causal_lm": "zoo:shapes-lm", "vlm": "zoo:shapes-vlm"}
 
 
 def targets(panels: list[str] | None = None, presets: bool = True) -> list[tuple[str, str, str, dict]]:
     """(name, page file, model label, query) for every default view and preset link."""
+    from analysis.models import DEMO_MODELS
     from components.registry import panel_pages
+
+    demo = {kind: f"zoo:{name}" for kind, name in DEMO_MODELS.items()}
 
     out = []
     for panel in panel_pages():
@@ -32,10 +34,10 @@ def targets(panels: list[str] | None = None, presets: bool = True) -> list[tuple
             continue
         if panels and panel.url_path not in panels:
             continue
-        model = DEMO_MODEL[panel.kinds[0]]  # the panel's first kind is the one its default view is made for
+        model = demo[panel.kinds[0]]  # the panel's first kind is the one its default view is made for
         out.append((f"{panel.url_path} (default)", panel.script, model, {}))
         for kind in panel.kinds[1:]:  # the default view on the other demo model too: a session keeps its
-            other = DEMO_MODEL[kind]  # model across pages (SAE-V's link opens the VLM, then KV-cache is on it)
+            other = demo[kind]  # model across pages (SAE-V's link opens the VLM, then KV-cache is on it)
             if other != model:
                 out.append((f"{panel.url_path} (default on {other})", panel.script, other, {}))
         if presets:
