@@ -88,7 +88,9 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
         if hint == "slider":
             return container.select_slider(label, choices, value=value, **common)
         return container.selectbox(label, choices, index=choices.index(value), **common)
-    if kind is bool:
+    if kind is bool:  # a toggle's label sits beside it on one line: a fixed field width cuts it ("Check the…")
+        if isinstance(common.get("width"), int):
+            common["width"] = "content"
         return container.toggle(label, value=bool(value), **common)
     if kind is str:
         high = meta.get("high")

@@ -291,3 +291,26 @@ def test_home_page_lists_every_preset_as_a_link():
     labels = [e.proto.label for e in links]
     for preset in P.PRESETS:
         assert preset.title in labels, preset.title
+
+
+def test_a_toggle_is_as_wide_as_its_label_not_a_fixed_field_width():
+    """A toggle's label sits beside it on one line: at a number field's fixed width it was cut to
+    'Check the…' (caption correction's agent settings)."""
+    import dataclasses
+
+    from analysis.settings import setting
+    from components.params_form import widget
+
+    @dataclasses.dataclass
+    class Owner:
+        checked: bool = setting(True, label="Check the rewrite", url="chk", cli="chk")
+
+    calls = []
+
+    class Container:
+        def __getattr__(self, name):
+            return lambda label, **kw: calls.append((name, label, kw)) or kw.get("value")
+
+    field = dataclasses.fields(Owner)[0]
+    widget(Container(), field, Owner, key="k", value=True, width=135)
+    assert calls[0][0] == "toggle" and calls[0][2]["width"] == "content"
