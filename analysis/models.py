@@ -13,7 +13,6 @@ take it per chunk (a forward, a decode loop) and a waiting user sees what it is 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import re
@@ -432,7 +431,7 @@ def load_model(spec: ModelSpec) -> ModelHandle:
     )
     if torch.cuda.is_available():
         kwargs["device_map"] = "auto"
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     try:
         if kind == "vlm":

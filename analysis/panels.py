@@ -13,7 +13,7 @@ import (sae-lens) never slows another command.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from analysis.errors import MissingEstimator
