@@ -21,7 +21,7 @@ def require_model(*kinds: str, panel: str) -> ModelHandle:
         st.stop()
     if kinds and handle.kind not in kinds:
         wanted = " or ".join(KIND_NAMES[k] for k in kinds)
-        demo = _demo_model_for(kinds)
+        demo = demo_model(*kinds)
         st.error(f"The {panel} panel needs {wanted}; {handle.spec.label} is "
                  f"{KIND_NAMES.get(handle.kind, handle.kind)}. Pick another model in the sidebar"
                  + (f", or use the demo model {demo.label}." if demo else "."))
@@ -32,8 +32,8 @@ def require_model(*kinds: str, panel: str) -> ModelHandle:
     return handle
 
 
-def _demo_model_for(kinds: tuple[str, ...]) -> ModelSpec | None:
-    """The demo zoo's model of the first accepted kind, when it is here and this deployment allows it."""
+def demo_model(*kinds: str) -> ModelSpec | None:
+    """The demo zoo's model of the first of `kinds` that is here and that this deployment allows."""
     for kind in kinds:
         name = DEMO_MODELS.get(kind)
         if name and name in zoo_models() and not hosting.settings().model_refusal("zoo", name):

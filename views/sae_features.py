@@ -9,9 +9,8 @@ import streamlit as st
 
 from analysis import sae_v
 from analysis.errors import UserError
-from analysis.models import ModelSpec, zoo_models
 from components import hosting  # uploads under the deployment's limits
-from components.common import (EMPTY_LIST, analysis_errors, explain, field_row, require_model, set_url_params,
+from components.common import (EMPTY_LIST, analysis_errors, demo_model, field_row, require_model, set_url_params,
                                show_error, url_list, url_param)
 from components.figures import sae as figs
 from components.model_picker import try_load
@@ -31,12 +30,13 @@ st.caption("Sparse-autoencoder features over the image and text tokens of a mult
 preset_bar("sae-features", widget_prefix="sae_")
 handle = require_model(*sae_v.ANALYSIS.kinds, panel="SAE-V feature browser")
 is_vlm = handle.kind == "vlm"
-if not is_vlm and "shapes-vlm" in zoo_models():
+demo_vlm = None if is_vlm else demo_model("vlm")
+if demo_vlm is not None:
     c1, c2 = st.columns([4, 1])
     c1.info(f"{handle.spec.label} is a text-only model: its SAE features are text features (no modality "
             "columns, no image–caption ranking). The demo vision-language model has a trained SAE ready.")
-    if c2.button("Use zoo:shapes-vlm", key="sae_use_demo"):
-        if try_load(ModelSpec("zoo", "shapes-vlm")) is not None:
+    if c2.button(f"Use {demo_vlm.label}", key="sae_use_demo"):
+        if try_load(demo_vlm) is not None:
             st.rerun()
 
 
