@@ -22,12 +22,13 @@ from typing import Any, Callable, Iterator, Literal
 
 import torch
 
+from analysis import paths
 from analysis import config
 from analysis.errors import ModelLoadError
 from analysis.model_lock import ModelLock
 from analysis.results import Result
 
-ZOO_DIR = Path(__file__).resolve().parent / "zoo" / "models"
+ZOO_DIR = paths.ZOO_MODELS
 DEFAULT_MAX_PARAMS = 3_000_000_000
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,95})(?:/[A-Za-z0-9](?:[A-Za-z0-9._-]{0,95}))?$")
 REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")

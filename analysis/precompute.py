@@ -28,8 +28,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+from analysis import paths
 
-STORE_DIR = Path(__file__).resolve().parent / "precomputed"
+STORE_DIR = paths.PRECOMPUTED
 FORMAT = 1
 # Result fields that are wall-clock measurements: they differ between any two runs.
 TIMING_FIELDS = frozenset({"seconds", "step_time", "time_ms", "decode_ms", "attack_seconds",

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
@@ -35,7 +36,7 @@ import crowd_bench as cb  # noqa: E402
 import screenshot  # noqa: E402
 from cold_bench import machine  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "results" / "browser_floor.json"
+OUT = RESULTS / "browser_floor.json"
 FLOOR_PAGES = ["bare", "chart", "table", "chart+table"]
 
 

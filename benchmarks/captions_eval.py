@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
 
 from analysis import captions as C  # noqa: E402
 from analysis.models import ModelSpec, load_model, zoo_models  # noqa: E402
@@ -194,7 +194,7 @@ def main() -> int:
     ap.add_argument("--split", default="test")
     ap.add_argument("--pi", type=float, default=C.DEFAULT_PI)
     ap.add_argument("--pope-per-scene", type=int, default=6)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "captions_eval.json"))
+    ap.add_argument("--out", default=str(RESULTS / "captions_eval.json"))
     ap.add_argument("--models", default=None, help="a folder holding the three demo models instead of the zoo")
     args = ap.parse_args()
 

@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
 
 from analysis import captions as C  # noqa: E402
 from analysis.models import ModelSpec, all_zoo_models, load_model  # noqa: E402
@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--lm", default=default, help="the instruct LM (zoo:, local:, hub:)")
     ap.add_argument("--vlm", default="zoo:shapes-vlm", help="the verifier of the pipeline check")
     ap.add_argument("--quick", action="store_true", help="5 captions, no pipeline run")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "captions_instruct.json"))
+    ap.add_argument("--out", default=str(RESULTS / "captions_instruct.json"))
     ap.add_argument("--rescore", action="store_true", help="score the lines stored in --out again (no model)")
     args = ap.parse_args()
     if args.rescore:

@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-OUT = ROOT / "benchmarks" / "results" / "cold_bench.json"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
+OUT = RESULTS / "cold_bench.json"
 
 # url path -> (page file, default model of the panel)
 PANELS = {

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
 
 from analysis import captions as C  # noqa: E402
 from analysis import cost  # noqa: E402
@@ -36,7 +36,7 @@ from analysis import sharpness as S  # noqa: E402
 from analysis.models import ModelHandle, ModelSpec, describe, load_model, zoo_models  # noqa: E402
 from analysis.tiny_models import LLAVA_TEMPLATE, default_words, family_words, make_word_tokenizer  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "results" / "cost_bench.json"
+OUT = RESULTS / "cost_bench.json"
 
 
 def qwen_half_b() -> ModelHandle:

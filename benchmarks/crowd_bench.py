@@ -36,12 +36,13 @@ from pathlib import Path
 
 import psutil  # pinned in requirements.txt
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 import screenshot  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "results" / "crowd_bench.json"
+OUT = RESULTS / "crowd_bench.json"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 TIME_WORDS = ("time", "second", "ms", "(s)")
 

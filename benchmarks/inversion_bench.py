@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -271,7 +271,7 @@ def main() -> int:
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "2"))))
-    out = ROOT / "benchmarks" / "results" / "inversion_bench.json"
+    out = RESULTS / "inversion_bench.json"
     old = json.loads(out.read_text()) if out.is_file() else {}
     rows: dict[str, list[dict]] = {k: v for k, v in old.get("parts", {}).items() if k not in parts}
     noise_md = old.get("noise_markdown", "") if "noise" not in parts else ""

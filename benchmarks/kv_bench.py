@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
 
 from analysis import kv  # noqa: E402
 from analysis import tiny_models  # noqa: E402
@@ -170,7 +170,7 @@ def main() -> int:
         gpt2 = gpt2_small_random()
         out["gpt2_small_speed"] = speed(gpt2, 256, steps // 2, 128, repeats)
         print_speed("GPT-2-small-shaped random weights (context 256, budget 128)", out["gpt2_small_speed"])
-    target = ROOT / "benchmarks" / "results" / "kv_bench.json"
+    target = RESULTS / "kv_bench.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(target.read_text()) if target.is_file() else {}
     target.write_text(json.dumps({**previous, **out}, indent=2))  # --skip-* keeps the last rows of the other part

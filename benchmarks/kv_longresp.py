@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
 
 from analysis import kv  # noqa: E402
 from analysis.kv.longresp import BIN, long_sweep  # noqa: E402
@@ -110,7 +110,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     budgets = [int(b) for b in args.budgets.split(",")]
-    target = ROOT / "benchmarks" / "results" / "kv_longresp.json"
+    target = RESULTS / "kv_longresp.json"
     previous = json.loads(target.read_text()) if target.is_file() else {}
     if args.only_extra:
         handle = load_model(ModelSpec.parse(args.lm))

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
 
 from analysis import cost, kv  # noqa: E402
 from analysis.models import ModelHandle, ModelSpec, load_model  # noqa: E402
@@ -141,7 +141,7 @@ def main() -> int:
         for p in sweep.points:
             print(f"{p.policy} {p.share:.0%} C={p.budget} acc {p.accuracy:.2f} KL {p.mean_kl:.3f} held {p.cache:g}",
                   flush=True)
-    target = ROOT / "benchmarks" / "results" / "kv_real.json"
+    target = RESULTS / "kv_real.json"
     previous = json.loads(target.read_text()) if target.is_file() else {}
     target.write_text(json.dumps({**previous, **out}, indent=2))  # a run without --accuracy keeps the last one
     print(f"wrote {target.relative_to(ROOT)}")

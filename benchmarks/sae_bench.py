@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -44,7 +44,7 @@ def main() -> int:
     ap.add_argument("--layer", type=int, default=None)
     ap.add_argument("--pairs", type=int, default=300)
     ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sae_bench.json",
+    ap.add_argument("--out", type=Path, default=RESULTS / "sae_bench.json",
                     help="where to write the JSON (e.g. one file per layer)")
     args = ap.parse_args()
     torch.set_num_threads(1)

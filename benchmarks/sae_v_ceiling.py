@@ -44,8 +44,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from analysis.sae_v.datasets import ShapesDataset  # noqa: E402
@@ -53,7 +53,7 @@ from analysis.sae_v.scores import roc_auc  # noqa: E402
 from analysis.zoo import concepts  # noqa: E402
 from analysis.zoo import shapes_world as sw  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "results" / "sae_v_ceiling.json"
+OUT = RESULTS / "sae_v_ceiling.json"
 KINDS = ("other_scene", "swapped")
 ATTRIBUTE_KINDS = ("colour", "shape", "size", "position")
 WEIGHT_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)

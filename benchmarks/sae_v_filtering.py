@@ -42,14 +42,13 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
 
 from analysis.zoo import cards  # noqa: E402
 from analysis.zoo import shapes_world as sw  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results" / "sae_v_filtering.json"
+RESULT_FILE = RESULTS / "sae_v_filtering.json"
 CONDITIONS = ("whole_pool", "top_half_by_s_i", "random_half", "clean_only_oracle", "top_half_by_normalised_s_i")
 POOL_BASE = 10_500_000  # validation-split scenes, disjoint from the SAE's own train/eval pairs
 OTHER_BASE = 10_700_000  # scenes whose captions are given to other-scene pairs
@@ -375,7 +374,7 @@ def main(argv=None) -> int:
     parser.add_argument("--caption-scenes", type=int, default=50)
     parser.add_argument("--scale-note", default="demo (reduced for a 2-core CPU)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that everything runs")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULT_FILE)
     args = parser.parse_args(argv)
     if args.smoke:
         args.pool, args.epochs, args.seeds, args.yes_no_scenes, args.caption_scenes = 20, 1, 2, 10, 4

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
 
 from analysis import sharpness as S  # noqa: E402
 from analysis import tiny_models  # noqa: E402
@@ -97,7 +97,7 @@ def main() -> int:
               f"| {m['function, softmax'] * 1e3:.1f} | {m['function, adaptive θ'] * 1e3:.1f} "
               f"| **{r['ratio_adaptive_vs_eager_paired']:.2f}x** | {r['ratio_adaptive_vs_eager']:.2f}x "
               f"| {r['ratio_adaptive_vs_eager_min']:.2f}x |")
-    out = ROOT / "benchmarks" / "results" / "sharpness_bench.json"
+    out = RESULTS / "sharpness_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"tokens": args.tokens, "repeats": args.repeats, "threads": torch.get_num_threads(),
                                "rows": rows, "goal_ratio": 1.3}, indent=2))

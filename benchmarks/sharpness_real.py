@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
 
 from analysis import cost  # noqa: E402
 from analysis import sharpness as S  # noqa: E402
 from analysis.models import ModelHandle, ModelSpec, load_model  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "results" / "sharpness_real.json"
+OUT = RESULTS / "sharpness_real.json"
 
 
 def floor_batches(handle: ModelHandle, params: S.SweepParams) -> list[S.Packed]:

@@ -6,9 +6,7 @@ from pathlib import Path
 
 from analysis import config
 from analysis import panels
-
-ROOT = Path(__file__).resolve().parent.parent
-VIEWS = ROOT / "views"
+from analysis.paths import ROOT, VIEWS
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from analysis.paths import ROOT
 
 
 def targets(panels: list[str] | None = None, presets: bool = True) -> list[tuple[str, str, str, dict]]:

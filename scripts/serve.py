@@ -22,8 +22,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
 
 
 def check_deployment(argv: list[str]) -> list[str]:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
 
 README = ROOT / "docs" / "models.md"  # the file holding the table
 BEGIN, END = "<!-- support-matrix:begin -->", "<!-- support-matrix:end -->"

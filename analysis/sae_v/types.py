@@ -8,13 +8,14 @@ from typing import Callable
 
 import torch
 
+from analysis import paths
 from analysis.results import Result
 from analysis.sae_v.modality import IMAGE, LABELS, MODALITY_NAMES, TEXT  # noqa: F401  (the records' face)
 from analysis.sae_v.params import StoreParams, TrainParams
 
 Progress = Callable[[float, str], None]
 
-SAE_ROOT = Path(__file__).resolve().parent.parent / "zoo" / "sae"
+SAE_ROOT = paths.SAE_STORES
 CACHE_ROOT = Path(os.environ.get("MODEL_INSPECTOR_CACHE", Path.home() / ".cache" / "model-inspector")) / "sae"
 STORE_FILE = "feature_store.json.gz"
 META_FILE = "sae_v_meta.json"

@@ -29,8 +29,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+from analysis import paths
 
-MODELS_DIR = Path(__file__).resolve().parent / "models"
+MODELS_DIR = paths.ZOO_MODELS
 BUILDABLE = ("shapes-lm", "shapes-vlm")  # the default build
 EXPERIMENTAL = ("shapes-vlm-aligned",)  # built only when named with --only
 
@@ -112,7 +113,7 @@ def build_parallel(out: Path, smoke: bool = False, quiet: bool = False) -> dict:
     Progress lines of both are passed through as they come (each names its model). Raises
     RuntimeError naming the model(s) whose process failed."""
     out = out.resolve()
-    root = Path(__file__).resolve().parents[2]
+    root = paths.ROOT
     # each child sets its own thread counts (see build)
     env = dict(os.environ,
                PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))

@@ -37,9 +37,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from analysis import paths
 from analysis.errors import ModelLoadError
 
-REAL_DIR = Path(__file__).resolve().parent / "real_models"
+REAL_DIR = paths.REAL_MODELS
 MARKER = "conversion.json"  # written last: a folder without it is not a finished conversion
 Progress = Callable[[float, str], None]
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
+from analysis import paths
 from analysis import images
 from analysis.sae_v import (
     IMAGE, FeatureCard, FeatureStore, InputExplanation, Ranking, SteeredText, SteeringResult, by_kind, score_label,
@@ -250,7 +251,7 @@ def keep_curve_figure(ranking: Ranking, keep: float | None = None, steps: int = 
 # ---------------------------------------------------------------------------------------------
 # The data-filtering experiment (benchmarks/sae_v_filtering.py writes its JSON)
 
-FILTERING_RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "sae_v_filtering.json"
+FILTERING_RESULTS = paths.result_file("sae_v_filtering.json")
 FILTERING_LABELS = {
     "whole_pool": "whole pool",
     "top_half_by_s_i": "top share by s_i (SAE-V)",
