@@ -59,7 +59,7 @@ def url_value(f: Field, owner: Any, default: Any, **overrides: Any) -> tuple[Any
         value = parse_text(f, str(raw_text)[:URL_TEXT_MAX], owner)
     except (TypeError, ValueError, OverflowError):
         return default, default
-    choices = overrides["choices"] if overrides.get("choices") is not None else choices_of(f)
+    choices = overrides["choices"] if overrides.get("choices") is not None else offered(f)
     if kind is list:
         if choices is not None:
             value = [v for v in value if v in choices]
@@ -72,6 +72,12 @@ def url_value(f: Field, owner: Any, default: Any, **overrides: Any) -> tuple[Any
     if choices is not None and shown not in choices:
         return default, default
     return value, shown
+
+
+def offered(f: Field) -> list | None:
+    """The choices a page offers for field `f`: its own, or its `offer` metadata (the CLI takes any value)."""
+    choices = choices_of(f)
+    return choices if choices is not None else f.metadata.get("offer")
 
 
 def labeller(f: Field) -> Any:
@@ -89,7 +95,7 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
     kind = kind_of(f, owner)
     label = overrides.pop("label", meta["label"])
     help_text = overrides.pop("help", meta.get("help") or None)
-    choices = overrides.pop("choices", None) or choices_of(f)
+    choices = overrides.pop("choices", None) or offered(f)
     hint = overrides.pop("widget", meta.get("widget"))
     if choices is not None and labeller(f) is not None:
         overrides.setdefault("format_func", labeller(f))
@@ -105,7 +111,9 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
                 return parse_text(f, text, owner)
             except ValueError:
                 return value
-        return sorted(container.pills(label, choices, selection_mode="multi", default=value, **common) or [])
+        # pills wrap: a row that scrolls sideways hid choices at 1024 px
+        return sorted(container.pills(label, choices, selection_mode="multi", default=value, wrap=True, **common)
+                      or [])
     if choices is not None:
         if hint == "pills":
             return container.pills(label, choices, default=value, **common)
@@ -132,6 +140,25 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
     return kind(container.number_input(label, low, high, kind(value), step=step, format=fmt, **common))
 
 
+def _forget_if_outside(key: str, f: Field, owner: Any, overrides: dict) -> None:
+    """Drop a widget's remembered value that this model or result no longer allows (a model with fewer
+    layers, fewer parties than before): the widget then starts from the link or the default."""
+    if key not in st.session_state:
+        return
+    value, kind = st.session_state[key], kind_of(f, owner)
+    choices = overrides.get("choices") if overrides.get("choices") is not None else offered(f)
+    low, high = _bounds(f, overrides)
+    if kind is list:
+        outside = choices is not None and isinstance(value, list) and not set(value) <= set(choices)
+    elif choices is not None:
+        outside = value not in choices
+    else:
+        outside = (kind in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool)
+                   and ((low is not None and value < low) or (high is not None and value > high)))
+    if outside:
+        del st.session_state[key]
+
+
 class ParamsForm:
     """The controls of one page (or one section): values shown, values the link gave, URL mirroring."""
 
@@ -153,6 +180,7 @@ class ParamsForm:
             default = defaults.get(f.name, field_default(f))
             raw, shown = url_value(f, owner, default, **{k: kw[k] for k in ("low", "high", "choices") if k in kw})
             key = f"{self.prefix}{kw.pop('key', f.name)}"
+            _forget_if_outside(key, f, owner, kw)
             out[f.name] = widget(container, f, owner, key=key, value=shown,
                                  width=kw.pop("width", f.metadata.get("width", width)), **kw)
             self.raw[f.name], self.fields[f.name] = raw, f
@@ -164,11 +192,14 @@ class ParamsForm:
         set_url_params(**{url_name(f): field_text(f, self.values[name]) for name, f in self.fields.items()
                           if url_name(f)})
 
-    def check(self, validate: Callable[[dict[str, Any]], None]) -> None:
-        """Run `validate(values the link gave)`; a SettingsError becomes one message and the page stops there.
-        The widgets and the URL already hold the nearest allowed values, so any change of a control runs."""
-        with analysis_errors(prefix="This link's settings are out of range (the controls show the nearest allowed "
-                                    "values; change any control to run with them): "):
+    def check(self, validate: Callable[[dict[str, Any]], None], stop: bool = True) -> None:
+        """Run `validate(values the link gave)`; a SettingsError becomes one message and the page stops there
+        (`stop=False`: goes on with the nearest allowed values). The widgets and the URL already hold the
+        nearest allowed values, so any change of a control runs."""
+        prefix = ("This link's settings are out of range (the controls show the nearest allowed values; change any "
+                  "control to run with them): " if stop else
+                  "This link's settings are out of range; the controls show the nearest allowed values: ")
+        with analysis_errors(prefix=prefix, stop=stop):
             validate(dict(self.raw))
 
 

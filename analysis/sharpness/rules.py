@@ -130,7 +130,7 @@ class AdaptiveTheta(Rule):
     colour: ClassVar[str] = "#ef553b"
     needs_entropy: ClassVar[bool] = True
     min_entropy: float = setting(ADAPTIVE_MIN_ENTROPY, label="Adaptive θ: rows left alone up to H (nats)",
-                                 low=0.0, high=10.0, step=0.1,
+                                 low=0.0, high=10.0, step=0.1, width=220,
                                  help="Rows whose softmax entropy is at most this keep β = 1 (the paper: 0.5).")
 
     def beta(self, entropy: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ class KvView(View):
         # a shorter context on a large model; the page's sweep averages two prompts (the CLI's one)
         return {"context": default_for(page.handle, kv.KvParams.context, 96), "examples": 2}
 
-    def validate(self, params: kv.KvParams) -> None:
+    def validate(self, page: Page, params: kv.KvParams) -> None:
         kv.validate_params(params, check_budget=False)
 
     def run(self, page: Page, params: kv.KvParams):
@@ -145,7 +145,7 @@ def budget_sweep_section(page: Page, params: kv.KvParams) -> kv.SweepResult | No
     """Computed on demand (a Run button) unless this server already has it; reruns alone."""
     st.subheader("Budget sweep")
     values = page.draw(st.container(), "sweep", defaults=page.view.defaults(page))
-    page.form.mirror()
+    page.mirror()
     sweep_params = kv.KvParams.from_dict({**params.to_dict(), **values, "policy": "full", "budget": 1})
     sweep = page.run("sweep", kv.budget_sweep, sweep_params, label="Sweeping budgets ...", on_demand=True,
                      names=kv.main_policies())
