@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from analysis.settings import Flat, field_text, labelled, url_name, url_values
-from analysis.tasks.generic import PLAIN_PROMPT  # the reconstruction page's prompt on a model outside Shapes World
 
 
 @dataclass(frozen=True)
@@ -129,13 +128,6 @@ def real_model_in_zoo() -> bool:
     return REAL_MODEL in all_zoo_models()
 
 
-INVERSION_BASE = {"prompt": "there is a large red circle at the top left . there is a small blue square at the "
-                            "bottom right .", "layer": "2", "perm": "none", "perturb": "none", "order": "hybrid",
-                  "noise": "0.5", "bits": "4", "seed": "0", "sweeps": "0", "exhaustive": "0", "parties": "2",
-                  "sharding": "round_robin", "attacker": "0", "budget": "1000000"}
-REAL_FINDING = ("SmolLM2-135M-Instruct, a real trained model: from its layer-15 states (of 30) all 14 tokens of the "
-                "prompt come back exactly, each certified, after scoring 1,728 candidates instead of "
-                "exhaustive search's 688,128 (14 positions × 49,152 tokens): 398× fewer.")
 CAPTION_BASE = {"src": "scene", "seed": "20000003", "cap": "weak", "lm": "zoo:shapes-lm", "dec": "auto",
                 "ver": "auto", "rew": "auto", "pi": "1.0", "prob": PROB, "ground": "0"}
 SAE_BASE = {"sae": "layer1", "view": "list", "sort": "omega", "by": "sum", "thr": "0.0"}
@@ -145,24 +137,6 @@ def _legacy(panel: str, name: str, title: str, finding: str, model: str, urls: d
 
 
 LEGACY: list[Preset] = [  # panels whose presets are not yet Params values in their package
-    # --- Hidden No More / Cascade ------------------------------------------------------------------------
-    _legacy("prompt-reconstruction", "shuffle-fails", "Shuffling does not protect",
-           "States of layer 2 with their positions shuffled still give the prompt back token for token: the "
-           "attacker matches against every unused row (only at layer 0 of a rotary model, the bare token "
-           "embeddings, does the order stay hidden).",
-           "zoo:shapes-lm", {**INVERSION_BASE, "perm": "shuffle_positions"}),
-    _legacy("prompt-reconstruction", "noise-defeats", "Noise defeats the attack",
-           "Gaussian noise of two state standard deviations buries the difference between neighbouring "
-           "tokens: almost every position comes back wrong (and the states are useless for the model too).",
-           "zoo:shapes-lm", {**INVERSION_BASE, "perturb": "gaussian_noise", "noise": "2.0"}),
-    *([_legacy("prompt-reconstruction", "real-vocabulary", "A real 49 k vocabulary", REAL_FINDING, f"zoo:{REAL_MODEL}",
-              {**INVERSION_BASE, "prompt": PLAIN_PROMPT, "layer": "15", "exhaustive": "1"})]
-      if real_model_in_zoo() else []),
-    _legacy("prompt-reconstruction", "cascade-contiguous", "Cascade: contiguous shards leak",
-           "Contiguous blocks hand party 0 the start of the prompt with no gap: it inverts its shard with "
-           "about 2,000 candidate sequences. Round-robin leaves gaps of k − 1 and costs ~47,000 — with a "
-           "182-word vocabulary both are within reach (the verdict says so).",
-           "zoo:shapes-lm", {**INVERSION_BASE, "sharding": "blocks", "parties": "2", "attacker": "0"}),
     # --- CapMAS -------------------------------------------------------------------------------------------
     _legacy("caption-correction", "position-dropped", "A hallucinated position dropped",
            "The weak captioner puts the yellow triangle at the top middle; asked about that claim alone the "
