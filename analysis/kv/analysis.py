@@ -2,13 +2,15 @@
 sweep (`budget_sweep`)."""
 from __future__ import annotations
 
+from analysis.anatomy import head_layout
 from analysis.kv.metrics import compare
 from analysis.kv.params import KvEvictionError, KvParams, main_policies, make_policy, validate_params
 from analysis.kv.policies import POLICIES, FullCache, Policy
 from analysis.kv.records import GeneratedText, KvResult, PolicyRun, SweepPoint, SweepResult, token_pieces
-from analysis.kv.runner import Progress, Trace, evictable_layers, run_policy
+from analysis.kv.runner import Trace, evictable_layers, run_policy
 from analysis.kv.task import build_task, text_start
 from analysis.models import ModelHandle
+from analysis.progress import Progress
 from analysis.tasks import KvTask
 
 
@@ -27,7 +29,7 @@ def _policy_runs(handle, task, params, names, full, layers, progress, share=(0.0
                  keep: str | None = None, texts: tuple[str, ...] = ()) -> tuple[list[PolicyRun], Trace | None, dict]:
     """Each named policy run and compared with the full cache; also the trace of policy `keep`, and for
     the policies in `texts` their generated continuation (forked from the same run: see run_policy)."""
-    groups = handle.info.heads // handle.info.kv_heads
+    groups = head_layout(handle).groups
     start, generate = text_start(task), params.generated
     runs, kept, forked = [], None, {}
     for i, name in enumerate(names):
@@ -108,7 +110,7 @@ def budget_sweep(handle: ModelHandle, params: KvParams, progress: Progress | Non
     shares of the context, averaged over `params.examples` prompts (accuracy over all their answers)."""
     validate_params(params, check_budget=False)
     layers = evictable_layers(handle)
-    groups = handle.info.heads // handle.info.kv_heads
+    groups = head_layout(handle).groups
     names = [n for n in (names or POLICIES) if n != "full"]
     n_ex = 1 if params.prompt.strip() else max(1, params.examples)
     sums: dict[tuple[str, float], list[float]] = {}

@@ -18,8 +18,9 @@ import torch
 from analysis.kv.params import KvParams, main_policies, make_policy, validate_params
 from analysis.kv.policies import FullCache
 from analysis.kv.records import token_pieces
-from analysis.kv.runner import Progress, Trace, evictable_layers, run_policy
+from analysis.kv.runner import Trace, evictable_layers, run_policy
 from analysis.models import ModelHandle
+from analysis.progress import Progress
 from analysis.results import Result
 from analysis.tasks import tasks_for
 from analysis.tasks.long_response import Item, LongTask, answer_items, custom_prompt, recalled
