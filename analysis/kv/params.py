@@ -88,14 +88,15 @@ def main_policies() -> list[str]:
     return [name for name, cls in POLICIES.items() if not getattr(cls, "variant", False)]
 
 
-def validate_params(params: KvParams, *, check_budget: bool = True) -> None:
+def validate_params(params: KvParams, *, check_budget: bool = True) -> dict[str, Policy]:
     """One validation path for the CLI, the URL and the page: raises SettingsError with a one-line message.
-    Every policy's settings are checked by its class (at the chosen budget when `check_budget`)."""
+    Every policy's settings are checked by its class as it is built (at the chosen budget when `check_budget`,
+    else at a budget no setting refuses); the built policies are returned, by name in the registry's order,
+    so an analysis builds each policy once."""
     check_settings(params)
     for name, values in params.policies.items():
         POLICIES.get(name)  # an unknown name: UnknownMethod
         unknown = set(values) - set(POLICIES.get(name).__dataclass_fields__)
         if unknown:
             raise SettingsError(f"{POLICIES.label(name)} has no setting(s) {', '.join(sorted(unknown))}.")
-    for name in POLICIES:
-        make_policy(params, name, None if check_budget else 10**9)
+    return {name: make_policy(params, name, None if check_budget else 10**9) for name in POLICIES}
