@@ -10,7 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from analysis.anatomy import head_layout
-from analysis.kv.metrics import compare
+from analysis.kv.compare import compare
+from analysis.kv.metrics import Metric, metric, sweep_metrics
 from analysis.kv.params import KvEvictionError, KvParams, main_policies, validate_params
 from analysis.kv.policies import POLICIES, Policy
 from analysis.kv.records import GeneratedText, KvResult, PolicyRun, SweepPoint, SweepResult, token_pieces
@@ -125,24 +126,21 @@ def generate_texts(handle, params, task, policies: list[Policy], progress=None,
 
 def budget_sweep(handle: ModelHandle, params: KvParams, progress: Progress | None = None,
                  names: list[str] | None = None) -> SweepResult:
-    """Accuracy, KL, agreement, recall and cache held of every policy (or of `names`) at budgets given as
-    shares of the context, averaged over `params.examples` prompts (accuracy over all their answers)."""
+    """Each sweep metric (metrics.py) of every policy (or of `names`) at budgets given as shares of the
+    context, averaged over `params.examples` prompts (a per-answer metric over all their answers)."""
     setup = Setup.build(handle, params, check_budget=False)  # each policy's settings; budgets set per share
     names = [n for n in (names or POLICIES) if n != "full"]
     full_cache = setup.policies["full"]
     at_budget: dict[tuple[str, int], Policy] = {}  # each (policy, budget) built once for every prompt
     n_ex = 1 if params.prompt.strip() else max(1, params.examples)
-    sums: dict[tuple[str, float], list[float]] = {}
-    full_hits, full_n, context = 0.0, 0, 0
-    total, done = n_ex * len(names) * len(params.sweep), 0
+    points: dict[tuple[str, float], _Mean] = {}
+    full_accuracy = _Mean([metric("accuracy")])
+    context, total, done = 0, n_ex * len(names) * len(params.sweep), 0
     for ex in range(n_ex):
         task = build_task(handle, params, seed=params.seed + ex)
         context = task.context_len
         full = run_policy(handle, task.tokens, task.prefill_len, full_cache, record_attention=True)
-        n_ans = len(task.answer_positions)
-        full_run = setup.compare(full, full, task, full_cache)
-        full_hits += (full_run.accuracy or 0.0) * n_ans
-        full_n += n_ans
+        full_accuracy.add(setup.compare(full, full, task, full_cache), task, n_ex)
         for share in params.sweep:
             for name in names:
                 budget = _sweep_budget(setup.policies[name], share, task.context_len)
@@ -152,20 +150,34 @@ def budget_sweep(handle: ModelHandle, params: KvParams, progress: Progress | Non
                 if progress:
                     progress(done / total, f"{pol.label} at {share:.0%} ...")
                 run = setup.compare(full, run_policy(handle, task.tokens, task.prefill_len, pol), task, pol)
-                acc = sums.setdefault((name, share), [0.0, 0.0, 0.0, 0.0, 0.0, pol.budget, 0.0, 0.0])
-                acc[0] += (run.accuracy or 0.0) * n_ans
-                acc[1] += n_ans
-                acc[2] += run.mean_kl / n_ex
-                acc[3] += run.agreement / n_ex
-                acc[4] += run.mean_recall / n_ex
-                acc[6] += (run.cache_len[-1] if run.cache_len else 0.0) / n_ex
-                acc[7] += run.claimed / n_ex
+                points.setdefault((name, share), _Mean(sweep_metrics(), pol.budget)).add(run, task, n_ex)
                 done += 1
-    points = [SweepPoint(policy=name, share=share, budget=int(v[5]), accuracy=v[0] / v[1] if v[1] else None,
-                         mean_kl=v[2], agreement=v[3], recall=v[4], cache=v[6], claimed=v[7])
-              for (name, share), v in sums.items()]
-    return SweepResult(model=handle.spec.label, context=context, points=points,
-                       full_accuracy=full_hits / full_n if full_n else None)
+    return SweepResult(model=handle.spec.label, context=context,
+                       points=[SweepPoint(policy=name, share=share, budget=mean.budget, values=mean.values())
+                               for (name, share), mean in points.items()],
+                       full_accuracy=full_accuracy.values()["accuracy"])
+
+
+@dataclass
+class _Mean:
+    """The running means of one sweep point: a per-answer metric over every answer of every prompt, any
+    other over the prompts (a run without a value counts 0)."""
+
+    metrics: list[Metric]
+    budget: int = 0
+    sums: dict[str, float] = dataclasses.field(default_factory=dict)
+    answers: int = 0
+
+    def add(self, run: PolicyRun, task: KvTask, n_ex: int) -> None:
+        n_ans = len(task.answer_positions)
+        self.answers += n_ans
+        for m in self.metrics:
+            value = m.read(run) or 0.0
+            self.sums[m.name] = self.sums.get(m.name, 0.0) + (value * n_ans if m.per_answer else value / n_ex)
+
+    def values(self) -> dict[str, float | None]:
+        return {m.name: (self.sums[m.name] / self.answers if self.answers else None) if m.per_answer
+                else self.sums[m.name] for m in self.metrics}
 
 
 def _sweep_budget(policy: Policy, share: float, context: int) -> int:

@@ -283,8 +283,9 @@ def test_every_row_of_the_quality_table_holds_the_entries_it_claims(tiny_llama):
     task = kv.build_task(tiny_llama, params)
     read = len(task.tokens) - 1
     for pt in sweep.points:
-        assert pt.cache == pt.claimed, (pt.policy, pt.share, pt.cache, pt.claimed)
-        assert pt.cache >= min(pt.budget, read), (pt.policy, pt.share, pt.cache, pt.budget)
+        cache, claimed = pt.values["cache"], pt.values["claimed"]
+        assert cache == claimed, (pt.policy, pt.share, cache, claimed)
+        assert cache >= min(pt.budget, read), (pt.policy, pt.share, cache, pt.budget)
 
 
 def test_an_analysis_builds_each_policy_and_its_task_once(tiny_llama, monkeypatch):
