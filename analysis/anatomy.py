@@ -108,6 +108,31 @@ def attention_modules(obj: Any) -> dict[int, torch.nn.Module]:
     return found
 
 
+MLP_NAMES = ("mlp", "feed_forward", "ffn", "fc2")  # OPT has no MLP module: its fc2 output is the MLP's
+OUT_PROJ_NAMES = ("o_proj", "c_proj", "out_proj", "dense")
+
+
+def mlp_module(obj: Any, layer: int) -> torch.nn.Module:
+    """Decoder layer `layer`'s MLP (its output is what the MLP adds to the residual stream)."""
+    block = decoder_layers(obj)[check_layer(obj, layer)]
+    for name in MLP_NAMES:
+        found = getattr(block, name, None)
+        if isinstance(found, torch.nn.Module):
+            return found
+    raise AnatomyError(f"Could not find the MLP of layer {layer} of {_name(obj)}.")
+
+
+def output_projection(obj: Any, layer: int) -> torch.nn.Module:
+    """The attention's output projection in layer `layer`: its input holds every head's output side by
+    side (B, T, H * d)."""
+    attn = attention_modules(obj)[check_layer(obj, layer)]
+    for name in OUT_PROJ_NAMES:
+        found = getattr(attn, name, None)
+        if isinstance(found, torch.nn.Linear) or type(found).__name__ == "Conv1D":
+            return found
+    raise AnatomyError(f"Could not find the attention output projection of layer {layer} of {_name(obj)}.")
+
+
 @dataclass(frozen=True)
 class HeadLayout:
     """Per-layer attention shape: query heads share key-value heads in groups (GQA)."""

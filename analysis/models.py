@@ -57,9 +57,9 @@ class ModelSpec(Result):
     def parse(cls, text: str) -> "ModelSpec":
         """Parse 'source:name[@revision]' (the form used in URLs and the CLI); bare names are zoo."""
         source, sep, rest = text.partition(":")
-        if not sep or source not in ("zoo", "hub", "local"):
+        if not sep or source not in ("zoo", "hub", "local", "ndif"):
             source, rest = "zoo", text
-        name, _, revision = rest.partition("@") if source == "hub" else (rest, "", "")
+        name, _, revision = rest.partition("@") if source in ("hub", "ndif") else (rest, "", "")
         return cls(source=source, name=name, revision=revision or None)
 
 
@@ -114,9 +114,12 @@ class ModelHandle:
     path: str = ""
     processor_error: str = ""  # why a VLM loaded without its processor (its image panels then refuse)
     lock: ModelLock = field(default_factory=ModelLock, repr=False)  # reentrant, first come first served
+    remote: Any = None  # an NDIF model (analysis/backends/ndif.py): weights elsewhere, `model` on meta
 
     @property
     def device(self) -> torch.device:
+        if self.remote is not None:  # inputs are prepared here and travel with the request
+            return torch.device("cpu")
         return next(self.model.parameters()).device
 
     @contextlib.contextmanager
@@ -421,17 +424,18 @@ def _check_weights(folder: Path) -> None:
 
 def load_model(spec: ModelSpec) -> ModelHandle:
     """Resolve, check and load a model. Raises ModelLoadError with a user-facing message."""
+    if spec.source == "ndif":  # config and tokenizer only: the weights stay on NDIF
+        from analysis.backends import ndif
+
+        return ndif.load_remote(spec)
     folder = resolve_folder(spec)
     config, n_params = _check_config(folder)
     _check_weights(folder)
     kind = _model_kind(config)
     if spec.dtype not in DTYPES:
         raise ModelLoadError(f"Unknown dtype '{spec.dtype}' (use one of {', '.join(DTYPES)}).")
-    kwargs: dict[str, Any] = dict(
-        trust_remote_code=False, use_safetensors=True, attn_implementation="eager", dtype=DTYPES[spec.dtype]
-    )
-    if torch.cuda.is_available():
-        kwargs["device_map"] = "auto"
+    kwargs: dict[str, Any] = dict(trust_remote_code=False, use_safetensors=True, attn_implementation="eager",
+                                  **placement(spec.dtype))
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     try:
@@ -462,6 +466,27 @@ def load_model(spec: ModelSpec) -> ModelHandle:
         spec=spec, model=model, kind=kind, info=info, language_model=language_model,
         tokenizer=tokenizer, processor=processor, path=str(folder), processor_error=processor_error,
     )
+
+
+GPU_DTYPE_ENV = "MODEL_INSPECTOR_GPU_DTYPE"
+
+
+def placement(dtype: str, devices: int | None = None, bf16: bool | None = None) -> dict[str, Any]:
+    """`dtype` and `device_map` for from_pretrained on this machine. CPU: the spec's dtype, no map. CUDA:
+    one GPU holds the model (`{"": 0}`), several share it layer by layer (`"auto"`, accelerate); the
+    default float32 becomes bfloat16 where the GPU supports it (else float16) unless
+    $MODEL_INSPECTOR_GPU_DTYPE names another (e.g. float32); a spec asking float16/bfloat16 keeps it."""
+    if devices is None:
+        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if devices == 0:
+        return {"dtype": DTYPES[dtype]}
+    if dtype == "float32":
+        if bf16 is None:
+            bf16 = torch.cuda.is_bf16_supported()
+        dtype = os.environ.get(GPU_DTYPE_ENV, "").strip() or ("bfloat16" if bf16 else "float16")
+        if dtype not in DTYPES:
+            raise ModelLoadError(f"{GPU_DTYPE_ENV}={dtype!r} is not one of {', '.join(DTYPES)}.")
+    return {"dtype": DTYPES[dtype], "device_map": "auto" if devices > 1 else {"": 0}}
 
 
 def _load_processor(folder: Path) -> tuple[Any, str]:
