@@ -13,13 +13,14 @@ is never stored on the handle, in a result, in an error message or in nnsight's 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -200,14 +201,21 @@ def run(handle, request: Request) -> Captured:
         inputs["logits_to_keep"] = request.logits
     with handle.lock:  # one job per model from this server: the meta envoy is not shared between traces
         backend = _backend(remote, key)
-        try:
-            traced.trace(remote.envoy, inputs, program, request, backend=backend)
-            results = _wait(backend)
-        except RemoteError:
-            raise
-        except Exception as exc:
-            raise RemoteError(describe_failure(exc, handle.spec.name, key)) from None
+        with _failures(handle.spec.name, key):
+            traced.trace(remote.envoy, inputs, program, request, backend=backend)  # submits the job
+        results = _wait(backend, handle.spec.name, key)
     return traced.unpack(results["results"], request, root, NAME)
+
+
+@contextlib.contextmanager
+def _failures(name: str, key: str) -> Iterator[None]:
+    """Anything the transport or NDIF raises becomes one `RemoteError` line."""
+    try:
+        yield
+    except RemoteError:
+        raise
+    except Exception as exc:
+        raise RemoteError(describe_failure(exc, name, key)) from None
 
 
 def _backend(remote: RemoteModel, key: str):
@@ -218,15 +226,17 @@ def _backend(remote: RemoteModel, key: str):
     return backend
 
 
-def _wait(backend) -> dict:
-    """Poll the submitted job until its saves arrive; each poll is reported (and may be stopped)."""
+def _wait(backend, name: str, key: str) -> dict:
+    """Poll the submitted job until its saves arrive; each poll is reported to the page, whose Stop
+    raises out of `on_wait` and ends the wait (the job itself finishes on NDIF, unread)."""
     from analysis.model_lock import current_activity
 
     cfg = settings()
     _, on_wait = current_activity()
     start = time.monotonic()
     while True:
-        result = backend.poll()
+        with _failures(name, key):
+            result = backend.poll()
         if result is not None:
             return result
         waited = time.monotonic() - start

@@ -67,13 +67,15 @@ def envoy_of(model, module: torch.nn.Module):
     return model.interleaver.envoys[id(module)]
 
 
-def attention_call(envoy):
-    """The attention-interface call inside an attention module's forward (its last such operation)."""
+def attention_call(envoy) -> str:
+    """The name of the attention-interface call inside an attention module's forward (its last such
+    operation). The body looks it up again (`envoy.source`), so wherever it runs, that machine's module
+    is the one source-instrumented."""
     names = [n for n in envoy.source.names if n.startswith("attention_interface_")]
     if not names:
         raise anatomy.AnatomyError(f"{type(envoy._module).__name__} does not call transformers' attention "
                                    "interface, so its attention cannot be replaced by a rule.")
-    return getattr(envoy.source, max(names, key=lambda n: int(n.rsplit("_", 1)[1])))
+    return max(names, key=lambda n: int(n.rsplit("_", 1)[1]))
 
 
 def build_program(model, steps: list[Step], request: Request, root: torch.nn.Module) -> list[tuple]:
@@ -111,6 +113,7 @@ def trace(model, kwargs: dict, program: list[tuple], request: Request, backend=N
         live = []
         for envoy, where, reads, writes, grads, call, layer, stop in program:
             if call is not None:
+                call = getattr(envoy.source, call)
                 args, kw = call.inputs
                 out, probs, record = rule(layer, args[1], args[2], args[3], args[4], kw.get("scaling"),
                                           kw.get("softcap"))
