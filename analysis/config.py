@@ -99,6 +99,7 @@ class Backend:
     remote_models: tuple[str, ...] = ()  # Hub ids visitors may run on NDIF (kind = "ndif")
     timeout_s: float = 600.0  # give up waiting for one NDIF job after this long
     poll_s: float = 1.0  # how often to ask NDIF about a job (and update the page)
+    job_s: float = 5.0  # what one NDIF job is expected to take, queue and transfer included (estimates only)
 
 
 def _check_backend(backend: Backend, where: str) -> None:

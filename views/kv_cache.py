@@ -8,7 +8,7 @@ from analysis.cost import default_for
 from components.figures import kv as F
 from components.figures import kv_long as L
 from components.common import (analysis_errors, charts_side_by_side, explain, field_row, metric_row,
-                               require_model, set_url_params, url_param)
+                               require_model, set_url_params, stays_local, url_param)
 from components.params_form import WIDTH, ParamsForm, fields_of
 from components.presets import preset_bar
 from components.runs import cached_run
@@ -29,6 +29,7 @@ st.write(
 
 preset_bar("kv-cache", widget_prefix="kv_")
 handle = require_model(*kv.ANALYSIS.kinds, panel="KV-cache eviction")
+stays_local(handle, "KV-cache eviction")
 with analysis_errors():
     kv.evictable_layers(handle)
 

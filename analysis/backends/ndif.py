@@ -172,6 +172,17 @@ def _config_files(repo_id: str, revision: str | None) -> Path:
                              "are read here.") from exc
 
 
+def throughput(handle):
+    """The cost gate's speeds for a remote model: every forward is one NDIF job of about `[backend]
+    job_s` seconds (queueing and transfer dominate; the GPU work is small beside them), so an analysis
+    of many forwards is estimated as that many jobs, and asks first like long local work."""
+    from analysis.cost import Throughput
+
+    job = settings().job_s
+    return Throughput(per_call=job, per_token=1e-6, per_pair=1e-9, per_logit=1e-7, model=handle.spec.label,
+                      per_call_fixed=job)
+
+
 # ---------------------------------------------------------------------------------------------
 # Running a request
 
