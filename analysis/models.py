@@ -24,6 +24,7 @@ import torch
 
 from analysis import paths
 from analysis import config
+from analysis import devices
 from analysis.errors import ModelLoadError
 from analysis.model_lock import ModelLock
 from analysis.results import Result
@@ -33,7 +34,7 @@ DEFAULT_MAX_PARAMS = 3_000_000_000
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,95})(?:/[A-Za-z0-9](?:[A-Za-z0-9._-]{0,95}))?$")
 REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = devices.DTYPES
 
 Source = Literal["zoo", "hub", "local"]
 Kind = Literal["causal_lm", "vlm"]
@@ -424,10 +425,8 @@ def _check_weights(folder: Path) -> None:
 
 def load_model(spec: ModelSpec) -> ModelHandle:
     """Resolve, check and load a model. Raises ModelLoadError with a user-facing message."""
-    if spec.source == "ndif":  # config and tokenizer only: the weights stay on NDIF
-        from analysis.backends import ndif
-
-        return ndif.load_remote(spec)
+    if spec.source == "ndif":
+        raise ModelLoadError(f"{spec.label} runs on NDIF: load it with analysis.backends.load (the model picker does).")
     folder = resolve_folder(spec)
     config, n_params = _check_config(folder)
     _check_weights(folder)
@@ -435,7 +434,7 @@ def load_model(spec: ModelSpec) -> ModelHandle:
     if spec.dtype not in DTYPES:
         raise ModelLoadError(f"Unknown dtype '{spec.dtype}' (use one of {', '.join(DTYPES)}).")
     kwargs: dict[str, Any] = dict(trust_remote_code=False, use_safetensors=True, attn_implementation="eager",
-                                  **placement(spec.dtype))
+                                  **devices.placement(spec.dtype))
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     try:
@@ -466,27 +465,6 @@ def load_model(spec: ModelSpec) -> ModelHandle:
         spec=spec, model=model, kind=kind, info=info, language_model=language_model,
         tokenizer=tokenizer, processor=processor, path=str(folder), processor_error=processor_error,
     )
-
-
-GPU_DTYPE_ENV = "MODEL_INSPECTOR_GPU_DTYPE"
-
-
-def placement(dtype: str, devices: int | None = None, bf16: bool | None = None) -> dict[str, Any]:
-    """`dtype` and `device_map` for from_pretrained on this machine. CPU: the spec's dtype, no map. CUDA:
-    one GPU holds the model (`{"": 0}`), several share it layer by layer (`"auto"`, accelerate); the
-    default float32 becomes bfloat16 where the GPU supports it (else float16) unless
-    $MODEL_INSPECTOR_GPU_DTYPE names another (e.g. float32); a spec asking float16/bfloat16 keeps it."""
-    if devices is None:
-        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if devices == 0:
-        return {"dtype": DTYPES[dtype]}
-    if dtype == "float32":
-        if bf16 is None:
-            bf16 = torch.cuda.is_bf16_supported()
-        dtype = os.environ.get(GPU_DTYPE_ENV, "").strip() or ("bfloat16" if bf16 else "float16")
-        if dtype not in DTYPES:
-            raise ModelLoadError(f"{GPU_DTYPE_ENV}={dtype!r} is not one of {', '.join(DTYPES)}.")
-    return {"dtype": DTYPES[dtype], "device_map": "auto" if devices > 1 else {"": 0}}
 
 
 def _load_processor(folder: Path) -> tuple[Any, str]:

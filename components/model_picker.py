@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from analysis import backends
 from analysis.backends import ndif
 from analysis.models import ModelHandle, ModelLoadError, ModelSpec, all_zoo_models, load_model, zoo_models
 from analysis.zoo import real
@@ -27,6 +28,8 @@ STATE_KEY = "model_spec"
 
 @st.cache_resource(max_entries=2, show_spinner=False)
 def _load_cached(spec: ModelSpec) -> ModelHandle:
+    if spec.source == "ndif":  # config and tokenizer here, weights on NDIF
+        return backends.load(spec)
     return load_model(spec)
 
 

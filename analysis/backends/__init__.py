@@ -51,7 +51,7 @@ from typing import Iterator
 
 from analysis.backends.request import AttentionRule, Captured, LogitMetric, Request, Site, Write
 
-__all__ = ["AttentionRule", "Captured", "LogitMetric", "Request", "Site", "Write", "run", "name_for",
+__all__ = ["AttentionRule", "Captured", "LogitMetric", "Request", "Site", "Write", "run", "load", "name_for",
            "using", "local_only", "KINDS"]
 
 KINDS = ("local", "nnsight-local", "ndif")
@@ -86,6 +86,18 @@ def run(handle, request: Request) -> Captured:
     from analysis.backends import native
 
     return native.run(handle, request)
+
+
+def load(spec):
+    """A `ModelHandle` for `spec`: an NDIF model (`ndif:owner/name`: config and tokenizer here, weights
+    there) or, for every other source, `analysis.models.load_model`."""
+    if spec.source == "ndif":
+        from analysis.backends import ndif
+
+        return ndif.load_remote(spec)
+    from analysis.models import load_model
+
+    return load_model(spec)
 
 
 @contextlib.contextmanager

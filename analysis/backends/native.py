@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from analysis import anatomy
-from analysis.backends.plan import INPUT, Step, finish, head_dim, plan, root_module, write_into
+from analysis.backends.plan import INPUT, Step, finish, head_dim, model_inputs, plan, root_module, write_into
 from analysis.backends.request import AttentionRule, Captured, Request, Site
 
 NAME = "local"
@@ -48,12 +48,6 @@ def run(handle, request: Request) -> Captured:
     finish(captured, root)
     return captured
 
-
-def model_inputs(request: Request, device: torch.device) -> dict[str, Any]:
-    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in request.inputs.items()}
-    if request.logits:
-        kwargs["logits_to_keep"] = request.logits
-    return kwargs
 
 
 def keep_logits(logits: torch.Tensor, keep: int) -> torch.Tensor:

@@ -47,6 +47,16 @@ class RemoteModel:
     envoy: Any
     env: dict
 
+    def throughput(self, label: str):
+        """The cost gate's speeds: every forward is one NDIF job of about `[backend] job_s` seconds
+        (queueing and transfer dominate; the GPU work is small beside them), so an analysis of many
+        forwards is estimated as that many jobs, and asks first like long local work."""
+        from analysis.cost import Throughput
+
+        job = settings().job_s
+        return Throughput(per_call=job, per_token=1e-6, per_pair=1e-9, per_logit=1e-7, model=label,
+                          per_call_fixed=job)
+
 
 # ---------------------------------------------------------------------------------------------
 # Configuration: host, key, allowed models
@@ -172,17 +182,6 @@ def _config_files(repo_id: str, revision: str | None) -> Path:
                              "are read here.") from exc
 
 
-def throughput(handle):
-    """The cost gate's speeds for a remote model: every forward is one NDIF job of about `[backend]
-    job_s` seconds (queueing and transfer dominate; the GPU work is small beside them), so an analysis
-    of many forwards is estimated as that many jobs, and asks first like long local work."""
-    from analysis.cost import Throughput
-
-    job = settings().job_s
-    return Throughput(per_call=job, per_token=1e-6, per_pair=1e-9, per_logit=1e-7, model=handle.spec.label,
-                      per_call_fixed=job)
-
-
 # ---------------------------------------------------------------------------------------------
 # Running a request
 
@@ -201,15 +200,13 @@ class JobStatus:
 def run(handle, request: Request) -> Captured:
     """Send `request` to NDIF as one nnsight trace and wait for it (reporting every poll)."""
     from analysis.backends import traced
-    from analysis.backends.plan import plan
+    from analysis.backends.plan import model_inputs, plan
 
     remote: RemoteModel = handle.remote
     key = require_key()
     root = handle.model  # NDIF runs the whole model; a VLM's text-only run is the VLM without images
     program = traced.build_program(remote.envoy, plan(root, request), request, root)
-    inputs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in request.inputs.items()}
-    if request.logits:
-        inputs["logits_to_keep"] = request.logits
+    inputs = model_inputs(request, torch.device("cpu"))
     with handle.lock:  # one job per model from this server: the meta envoy is not shared between traces
         backend = _backend(remote, key)
         with _failures(handle.spec.name, key):

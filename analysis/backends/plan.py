@@ -85,6 +85,14 @@ def plan(root: torch.nn.Module, request: Request) -> list[Step]:
     return sorted(out, key=lambda s: s.order)
 
 
+def model_inputs(request: Request, device) -> dict:
+    """The request's inputs on `device`, with `logits_to_keep` when only the last k logits are wanted."""
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in request.inputs.items()}
+    if request.logits:
+        kwargs["logits_to_keep"] = request.logits
+    return kwargs
+
+
 def head_dim(root: torch.nn.Module) -> int:
     return anatomy.head_layout(root).head_dim
 

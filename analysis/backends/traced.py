@@ -11,12 +11,11 @@ server travels with it but the request.
 """
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
 from analysis import anatomy
-from analysis.backends.plan import INPUT, Step, finish, head_dim, plan, root_module
+from analysis.backends.plan import Step, finish, head_dim, model_inputs, plan, root_module
 from analysis.backends.request import Captured, Request
 
 NAME = "nnsight-local"
@@ -34,12 +33,6 @@ def run(handle, request: Request) -> Captured:
             results = trace(model, kwargs, program, request)
     return unpack(results, request, root, NAME)
 
-
-def model_inputs(request: Request, device) -> dict[str, Any]:
-    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in request.inputs.items()}
-    if request.logits:
-        kwargs["logits_to_keep"] = request.logits
-    return kwargs
 
 
 def wrap(root: torch.nn.Module, patch):

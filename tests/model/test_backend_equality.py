@@ -6,7 +6,6 @@ and a spy checks that the nnsight trace really ran."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from analysis import backends, sae_v
 from analysis import captions as C

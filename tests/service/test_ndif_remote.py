@@ -158,7 +158,7 @@ def test_an_unreachable_server(configured, tmp_path):
 
 def test_models_outside_the_allowed_list_are_refused_before_anything_is_read(configured):
     with pytest.raises(ModelLoadError, match="'acme/secret' is not among the models this instance runs on NDIF"):
-        load_model(ModelSpec.parse("ndif:acme/secret"))
+        backends.load(ModelSpec.parse("ndif:acme/secret"))
 
 
 def test_local_only_panels_say_so_for_a_remote_model(remote, local):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from analysis import config
-from analysis.models import placement
+from analysis.devices import placement
 
 
 def test_backend_defaults_to_local_hooks():
