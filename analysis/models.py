@@ -254,10 +254,10 @@ def zoo_models() -> list[str]:
 
 def real_zoo_models() -> list[str]:
     """Real trained models of the zoo that can be loaded here: converted already, or convertible at
-    first load because their pinned package is installed (`analysis/zoo/real.py`)."""
-    from analysis.zoo import real
+    first load because their pinned package is installed (`analysis/real_models.py`)."""
+    from analysis import real_models
 
-    return real.available()
+    return real_models.available()
 
 
 def all_zoo_models() -> list[str]:
@@ -273,10 +273,10 @@ def resolve_folder(spec: ModelSpec) -> Path:
     if refusal:
         raise ModelLoadError(refusal)
     if spec.source == "zoo":
-        from analysis.zoo import real
+        from analysis import real_models
 
-        if spec.name in real.REAL_MODELS:  # converted once, at first use; then loaded as any local folder
-            return real.ensure(spec.name, progress=real.stderr_progress)
+        if spec.name in real_models.REAL_MODELS:  # converted once, at first use; then loaded as any local folder
+            return real_models.ensure(spec.name, progress=real_models.stderr_progress)
         names = zoo_models()
         if spec.name not in names:
             listed = ", ".join(all_zoo_models()) or "none are installed"

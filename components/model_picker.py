@@ -19,7 +19,7 @@ import streamlit as st
 from analysis import backends
 from analysis.backends import ndif
 from analysis.models import ModelHandle, ModelLoadError, ModelSpec, all_zoo_models, load_model, zoo_models
-from analysis.zoo import real
+from analysis import real_models
 from components import hosting
 
 SOURCES = {"zoo": "Zoo", "hub": "Hugging Face Hub", "local": "Local folder", "ndif": "NDIF (remote)"}
@@ -63,7 +63,7 @@ def try_load(spec: ModelSpec) -> ModelHandle | None:
                    icon=":material/block:")
         return None
     message = f"Loading {spec.label} ..."
-    if spec.source == "zoo" and spec.name in real.REAL_MODELS and not real.is_built(spec.name):
+    if spec.source == "zoo" and spec.name in real_models.REAL_MODELS and not real_models.is_built(spec.name):
         message = (f"Converting {spec.label} from its GGUF file (first use on this machine, about 30 s), "
                    "then loading it ...")
     try:
@@ -118,15 +118,15 @@ def _remote_note() -> None:
 
 def _zoo_label(name: str) -> str:
     """Demo models by name; a real model marked (short: the box shows about 28 characters at 1024 px)."""
-    return f"{name} (real)" if name in real.REAL_MODELS else name
+    return f"{name} (real)" if name in real_models.REAL_MODELS else name
 
 
 def _real_note(name: str) -> None:
     """Under the box, for a real model: what it is, and that the first load converts it."""
-    if name in real.REAL_MODELS:
-        model = real.REAL_MODELS[name]
+    if name in real_models.REAL_MODELS:
+        model = real_models.REAL_MODELS[name]
         st.caption(f"A real trained model: {model.upstream} ({model.licence})."
-                   + ("" if real.is_built(name) else " Converted from its package on first load (about 20 s)."))
+                   + ("" if real_models.is_built(name) else " Converted from its package on first load (about 20 s)."))
 
 
 def _pick(source: str, names: list[str], start: ModelSpec, label: str, key: str, none: str,

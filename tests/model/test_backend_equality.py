@@ -14,7 +14,7 @@ from analysis.backends import traced
 from analysis.inversion import AttackParams, observed_states, reconstruct
 from analysis.models import ModelSpec, load_model
 from analysis.results import to_jsonable
-from analysis.zoo import shapes_world as W
+from analysis.world import shapes_world as W
 from tests.conftest import zoo_model_ready
 
 TOL = 1e-5
