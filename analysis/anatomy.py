@@ -8,6 +8,11 @@ this module cannot read gets one `AnatomyError` that names what could not be fou
 Works on a bare `torch.nn.Module` (a `*ForCausalLM` or an image-text-to-text model) or on a
 `ModelHandle` (then its processor is consulted too). A VLM's language model is found through
 `get_decoder()`, so its vision tower's layers are never mistaken for the decoder's.
+
+A panel that only needs a forward pass's values (layer outputs, attention, logits, patches, gradients)
+asks `analysis.backends` instead of hooking the model itself: the same request then runs by hooks here,
+by nnsight here, or on NDIF, as the deployment configures; `Capture` below stays for the analyses that
+drive the model in their own loops (the reconstruction attack's search, cost calibration).
 """
 from __future__ import annotations
 
