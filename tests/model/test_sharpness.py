@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from analysis import sharpness as S
-from analysis.sharpness import attention
+from analysis.backends import native
 from analysis.world.tokenizer import make_word_tokenizer
 
 COEFFS = [-0.037, 0.481, -2.3, 4.917, -1.791]  # the paper's polynomial, written out independently
@@ -154,7 +154,7 @@ def test_model_is_restored_after_patch_even_on_error(tiny_llama):
         after = tiny_llama.model(input_ids=x).logits
     assert torch.equal(before, after)
     assert tiny_llama.model.config._attn_implementation == "eager"
-    assert attention._ACTIVE.get() is None
+    assert native._ACTIVE.get() is None
 
 
 def test_adaptive_temperature_works_on_vlm_language_model(tiny_llava):
