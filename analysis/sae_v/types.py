@@ -4,25 +4,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from analysis import paths
+from analysis.progress import Progress, silent as _noop  # noqa: F401  (the package's names for them)
 from analysis.results import Result
 from analysis.sae_v.modality import IMAGE, LABELS, MODALITY_NAMES, TEXT  # noqa: F401  (the records' face)
 from analysis.sae_v.params import StoreParams, TrainParams
-
-Progress = Callable[[float, str], None]
 
 SAE_ROOT = paths.SAE_STORES
 CACHE_ROOT = Path(os.environ.get("MODEL_INSPECTOR_CACHE", Path.home() / ".cache" / "model-inspector")) / "sae"
 STORE_FILE = "feature_store.json.gz"
 META_FILE = "sae_v_meta.json"
-
-
-def _noop(fraction: float, message: str = "") -> None:
-    return None
 
 
 @dataclass

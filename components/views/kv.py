@@ -6,7 +6,7 @@ import streamlit as st
 
 from analysis import kv
 from analysis.cost import default_for
-from components.common import charts_side_by_side, explain, metric_row
+from components.common import charts_side_by_side, explain, metric_row, stays_local
 from components.figures import kv as F
 from components.figures import kv_long as L
 from components.share import share_bar
@@ -37,6 +37,7 @@ class KvView(View):
     later = ("sweep",)  # drawn by the budget sweep, which alone reads them
 
     def check_model(self, page: Page) -> None:
+        stays_local(page.handle, "KV-cache eviction")  # its own decode loop: never on NDIF
         kv.evictable_layers(page.handle)
 
     def defaults(self, page: Page) -> dict:
