@@ -49,16 +49,19 @@ def _clamp(f: Field, value: Any, kind: type, overrides: dict | None = None) -> A
 
 def url_value(f: Field, owner: Any, default: Any, **overrides: Any) -> tuple[Any, Any]:
     """(as the link gives it, as the widget may show it) for one field; never raises. `overrides` may
-    narrow its range (`low`, `high`) or its `choices` to what this model or result has."""
+    narrow its range (`low`, `high`) or its `choices` to what this model or result has; the default is
+    clamped into a narrowed range too (a prompt of one token has one Cascade party)."""
+    kind = kind_of(f, owner)
+    fallback = (default, _clamp(f, default, kind, overrides)) if kind in (int, float) and default is not None \
+        else (default, default)
     name = url_name(f)
     raw_text = st.query_params.get(name) if name else None
     if raw_text is None:
-        return default, default
-    kind = kind_of(f, owner)
+        return fallback
     try:
         value = parse_text(f, str(raw_text)[:URL_TEXT_MAX], owner)
     except (TypeError, ValueError, OverflowError):
-        return default, default
+        return fallback
     choices = overrides["choices"] if overrides.get("choices") is not None else offered(f)
     if kind is list:
         if choices is not None:
@@ -66,11 +69,11 @@ def url_value(f: Field, owner: Any, default: Any, **overrides: Any) -> tuple[Any
         elif f.metadata.get("item") in (int, float):
             value = [_clamp(f, v, f.metadata["item"], overrides) for v in value]
         if not value and not f.metadata.get("allow_empty"):
-            return default, default
+            return fallback
         return value, sorted(set(value), key=value.index)
     shown = _clamp(f, value, kind, overrides)
     if choices is not None and shown not in choices:
-        return default, default
+        return fallback
     return value, shown
 
 

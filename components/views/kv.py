@@ -147,7 +147,7 @@ def budget_sweep_section(page: Page, params: kv.KvParams) -> kv.SweepResult | No
     st.subheader("Budget sweep")
     values = page.draw(st.container(), "sweep", defaults=page.view.defaults(page))
     page.mirror()
-    sweep_params = kv.KvParams.from_dict({**params.to_dict(), **values, "policy": "full", "budget": 1})
+    sweep_params = type(params).from_dict({**params.to_dict(), **values, "policy": "full", "budget": 1})
     sweep = page.run("sweep", kv.budget_sweep, sweep_params, label="Sweeping budgets ...", on_demand=True,
                      names=kv.main_policies())
     shares = ", ".join(f"{s:.0%}" for s in sweep_params.sweep)
