@@ -118,7 +118,6 @@ def steering_feature() -> str:
     return str(max(found)[2]) if found else "0"
 
 
-PROB = "raw"  # captions.DEFAULT_PROBABILITIES: CapMAS's raw p_True / p_False
 REAL_MODEL = "smollm2-135m-instruct"  # the real instruct model, once the zoo has it (issue 31)
 
 
@@ -128,8 +127,6 @@ def real_model_in_zoo() -> bool:
     return REAL_MODEL in all_zoo_models()
 
 
-CAPTION_BASE = {"src": "scene", "seed": "20000003", "cap": "weak", "lm": "zoo:shapes-lm", "dec": "auto",
-                "ver": "auto", "rew": "auto", "pi": "1.0", "prob": PROB, "ground": "0"}
 SAE_BASE = {"sae": "layer1", "view": "list", "sort": "omega", "by": "sum", "thr": "0.0"}
 
 def _legacy(panel: str, name: str, title: str, finding: str, model: str, urls: dict) -> Preset:
@@ -137,19 +134,6 @@ def _legacy(panel: str, name: str, title: str, finding: str, model: str, urls: d
 
 
 LEGACY: list[Preset] = [  # panels whose presets are not yet Params values in their package
-    # --- CapMAS -------------------------------------------------------------------------------------------
-    _legacy("caption-correction", "position-dropped", "A hallucinated position dropped",
-           "The weak captioner puts the yellow triangle at the top middle; asked about that claim alone the "
-           "verifier is sure it is false (H ≈ 9.2 nats), and the rewrite removes it: factuality rises.",
-           "zoo:shapes-vlm", {**CAPTION_BASE, "seed": "20000003"}),
-    _legacy("caption-correction", "invented-objects", "Invented objects removed",
-           "The weak captioner describes two objects with the wrong colour or shape; every claim about them is "
-           "flagged and dropped, and factuality goes from 0 to 1.",
-           "zoo:shapes-vlm", {**CAPTION_BASE, "seed": "20000004"}),
-    _legacy("caption-correction", "strict-threshold", "π = 0: only sure claims",
-           "At π = 0 only claims the verifier is certain of survive: factuality stays high but coverage falls "
-           "— the trade-off the threshold sweep shows.",
-           "zoo:shapes-vlm", {**CAPTION_BASE, "seed": "20000003", "pi": "0.0"}),
     # --- SAE-V --------------------------------------------------------------------------------------------
     _legacy("sae-features", "cross-modal-list", "How many features are cross-modal",
            "The feature list sorted by cross-modal weight ω: on the demo SAE a few dozen features fire on "

@@ -234,10 +234,13 @@ def url_values(obj: Any, fields: Iterable[tuple[Field, Any]] | None = None) -> d
     """{URL name: text} of every field with a URL name: a preset's or a page's link. `obj` is a `Flat`
     value or a dataclass of settings; `fields` (default: its own) may hold fields `obj` lacks (a class
     grown since): those give their default."""
-    values = obj.flat() if isinstance(obj, Flat) else {f.name: getattr(obj, f.name) for f in labelled(obj)}
     if fields is None:
         fields = type(obj).flat_fields() if isinstance(obj, Flat) else [(f, type(obj)) for f in labelled(obj)]
-    return {url_name(f): field_text(f, values.get(f.name, field_default(f))) for f, _ in fields if url_name(f)}
+    if isinstance(obj, Flat):
+        values = {url_name(f): obj.value_of(f, owner) for f, owner in fields if url_name(f)}
+        return {name: field_text(f, values[name]) for f, _ in fields if (name := url_name(f))
+                and values[name] is not _UNSET}
+    return {url_name(f): field_text(f, getattr(obj, f.name, field_default(f))) for f, _ in fields if url_name(f)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,13 +260,15 @@ class Flat:
 
     @classmethod
     def flat_fields(cls) -> list[tuple[Field, Any]]:
-        """(field, owner class) of every flat setting, in order: the Params' own, then each family's."""
+        """(field, owner class) of every flat setting, in order: the Params' own, then each family's (two
+        families' settings of one field name are two settings when their URL names differ: a decomposer's
+        and a rewriter's token counts)."""
         out = [(f, cls) for f in labelled(cls)]
-        seen = {f.name for f, _ in out}
+        seen = {url_name(f) or f.name for f, _ in out}
         for _, registry in cls.METHODS:
             for f, owner in registry.settings():
-                if f.name not in seen:
-                    seen.add(f.name)
+                if (url_name(f) or f.name) not in seen:
+                    seen.add(url_name(f) or f.name)
                     out.append((f, owner))
         return out
 
@@ -277,6 +282,22 @@ class Flat:
             nested.setdefault(attr, {}).update(
                 registry.split_settings(**{k: v for k, v in values.items() if k in declared and k not in own}))
         return cls(**{k: v for k, v in values.items() if k in own}, **nested, **others)
+
+    def value_of(self, f: Field, owner: Any) -> Any:
+        """The value of one flat setting: a method's as held for its family (else its default, or, where the
+        family's methods default differently, e.g. each decomposer its own token count, no value: the method
+        that runs uses its own); the Params' own as the instance has it (a field it lacks, declared by a
+        subclass: its default)."""
+        for attr, registry in self.METHODS:
+            if registry.get(owner.name) is owner if getattr(owner, "name", None) in registry else False:
+                held = getattr(self, attr) or {}
+                given = [v[f.name] for name, v in held.items() if name in registry and f.name in v]
+                if given:
+                    return given[0]
+                defaults = {repr(field_default(g)) for cls in registry.values() for g in labelled(cls)
+                            if g.name == f.name and url_name(g) == url_name(f)}
+                return field_default(f) if len(defaults) == 1 else _UNSET
+        return getattr(self, f.name, field_default(f))
 
     def flat(self) -> dict[str, Any]:
         """{field name: value} of every flat setting (a method's setting not given: its default)."""

@@ -103,9 +103,9 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
     if choices is not None and labeller(f) is not None:
         overrides.setdefault("format_func", labeller(f))
     if kind in (int, float):
-        meta = {**meta, **{k: overrides.pop(k) for k in ("low", "high") if k in overrides}}
+        meta = {**meta, **{k: overrides.pop(k) for k in ("low", "high", "step") if k in overrides}}
     else:
-        overrides.pop("low", None), overrides.pop("high", None)
+        overrides.pop("low", None), overrides.pop("high", None), overrides.pop("step", None)
     common = dict(key=key, help=help_text, **({"width": width} if width is not None else {}), **overrides)
     if kind is list:
         if choices is None:

@@ -197,11 +197,13 @@ class Page:
         self.form.mirror()
         self.state.mirror()
 
-    def run(self, kind: str, fn: Callable, params: Any, *, label: str, stop: bool = True, **kwargs: Any) -> Any:
-        """`fn(handle, params)` through the runner (components/runs.py); an analysis error is one line
-        (and stops the page, or with `stop=False` gives None)."""
+    def run(self, kind: str, fn: Callable, params: Any, *, label: str, stop: bool = True,
+            handle: ModelHandle | None = None, **kwargs: Any) -> Any:
+        """`fn(handle, params)` through the runner (components/runs.py) on the page's model (or `handle`:
+        another model, e.g. a captioner); an analysis error is one line (and stops the page, or with
+        `stop=False` gives None)."""
         with analysis_errors(stop=stop):
-            return cached_run(kind, fn, self.handle, params, label=label, **kwargs)
+            return cached_run(kind, fn, handle or self.handle, params, label=label, **kwargs)
         return None
 
 

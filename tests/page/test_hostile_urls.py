@@ -35,8 +35,6 @@ def url_names(page: str) -> list[str]:
 
 # Pages not yet declared through components/view.py: the names they read by hand.
 LEGACY = {
-    "views/caption_correction.py": ["src", "seed", "cap", "text", "lm", "dec", "ver", "rew", "pi", "prob", "ground",
-                                    "dec_tokens", "rew_tokens", "rew_checked", "batch"],
     "views/sae_features.py": ["sae", "view", "sort", "labels", "feature", "by", "thr", "rule", "keep", "data", "slayer",
                               "spair", "img", "steer", "mode", "at", "tokens", "sprompt"],
     "views/overview.py": [],

@@ -85,7 +85,9 @@ def test_every_preset_link_pins_the_new_setting(probed):
     presets = P.for_panel(kv.ANALYSIS.url_path)
     assert presets
     for preset in presets:
-        assert preset.values()["probe"] == "3", preset.name  # its default: the link reproduces the view
+        values = preset.values()
+        assert values["probe"] == "3", preset.name  # its default: the link reproduces the view
+        assert values["budget"] == str(preset.params.budget)  # and the preset's own values stay its own
 
 
 def test_the_hostile_url_cases_include_the_new_setting(probed):
