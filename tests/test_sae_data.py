@@ -351,23 +351,22 @@ def test_steering_adds_strength_times_the_decoder_direction():
     sae-lens TopK SAE that divides activations by the decoder row's norm, S * W_dec[k] / |W_dec[k]|)."""
     from analysis.sae_v.steering import _Steer
 
+    from sae_lens import StandardSAE, StandardSAEConfig
+
     torch.manual_seed(0)
 
-    class FakeSae:  # decode(a) = a @ W_dec + b_dec, as a plain SAE's
+    class FakeSae:  # decode(a) = a @ W_dec + b_dec, as a plain SAE's: sae-lens's StandardSAE with these weights
         W_dec = torch.randn(6, 5)
         b_dec = torch.randn(5)
 
-        class cfg:
-            d_sae = 6
-
-        @classmethod
-        def decode(cls, acts):
-            return acts @ cls.W_dec + cls.b_dec
-
+    plain = StandardSAE(StandardSAEConfig(d_in=5, d_sae=6))
+    with torch.no_grad():
+        plain.W_dec.copy_(FakeSae.W_dec)
+        plain.b_dec.copy_(FakeSae.b_dec)
     meta = sae_v.SaeMeta(model="m", layer=0, d_in=5, train=None, dataset="", n_pairs=0, n_tokens=0, fve=0, l0=0,
                          dead=0, scales=[0.5, 4.0])
     mask = torch.tensor([False, True, True, False])
-    hook = _Steer(FakeSae(), meta, {2: 3.0, 4: -1.5}, "add", mask)
+    hook = _Steer(plain, meta, {2: 3.0, 4: -1.5}, "add", mask)
     hidden = torch.randn(1, 4, 5)
     out = hook(None, None, (hidden, "cache"))
     assert out[1] == "cache"
@@ -376,7 +375,7 @@ def test_steering_adds_strength_times_the_decoder_direction():
         expected = [float(hidden[0, t, j]) + (3.0 * float(FakeSae.W_dec[2, j]) - 1.5 * float(FakeSae.W_dec[4, j]))
                     / scale for j in range(5)]
         assert out[0][0, t].tolist() == pytest.approx(expected, abs=1e-5)
-    text_only = _Steer(FakeSae(), meta, {2: 3.0}, "add", mask, positions="text")(None, None, hidden)
+    text_only = _Steer(plain, meta, {2: 3.0}, "add", mask, positions="text")(None, None, hidden)
     assert torch.equal(text_only[0, 1], hidden[0, 1]) and not torch.equal(text_only[0, 0], hidden[0, 0])
     one_step = hook(None, None, hidden[:, :1])  # a decode step: one new (text) token
     assert one_step[0, 0, 0] == pytest.approx(float(hidden[0, 0, 0]) + (3.0 * float(FakeSae.W_dec[2, 0])

@@ -8,8 +8,10 @@ Read in this order:
 - `datasets.py`: generated image-caption pairs (Shapes World, English scene captions, random noise);
   `userdata.py`: your own folder / file / zip, bad rows reported one by one;
 - `activations.py`: the residual stream after one decoder layer at every image and text token;
-- `training.py`: training, encoding, saving and loading our SAEs; `outside.py`: SAEs saved by sae-lens or
-  its pretrained releases, checked against the model;
+- `codec.py`: the one way any SAE is run (encode, reconstruct, steer, its input normalisation applied as
+  sae-lens applies it; what SAE-V cannot run refused at load); `training.py`: training, saving and
+  loading our SAEs; `outside.py`: SAEs saved by sae-lens or its pretrained releases, checked against the
+  model;
 - `rules.py` (which features get an omega_k, what s_i sums) and `scores.py` (labels, ROC, keep, ranking);
 - `store.py`: everything the browser shows per feature; `build.py`: train + store end to end;
 - `sources.py`: which SAE on which data, and the feature store of any such pair;
@@ -28,6 +30,7 @@ from analysis.sae_v.build import (
     Trained, available_saes, build, build_folder, demo_folder, is_stale, model_fingerprint, rebuild_store, train,
 )
 from analysis.sae_v.cli import cli
+from analysis.sae_v.codec import Codec, as_codec
 from analysis.sae_v.cost import explain_work, rank_work, steer_work, store_work, train_work
 from analysis.sae_v.datasets import (
     DATASETS, Dataset, NoiseDataset, ScenesDataset, ShapesDataset, dataset_for, default_dataset, english_caption,
@@ -78,7 +81,7 @@ ANALYSIS = Analysis(
 )
 
 __all__ = [
-    "ANALYSIS", "decoder_layers", "SettingsError", "collect_activations", "iter_activations", "modality_scales",
+    "ANALYSIS", "decoder_layers", "SettingsError", "Codec", "as_codec", "collect_activations", "iter_activations", "modality_scales",
     "scaled", "ARCHITECTURES", "JumpReLU", "SaeType", "Standard", "TopK", "architecture_settings", "Trained",
     "available_saes", "build", "build_folder", "demo_folder", "is_stale", "model_fingerprint", "rebuild_store",
     "train", "cli", "explain_work", "rank_work", "steer_work", "store_work", "train_work", "DATASETS", "Dataset",
