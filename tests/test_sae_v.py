@@ -438,13 +438,15 @@ def test_activations_are_the_layer_outputs_at_text_and_image_positions(tiny_llav
     # brute force: one unbatched forward with all hidden states (the last one is after the final norm,
     # so compare layer 0's output, hidden_states[1])
     p = 4
-    enc = tiny_llava.processor(images=[sae_v.render_pair(llava_pairs, p)], text=[f"<image> {llava_pairs.pairs[p].text}"],
-                               return_tensors="pt")
+    prompt = sae_v.pair_prompt(tiny_llava, llava_pairs.pairs[p].text)  # the model's caption prompt, then the text
+    assert prompt.startswith("<image>") and prompt.endswith(llava_pairs.pairs[p].text)
+    enc = tiny_llava.processor(images=[sae_v.render_pair(llava_pairs, p)], text=[prompt], return_tensors="pt")
     with tiny_llava.session():
         hidden = tiny_llava.model(**enc, output_hidden_states=True).hidden_states[1][0]
     img_id = tiny_llava.model.config.image_token_id
     image_pos = (enc["input_ids"][0] == img_id).nonzero().squeeze(1)
-    text_pos = (enc["input_ids"][0] != img_id).nonzero().squeeze(1)
+    special = torch.tensor(tiny_llava.tokenizer.all_special_ids)
+    text_pos = ((enc["input_ids"][0] != img_id) & ~torch.isin(enc["input_ids"][0], special)).nonzero().squeeze(1)
     mine = acts.acts[acts.pair == p]
     mod = acts.modality[acts.pair == p]
     assert torch.allclose(mine[mod == IMAGE], hidden[image_pos], atol=1e-4)

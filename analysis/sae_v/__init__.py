@@ -7,7 +7,9 @@ Read in this order:
 - `architectures.py`: the sae-lens SAE types we train (TopK, Standard, JumpReLU), each with its setting;
 - `datasets.py`: generated image-caption pairs (Shapes World, English scene captions, random noise);
   `userdata.py`: your own folder / file / zip, bad rows reported one by one;
-- `activations.py`: the residual stream after one decoder layer at every image and text token;
+- `prompts.py`: how every pair (generated, yours, an explained input) is put in front of the model: one
+  path, the model's own captioning prompt; `activations.py`: the residual stream after one decoder layer
+  at every image and text token;
 - `codec.py`: the one way any SAE is run (encode, reconstruct, steer, its input normalisation applied as
   sae-lens applies it; what SAE-V cannot run refused at load); `training.py`: training, saving and
   loading our SAEs; `outside.py`: SAEs saved by sae-lens or its pretrained releases, checked against the
@@ -52,7 +54,8 @@ from analysis.sae_v.scores import (
     store_weights,
 )
 from analysis.sae_v.sources import Source, choose, data_pairs, locate, open_sae, sae_fingerprint, store_for
-from analysis.sae_v.steering import caption_prompt, steer
+from analysis.sae_v.prompts import caption_prompt, pair_prompt
+from analysis.sae_v.steering import steer
 from analysis.sae_v.store import (
     build_feature_store, concept_in_both, concept_precision, load_store, read_store_json, save_store,
 )
@@ -93,7 +96,7 @@ __all__ = [
     "OfficialRule", "ScoreRule", "pair_scores", "per_pair_max", "rule_settings", "score_label", "score_rule",
     "by_kind", "cross_modal_weights", "finish_ranking", "keep_top", "modality_labels", "rank_dataset", "rank_pairs",
     "roc_auc", "store_weights", "Source", "choose", "data_pairs", "locate", "open_sae", "sae_fingerprint",
-    "store_for", "caption_prompt", "steer", "build_feature_store", "concept_in_both", "concept_precision",
+    "store_for", "caption_prompt", "pair_prompt", "steer", "build_feature_store", "concept_in_both", "concept_precision",
     "load_store", "read_store_json", "save_store", "encode", "load_sae", "reconstruction_metrics", "save_sae",
     "train_sae", "CACHE_ROOT", "META_FILE", "SAE_ROOT", "STORE_FILE", "Activations", "Concept", "Example",
     "FeatureCard", "FeatureStore", "ImageExample", "InputExplanation", "Pair", "PairScore", "PairSet",

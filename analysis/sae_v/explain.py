@@ -5,6 +5,7 @@ from analysis.errors import SettingsError
 from analysis.models import ModelHandle
 from analysis.sae_v.activations import collect_activations, scaled
 from analysis.sae_v.params import ExplainParams
+from analysis.sae_v.prompts import too_long, too_long_reason
 from analysis.sae_v.rules import per_pair_max
 from analysis.sae_v.sources import open_sae, store_for
 from analysis.sae_v.training import encode
@@ -34,6 +35,9 @@ def explain_input(handle: ModelHandle, sae, meta: SaeMeta, text: str, image=None
         raise SettingsError("A vision-language model needs an image with the text.")
     if handle.kind != "vlm" and image is not None:
         raise SettingsError(f"{handle.spec.label} is a text-only model; it cannot read an image.")
+    long = too_long(handle, [text])
+    if long:
+        raise SettingsError(f"The text is too long: {too_long_reason(handle, long[0]).partition(': ')[2]}.")
     pairs = PairSet(dataset="", seed=0, image_size=handle.info.image_size, pairs=[Pair(text=text)])
     layer = meta.layer
     acts = collect_activations(handle, pairs, layer, images=[image] if image is not None else None)

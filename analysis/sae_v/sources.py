@@ -25,6 +25,7 @@ from analysis.sae_v.build import available_saes, model_fingerprint
 from analysis.sae_v.datasets import DATASETS, default_dataset, make_pairs
 from analysis.sae_v.outside import RELEASE_PREFIX, SaeFitError, check_fit, load_outside, source_label
 from analysis.sae_v.params import SaeChoice, StoreParams
+from analysis.sae_v.prompts import too_long, too_long_reason
 from analysis.sae_v.store import build_feature_store, load_store, save_store
 from analysis.sae_v.training import load_sae, reconstruction_metrics
 from analysis.sae_v.types import META_FILE, STORE_FILE, FeatureStore, PairSet, Progress, SaeMeta, Skipped, _noop
@@ -133,7 +134,7 @@ def _outside_sae(locator: str, fingerprint: str):
 
 def data_pairs(handle: ModelHandle, choice: SaeChoice, own: PairSet | None = None) -> tuple[PairSet, list, int]:
     """(pairs, rows skipped before the model runs, rows read) of the chosen data. `own`: our SAE's own
-    evaluation pairs (for data "")."""
+    evaluation pairs (for data ""). A pair longer than the model's context is reported and left out."""
     data = choice.data
     if not data:
         if own is None:
@@ -143,13 +144,26 @@ def data_pairs(handle: ModelHandle, choice: SaeChoice, own: PairSet | None = Non
         name = data.partition(":")[2] or default_dataset(handle)
         if name not in DATASETS:
             raise SettingsError(f"Unknown dataset '{name}' (available: {', '.join(DATASETS)}).")
-        return make_pairs(handle, name, choice.store_pairs, EVAL_SEED, corrupted=0.5), [], 0
+        return _fitting(handle, make_pairs(handle, name, choice.store_pairs, EVAL_SEED, corrupted=0.5), [], 0)
     loaded = userdata.load(data, handle.kind)
-    if not loaded.pairs.pairs:
-        raise userdata.DataError(f"None of the {loaded.rows_read} rows of {loaded.index.name} can be used "
-                                 f"(first problem: row {loaded.skipped[0].row + 1}: {loaded.skipped[0].reason})."
-                                 if loaded.skipped else f"{loaded.index.name} has no rows.")
-    return loaded.pairs, loaded.skipped, loaded.rows_read
+    pairs, skipped, rows_read = _fitting(handle, loaded.pairs, list(loaded.skipped), loaded.rows_read)
+    if not pairs.pairs:
+        first = sorted(skipped, key=lambda s: s.row)[0] if skipped else None
+        raise userdata.DataError(f"None of the {rows_read} rows of these data can be used "
+                                 f"(first problem: row {first.row + 1}: {first.reason})."
+                                 if first else "These data have no rows.")
+    return pairs, skipped, rows_read
+
+
+def _fitting(handle: ModelHandle, pairs: PairSet, skipped: list, rows_read: int) -> tuple[PairSet, list, int]:
+    """The pairs that fit the model's context; the others reported (row, reason) and left out."""
+    long = too_long(handle, [p.text for p in pairs.pairs])
+    if not long:
+        return pairs, skipped, rows_read
+    skipped = skipped + [Skipped(row=pairs.pairs[i].row, image=pairs.pairs[i].image, reason=too_long_reason(handle, n))
+                         for i, n in long.items()]
+    kept = [p for i, p in enumerate(pairs.pairs) if i not in long]
+    return replace(pairs, pairs=kept), sorted(skipped, key=lambda s: s.row), rows_read
 
 
 # ---------------------------------------------------------------------------------------------

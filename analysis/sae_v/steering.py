@@ -19,13 +19,10 @@ from analysis.errors import SettingsError
 from analysis.models import ModelHandle
 from analysis.sae_v.codec import as_codec
 from analysis.sae_v.params import SteerParams
+from analysis.sae_v.prompts import caption_prompt
 from analysis.sae_v.sources import open_sae, store_for
 from analysis.sae_v.types import IMAGE, TEXT, Progress, SteeredText, SteeringResult, _noop
 from analysis.sae_v.userdata import image_from_ref
-from analysis.tasks import tasks_for
-
-GENERIC_CAPTION = "Describe the image."
-
 
 def steer(handle: ModelHandle, params: SteerParams, progress: Progress | None = None) -> SteeringResult:
     """The runner's entry: the unsteered and the steered output of one prompt (with its image on a VLM)."""
@@ -60,11 +57,6 @@ def generate_both(handle: ModelHandle, sae, meta, features: dict[int, float], im
     a.changed, b.changed = _changed(a.tokens, b.tokens)
     return SteeringResult(model=handle.spec.label, layer=meta.layer, features=dict(features), mode=mode,
                           prompt=text, unsteered=a, steered=b, positions=positions)
-
-
-def caption_prompt(handle: ModelHandle) -> str:
-    """The model's captioning prompt: the demo VLM's trained one, else a request through the chat template."""
-    return tasks_for(handle).caption_prompt(handle) or anatomy.image_prompt(handle, GENERIC_CAPTION)
 
 
 def _inputs(handle: ModelHandle, prompt: str, image) -> tuple[str, dict]:
