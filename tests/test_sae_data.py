@@ -200,7 +200,7 @@ def test_csv_parquet_and_datasets_folders_give_the_same_pairs(pair_folder, model
         data = sae_v.userdata.load(str(locator), "vlm")
         assert data.layout == layout and data.rows_read == 10
         assert [p.text for p in data.pairs.pairs][:3] == [p.text for p in base.pairs.pairs][:3]
-        assert {s.row for s in data.skipped} >= {5}  # the empty caption, in every format
+        assert {s.row for s in data.skipped} >= {6 if layout == "csv" else 5}  # the empty caption (a CSV: its line)
         if layout != "csv":  # images stored in the table: read when asked for, the missing one fails then
             image = sae_v.pair_image(data.pairs, 0)
             assert image.size == (32, 32) and image.getpixel((0, 0)) == (0, 255, 90)

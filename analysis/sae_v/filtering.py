@@ -62,7 +62,8 @@ def rank(handle: ModelHandle, params: RankParams, progress: Progress | None = No
         rows += scored
         skipped += new
     return finish_ranking(meta, rows, params.by, threshold, rule, labelled=pairs.labelled, source=params.data,
-                          rows_read=rows_read, skipped=sorted(skipped, key=lambda s: s.row), resumed=resumed)
+                          rows_read=rows_read, skipped=sorted(skipped, key=lambda s: s.row), resumed=resumed,
+                          notes=list(pairs.notes))
 
 
 def _score_batch(sae, meta, acts, batch, pairs, omega, has_omega, rule, threshold) -> list[PairScore]:
@@ -167,16 +168,15 @@ def kept_subset(locator: str, ranking: Ranking, keep: float, kind: str = "vlm") 
     data = userdata.load(locator, kind)
     rows = kept_rows(ranking, keep)
     index = data.index
-    if data.layout in ("jsonl", "txt"):
-        lines = [ln for ln in index.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if data.layout in ("jsonl", "txt"):  # rows are the file's lines
+        lines = index.read_text(encoding="utf-8").splitlines()
         return "".join(lines[i] + "\n" for i in rows).encode(), f"{index.stem}.kept{index.suffix}"
-    if data.layout == "csv":
+    if data.layout == "csv":  # rows are the lines where records start
         with open(index, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            records = list(reader)
-            fields = reader.fieldnames or []
+            fields = next(csv.reader(fh), None) or []
+        records = dict(userdata.csv_records(index))
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=fields)
+        writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for i in rows:
             writer.writerow(records[i])

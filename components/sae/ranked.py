@@ -39,6 +39,8 @@ def overview(ranking: sae_v.Ranking, store: sae_v.FeatureStore, same_omega: bool
 
 
 def skipped(ranking: sae_v.Ranking) -> None:
+    for note in ranking.notes:
+        st.caption(note)
     if not ranking.skipped:
         return
     st.warning(f"{len(ranking.skipped)} of {ranking.rows_read} rows were left out (reported below, never used): "
@@ -46,7 +48,9 @@ def skipped(ranking: sae_v.Ranking) -> None:
     with st.expander(f"Rows left out ({len(ranking.skipped)})"):
         st.dataframe([{"row": s.row + 1, "image": s.image, "why": s.reason} for s in ranking.skipped],
                      hide_index=True, key="sae_rank_skipped")
-        explain("Row numbers count the records of your file from 1 (blank lines not counted).")
+        explain("Row numbers are your file's line numbers (blank lines counted; a CSV's header is line 1); for a "
+                "Parquet file or a datasets folder, the table's row from 1. A row that repeats an earlier one (the "
+                "same caption and the same image, by content) is left out as a duplicate, the first kept.")
     if ranking.resumed:
         st.caption(f"{ranking.resumed} pairs came from an earlier, stopped run of this ranking (resumed).")
 
