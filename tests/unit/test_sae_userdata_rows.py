@@ -3,7 +3,6 @@ that repeats an earlier one (same caption, same image by content) reported as a 
 with the first kept, an image shown with several captions kept and noted; exports pick the same lines."""
 from __future__ import annotations
 
-import csv
 import json
 
 import pytest
@@ -70,29 +69,3 @@ def test_texts_number_lines_and_drop_repeated_texts(model_root):
     data = sae_v.userdata.load(str(folder), "causal_lm")
     assert [(p.row + 1, p.text) for p in data.pairs.pairs] == [(1, "w1 w2"), (3, "w3")]
     assert {s.row + 1: s.reason for s in data.skipped} == {2: "blank line", 4: "duplicate of row 1 (the same text)"}
-
-
-def test_the_kept_subset_is_the_files_own_lines(folder, tiny_llava, model_root, tmp_path):
-    from sae_lens_factory import save_sae_lens
-
-    _jsonl(folder, [{"image": "a.png", "caption": "w1 w2"}, None, {"image": "b.png", "caption": "w3 w4"},
-                    {"image": "a.png", "caption": "w1 w2"}, {"image": "b.png", "caption": "w9"}])
-    old = sae_v.types.CACHE_ROOT
-    sae_v.types.CACHE_ROOT = tmp_path
-    try:
-        sae = save_sae_lens(model_root / "rows-sae", "standard", "none", d_in=32)
-        ranking = sae_v.rank(tiny_llava, sae_v.choose(tiny_llava, str(sae), str(folder), sae_v.RankParams,
-                                                      store_pairs=4))
-        assert sorted(r.row + 1 for r in ranking.rows) == [1, 3, 5]
-        content, _ = sae_v.kept_subset(str(folder), ranking, 1.0)
-        lines = (folder / "captions.jsonl").read_text().splitlines()
-        assert content.decode().splitlines() == [lines[0], lines[2], lines[4]]
-        with open(folder / "captions.csv", "w", newline="") as fh:
-            csv.writer(fh).writerows([["image", "caption"], ["a.png", "w1"], [], ["b.png", "w2"]])
-        ranking = sae_v.rank(tiny_llava, sae_v.choose(tiny_llava, str(sae), str(folder / "captions.csv"),
-                                                      sae_v.RankParams, store_pairs=4))
-        content, _ = sae_v.kept_subset(str(folder / "captions.csv"), ranking, 1.0)
-        assert list(csv.reader(content.decode().splitlines())) == [["image", "caption"], ["a.png", "w1"],
-                                                                   ["b.png", "w2"]]
-    finally:
-        sae_v.types.CACHE_ROOT = old

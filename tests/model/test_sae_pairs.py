@@ -1,8 +1,9 @@
-"""One way into the model for every pair (issue 40, items 2 and 3): your pairs and the built-in ones that are
+"""One way into the model for every pair (issue 40, items 2-4): your pairs and the built-in ones that are
 identical in content give identical residuals, features and scores; a pair longer than the context is
-reported, never scored silently."""
+reported, never scored silently; the kept subset of your file is its own lines."""
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -98,3 +99,34 @@ def test_a_caption_longer_than_the_context_is_reported_not_scored(tiny_llava, mo
     with pytest.raises(sae_v.SettingsError, match="too long"):
         sae_v.explain_input(tiny_llava, *sae_v.open_sae(tiny_llava, choice), " ".join(["w1"] * 600),
                             image=sae_v.render_pair(pairs, 0))
+
+
+def test_the_kept_subset_is_the_files_own_lines(tiny_llava, model_root, tmp_path):
+    from PIL import Image
+
+    folder = model_root / "kept-lines"
+    folder.mkdir(exist_ok=True)
+    Image.new("RGB", (16, 16), (200, 0, 0)).save(folder / "a.png")
+    Image.new("RGB", (16, 16), (0, 200, 0)).save(folder / "b.png")
+    lines = [{"image": "a.png", "caption": "w1 w2"}, None, {"image": "b.png", "caption": "w3 w4"},
+             {"image": "a.png", "caption": "w1 w2"}, {"image": "b.png", "caption": "w9"}]
+    (folder / "captions.jsonl").write_text("".join((json.dumps(x) if x else "") + "\n" for x in lines))
+    old = sae_v.types.CACHE_ROOT
+    sae_v.types.CACHE_ROOT = tmp_path
+    try:
+        sae = save_sae_lens(model_root / "rows-sae", "standard", "none", d_in=32)
+        ranking = sae_v.rank(tiny_llava, sae_v.choose(tiny_llava, str(sae), str(folder), sae_v.RankParams,
+                                                      store_pairs=4))
+        assert sorted(r.row + 1 for r in ranking.rows) == [1, 3, 5]
+        content, _ = sae_v.kept_subset(str(folder), ranking, 1.0)
+        lines = (folder / "captions.jsonl").read_text().splitlines()
+        assert content.decode().splitlines() == [lines[0], lines[2], lines[4]]
+        with open(folder / "captions.csv", "w", newline="") as fh:
+            csv.writer(fh).writerows([["image", "caption"], ["a.png", "w1"], [], ["b.png", "w2"]])
+        ranking = sae_v.rank(tiny_llava, sae_v.choose(tiny_llava, str(sae), str(folder / "captions.csv"),
+                                                      sae_v.RankParams, store_pairs=4))
+        content, _ = sae_v.kept_subset(str(folder / "captions.csv"), ranking, 1.0)
+        assert list(csv.reader(content.decode().splitlines())) == [["image", "caption"], ["a.png", "w1"],
+                                                                   ["b.png", "w2"]]
+    finally:
+        sae_v.types.CACHE_ROOT = old
