@@ -1,8 +1,12 @@
 """SAEs made and saved by sae-lens's own classes (never trained by this project), for the SAE-V tests: every
-architecture and input normalisation sae-lens saves, and sae-lens's own forward on them as a reference."""
+architecture and input normalisation sae-lens saves, and sae-lens's own forward on them as a reference; and
+a folder of image-caption pairs with a few bad rows."""
 from __future__ import annotations
 
+import json
+
 import torch
+from PIL import Image
 
 D_IN, D_SAE, N = 16, 48, 40
 TOL = 1e-4
@@ -115,3 +119,33 @@ class Reference:
             return self._out(self.sae.decode(edit(self.sae.encode(self._in(x)))))
 
 
+def save_outside_sae(folder, d_in: int, hook: str | None, seed: int = 0, d_sae: int = 24):
+    """A random-weight SAE made and saved by sae-lens's own classes (never trained by this project)."""
+    from sae_lens import StandardSAE, StandardSAEConfig
+    from sae_lens.saes.sae import SAEMetadata
+
+    torch.manual_seed(seed)
+    meta = SAEMetadata(hook_name=hook, model_name="someone-else") if hook else SAEMetadata(model_name="x")
+    sae = StandardSAE(StandardSAEConfig(d_in=d_in, d_sae=d_sae, metadata=meta))
+    with torch.no_grad():
+        sae.b_enc.fill_(0.05)
+    sae.save_model(folder)
+    return folder
+
+
+def write_pair_folder(folder, n: int = 10, bad: bool = True):
+    """PNG images + captions.jsonl with a label column; with `bad`: a missing image, an empty caption and a
+    file that is not an image (rows 3, 5 and 7)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(n):
+        name = f"img{i}.png"
+        Image.new("RGB", (32, 32), (20 * i, 255 - 20 * i, 90)).save(folder / name)
+        lines.append({"image": name, "caption": " ".join(f"w{(i * 7 + j) % 100}" for j in range(5)),
+                      "corrupted": i % 3 == 1})
+    if bad:
+        lines[3]["image"] = "gone.png"
+        lines[5]["caption"] = "  "
+        (folder / "img7.png").write_bytes(b"not a png at all")
+    (folder / "captions.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return folder

@@ -47,7 +47,7 @@ from analysis.sae_v.params import (
 )
 from analysis.sae_v.rules import (
     SCORE_RULES, AllSharedRule, NormalisedRule, OfficialRule, ScoreRule, pair_scores, per_pair_max, rule_settings,
-    score_label, score_rule,
+    same_omega, score_label, score_rule,
 )
 from analysis.sae_v.scores import (
     by_kind, cross_modal_weights, finish_ranking, keep_top, modality_labels, rank_dataset, rank_pairs, roc_auc,
@@ -93,7 +93,8 @@ __all__ = [
     "ranked_rows", "ranked_text", "write_exports", "IMAGE", "LABELS", "MODALITY_NAMES", "TEXT", "SaeFitError",
     "check_fit", "hook_layer", "load_outside", "BuildParams", "ExplainParams", "Keep", "RankParams", "SaeChoice",
     "SteerParams", "StoreParams", "TrainParams", "parse_steer", "SCORE_RULES", "AllSharedRule", "NormalisedRule",
-    "OfficialRule", "ScoreRule", "pair_scores", "per_pair_max", "rule_settings", "score_label", "score_rule",
+    "OfficialRule", "ScoreRule", "pair_scores", "per_pair_max", "rule_settings", "same_omega", "score_label",
+    "score_rule",
     "by_kind", "cross_modal_weights", "finish_ranking", "keep_top", "modality_labels", "rank_dataset", "rank_pairs",
     "roc_auc", "store_weights", "Source", "choose", "data_pairs", "locate", "open_sae", "sae_fingerprint",
     "store_for", "caption_prompt", "pair_prompt", "steer", "build_feature_store", "concept_in_both", "concept_precision",

@@ -1,5 +1,6 @@
 """SAEs from elsewhere: any SAE sae-lens can load from a folder (`cfg.json` + `sae_weights.safetensors`),
-or a sae-lens release / SAE id through its pretrained loader when the machine is online.
+or a sae-lens release / SAE id through its pretrained loader when the machine is online and the deployment
+lets this instance fetch from the Hub (analysis/sae_v/access.py: checked before sae-lens is called).
 
 Before it is used, an outside SAE is checked against the loaded model, with one clear message when it
 does not fit: its hook must be the residual stream after (or before) a decoder layer of this model, and
@@ -12,9 +13,9 @@ from pathlib import Path
 
 from analysis import anatomy
 from analysis.models import ModelHandle
+from analysis.sae_v.access import RELEASE_PREFIX, check_release, shown, without_paths
 from analysis.sae_v.codec import Codec, SaeFitError, as_codec, fold_saved_scaler
 
-RELEASE_PREFIX = "sae-lens:"
 # hook name -> (pattern, offset): the decoder layer whose *output* the hook reads is the number + offset
 HOOKS = (
     (re.compile(r"^blocks\.(\d+)\.hook_resid_post$"), 0),  # TransformerLens: after block L
@@ -43,13 +44,11 @@ def load_outside(locator: str) -> Codec:
     from sae_lens import SAE
 
     if locator.startswith(RELEASE_PREFIX):
-        release, _, sae_id = locator[len(RELEASE_PREFIX):].partition("/")
-        if not release or not sae_id:
-            raise SaeFitError(f"A pretrained SAE is named sae-lens:RELEASE/SAE_ID, got '{locator}'.")
+        release, sae_id = check_release(locator)  # the deployment's allow-list first: nothing is fetched before
         try:
             sae = SAE.from_pretrained(release, sae_id).eval()
         except Exception as exc:  # offline, an unknown release or id, a failed download: one line for the user
-            raise SaeFitError(f"sae-lens could not fetch {release} / {sae_id}: {_first_line(exc)} (pretrained SAEs "
+            raise SaeFitError(f"sae-lens could not fetch {shown(locator)}: {_first_line(exc)} (pretrained SAEs "
                               "need the machine to be online, or the files in the Hugging Face cache).") from None
         return as_codec(sae)
     folder = Path(locator)
@@ -65,7 +64,7 @@ def load_outside(locator: str) -> Codec:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
+    return without_paths(text[0] if text else type(exc).__name__)[:300]
 
 
 def check_fit(handle: ModelHandle, sae, layer: int = -1) -> tuple[int, str]:

@@ -199,6 +199,16 @@ class NormalisedRule(OfficialRule):
         return torch.where(mass > 0, score / mass.clamp_min(1e-12), torch.zeros_like(score)), weighted, shared
 
 
+OMEGA_SETTINGS = ("top", "minimum", "omega_top")  # the settings a rule's omega_k reads
+
+
+def same_omega(a: ScoreRule, b: ScoreRule) -> bool:
+    """Whether two rules give every feature the same omega_k (and the same features one): the same `weights`
+    and the same settings it reads. The one place this is decided: a ranking reuses a feature store's omega
+    only then, and the page, the cost estimate and the command line ask here."""
+    return type(a).weights is type(b).weights and all(getattr(a, n) == getattr(b, n) for n in OMEGA_SETTINGS)
+
+
 def score_rule(rule: "ScoreRule | str | None" = None, **settings) -> ScoreRule:
     """A rule instance from an instance, a registered name, or None (the official rule), with `settings`."""
     if isinstance(rule, ScoreRule):

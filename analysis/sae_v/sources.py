@@ -1,7 +1,8 @@
 """Which SAE, on which data: locators, fingerprints, and the feature store of any (SAE, data).
 
 An SAE is named by a locator: the name of a demo or cached folder this panel trained ("layer1"), the path
-of a folder sae-lens saved (under the allowed roots), or `sae-lens:RELEASE/SAE_ID`. Data are named by ""
+of a folder sae-lens saved, or `sae-lens:RELEASE/SAE_ID`; the last two only where the deployment allows
+(access.py). `locate` resolves a locator once into a `Source` that the steps of a run pass down. Data are named by ""
 (the SAE's own evaluation pairs; for an outside SAE the model's default dataset), `dataset:NAME`
 (generated pairs), a folder or file of the user's (userdata.py) or `upload:SHA` (an uploaded zip).
 
@@ -23,7 +24,8 @@ from analysis.sae_v import userdata
 from analysis.sae_v.activations import concat, scaled, usable_batches
 from analysis.sae_v.build import available_saes, model_fingerprint
 from analysis.sae_v.datasets import DATASETS, default_dataset, make_pairs
-from analysis.sae_v.outside import RELEASE_PREFIX, SaeFitError, check_fit, load_outside, source_label
+from analysis.sae_v.access import RELEASE_PREFIX, check_release, server_path, shown
+from analysis.sae_v.outside import SaeFitError, check_fit, load_outside, source_label
 from analysis.sae_v.params import SaeChoice, StoreParams
 from analysis.sae_v.prompts import too_long, too_long_reason
 from analysis.sae_v.store import build_feature_store, load_store, save_store
@@ -35,9 +37,13 @@ EVAL_SEED = 2  # generated pairs for `dataset:NAME`: the evaluation seed of a de
 
 @dataclass(frozen=True)
 class Source:
+    """An SAE locator resolved once (`locate`): where its files are, whether this panel trained it, and its
+    fingerprint. Every step of a run gets this object instead of resolving the locator again."""
+
     locator: str
     folder: Path | None  # None for a sae-lens release
     outside: bool  # not trained by this panel: no scales, no store of its own
+    fingerprint: str = ""
 
     @property
     def label(self) -> str:
@@ -45,27 +51,31 @@ class Source:
 
 
 def locate(handle: ModelHandle, locator: str) -> Source:
-    """The SAE a locator names (SettingsError when none)."""
+    """The SAE a locator names, resolved once: one of this model's SAEs by name, a `sae-lens:` release, or a
+    folder on the server; each under the deployment's allow-list (access.py). SettingsError when none."""
     text = str(locator or "").strip()
     if not text:
         raise SettingsError("Choose an SAE.")
     if text.startswith(RELEASE_PREFIX):
-        return Source(text, None, True)
+        check_release(text)
+        return Source(text, None, True, hashlib.sha256(text.encode()).hexdigest()[:20])
     for folder in available_saes(handle):
         if folder.name == text:
-            return Source(text, folder, False)
-    path = userdata.resolve(text)  # a path: under the allowed roots
+            return _source(text, folder, False)
+    path = server_path(text, "an SAE folder")
     if not path.is_dir():
-        raise SaeFitError(f"'{text}' is not a folder (an SAE is a folder with cfg.json).")
-    return Source(text, path, not (path / META_FILE).is_file())
+        raise SaeFitError(f"'{shown(text)}' is not a folder (an SAE is a folder with cfg.json).")
+    return _source(text, path, not (path / META_FILE).is_file())
+
+
+def _source(locator: str, folder: Path, outside: bool) -> Source:
+    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in _sae_files(folder))
+    return Source(locator, folder, outside, _hash_files(str(folder), stamp))
 
 
 def sae_fingerprint(source: Source) -> str:
     """A hash of the SAE's files (weights, cfg, and our store): a stored result is keyed on it."""
-    if source.folder is None:
-        return hashlib.sha256(source.locator.encode()).hexdigest()[:20]
-    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in _sae_files(source.folder))
-    return _hash_files(str(source.folder), stamp)
+    return source.fingerprint
 
 
 def _sae_files(folder: Path) -> list[Path]:
@@ -81,11 +91,12 @@ def _hash_files(folder: str, stamp: tuple) -> str:
     return digest.hexdigest()[:20]
 
 
-def choose(handle: ModelHandle, sae: str, data: str = "", cls=SaeChoice, **settings):
-    """A run's params (`cls`, a SaeChoice) for this SAE and data, fingerprints filled in."""
-    source = locate(handle, sae)
+def choose(handle: ModelHandle, sae: str | Source, data: str = "", cls=SaeChoice, **settings):
+    """A run's params (`cls`, a SaeChoice) for this SAE (a locator, or one already resolved) and data,
+    fingerprints filled in."""
+    source = sae if isinstance(sae, Source) else locate(handle, sae)
     data = data_locator(source, data)
-    return cls(sae=sae, sae_fingerprint=sae_fingerprint(source), data=data,
+    return cls(sae=source.locator, sae_fingerprint=source.fingerprint, data=data,
                data_fingerprint=data_fingerprint(handle, data), **settings)
 
 
@@ -104,13 +115,14 @@ def data_fingerprint(handle: ModelHandle, data: str) -> str:
 # Opening an SAE
 
 
-def open_sae(handle: ModelHandle, choice: SaeChoice):
-    """(sae, meta) of the chosen SAE, checked against the model (an outside SAE: SaeFitError when it does not
-    fit). Our SAEs carry their meta; an outside SAE's is made here (raw residuals, no scales)."""
-    source = locate(handle, choice.sae)
+def open_sae(handle: ModelHandle, choice: SaeChoice, source: Source | None = None):
+    """(sae as a Codec, meta) of the chosen SAE, checked against the model (an outside SAE: SaeFitError when it
+    does not fit). Our SAEs carry their meta; an outside SAE's is made here (raw residuals, no scales).
+    `source`: the choice's SAE already resolved (else it is resolved here)."""
+    source = source or locate(handle, choice.sae)
     if not source.outside:
         return _our_sae(str(source.folder), choice.sae_fingerprint)
-    sae = _outside_sae(source.locator, choice.sae_fingerprint)
+    sae = _outside_sae(source.locator if source.folder is None else str(source.folder), choice.sae_fingerprint)
     layer, hook = check_fit(handle, sae, choice.layer)
     meta = SaeMeta(model=handle.spec.label, layer=layer, d_in=int(sae.cfg.d_in), train=None, dataset="", n_pairs=0,
                    n_tokens=0, fve=0.0, l0=0.0, dead=0, source=source.label, hook_name=hook,
@@ -176,16 +188,17 @@ def store_folder(handle: ModelHandle, choice: SaeChoice) -> Path:
     return T.CACHE_ROOT / "stores" / hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
-def store_for(handle: ModelHandle, choice: SaeChoice, progress: Progress | None = None) -> FeatureStore:
+def store_for(handle: ModelHandle, choice: SaeChoice, progress: Progress | None = None,
+              source: Source | None = None) -> FeatureStore:
     """The feature store the browser shows for this SAE on this data (see the module docstring)."""
     progress = progress or _noop
-    source = locate(handle, choice.sae)
+    source = source or locate(handle, choice.sae)
     if not source.outside and not choice.data:
         return _stored(source.folder)
     folder = store_folder(handle, choice)
     if (folder / STORE_FILE).is_file():
         return _stored(folder)
-    store = build_store(handle, choice, progress)
+    store = build_store(handle, choice, progress, source)
     folder.mkdir(parents=True, exist_ok=True)
     save_store(store, folder)
     return store
@@ -202,11 +215,10 @@ def _read_store(folder: str, stamp: int) -> FeatureStore:
     return load_store(folder)
 
 
-def build_store(handle: ModelHandle, choice: SaeChoice, progress: Progress) -> FeatureStore:
+def build_store(handle: ModelHandle, choice: SaeChoice, progress: Progress, source: Source) -> FeatureStore:
     """Activations of the first `store_pairs` usable pairs (unreadable images reported, not fatal), the SAE's
     fit on them (variance explained, L0, dead features), then the feature cards."""
-    sae, meta = open_sae(handle, choice)
-    source = locate(handle, choice.sae)
+    sae, meta = open_sae(handle, choice, source)
     own = _stored(source.folder).pairs if not source.outside else None
     pairs, skipped, _ = data_pairs(handle, choice, own)
     wanted, parts, used = choice.store_pairs, [], []

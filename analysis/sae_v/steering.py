@@ -20,7 +20,7 @@ from analysis.models import ModelHandle
 from analysis.sae_v.codec import as_codec
 from analysis.sae_v.params import SteerParams
 from analysis.sae_v.prompts import caption_prompt
-from analysis.sae_v.sources import open_sae, store_for
+from analysis.sae_v.sources import locate, open_sae, store_for
 from analysis.sae_v.types import IMAGE, TEXT, Progress, SteeredText, SteeringResult, _noop
 from analysis.sae_v.userdata import image_from_ref
 
@@ -28,8 +28,9 @@ def steer(handle: ModelHandle, params: SteerParams, progress: Progress | None = 
     """The runner's entry: the unsteered and the steered output of one prompt (with its image on a VLM)."""
     progress = progress or _noop
     params.validate()
-    sae, meta = open_sae(handle, params)
-    pairs = store_for(handle, params).pairs if params.image.startswith("pair:") else None
+    source = locate(handle, params.sae)  # resolved once
+    sae, meta = open_sae(handle, params, source)
+    pairs = store_for(handle, params, source=source).pairs if params.image.startswith("pair:") else None
     image = image_from_ref(params.image, pairs)
     return generate_both(handle, sae, meta, params.features, image=image, prompt=params.prompt, mode=params.mode,
                          max_new_tokens=params.max_new_tokens, positions=params.positions, progress=progress)

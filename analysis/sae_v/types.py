@@ -234,6 +234,8 @@ class Ranking(Result):
     skipped: list[Skipped] = field(default_factory=list)
     resumed: int = 0  # pairs taken from an interrupted earlier run of the same ranking
     notes: list[str] = field(default_factory=list)  # about kept rows of the data (userdata.UserData.notes)
+    with_omega: int | None = None  # features with an omega under this ranking's rule (None: not recorded)
+    omega_from_store: bool = True  # the feature store's omega (rules.same_omega), or recomputed for this rule
 
 
 @dataclass

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from analysis import images
 from analysis.errors import SettingsError
+from analysis.sae_v import access
 from analysis.sae_v import types as T
 from analysis.sae_v.datasets import render_pair
 from analysis.sae_v.types import Pair, PairSet, Skipped
@@ -82,34 +83,17 @@ def upload_root() -> Path:
 
 
 def resolve(locator: str) -> Path:
-    """The folder or file a data locator names: `upload:SHA` (an extracted zip) or a path under the allowed
-    roots (MODEL_INSPECTOR_ROOTS, as for local models)."""
-    from analysis.models import allowed_roots
-
+    """The folder or file a data locator names: `upload:SHA` (an extracted zip, where uploads are on) or a
+    path on the server, where this instance reads server paths and under its allowed roots (analysis/sae_v/
+    access.py: the deployment's allow-list; a refusal names the locator as written, nothing of the server)."""
     text = str(locator).strip()
     if text.startswith("upload:"):
+        access.check_uploads()
         path = upload_root() / _hex(text.partition(":")[2])
         if not path.is_dir():
             raise DataError("That upload is no longer on this server; upload the zip again.")
         return path
-    if not text:
-        raise DataError("Enter the path of a data folder.")
-    path = Path(text).expanduser().resolve()
-    roots = allowed_roots()
-    if not any(path == r or r in path.parents for r in roots):
-        raise DataError(f"'{path}' is outside the folders data may be read from ({', '.join(map(str, roots))}). "
-                        "Set MODEL_INSPECTOR_ROOTS to allow another folder.")
-    if not path.exists():
-        raise DataError(f"No such folder or file: '{path}'.")
-    return path
-
-
-def _shown(locator: str, n: int = 120) -> str:
-    """A data locator as the visitor wrote it, for messages (an upload by its name, never a server path)."""
-    text = str(locator).strip()
-    if text.startswith("upload:"):
-        return "the uploaded zip"
-    return text if len(text) <= n else text[:n - 1] + "…"
+    return access.server_path(text, "data")
 
 
 def _hex(text: str) -> str:
@@ -198,7 +182,7 @@ def load(locator: str, kind: str = "vlm") -> UserData:
     path = resolve(locator)
     found = _layout(path)
     if found is None:
-        raise DataError(f"'{_shown(locator)}' has no captions.jsonl, captions.csv, *.parquet, datasets folder "
+        raise DataError(f"'{access.shown(locator)}' has no captions.jsonl, captions.csv, *.parquet, datasets folder "
                         "(state.json + *.arrow), texts.txt or texts.jsonl.")
     layout, index = found
     root = index.parent if index.is_file() else index
@@ -241,7 +225,7 @@ def _records(layout: str, index: Path) -> list[tuple[int, dict]]:
             record.update(dict.fromkeys(blobs))
         return list(enumerate(records))
     except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
-        raise DataError(f"{index.name} cannot be read: {type(exc).__name__}: {_first(exc)}") from None
+        raise DataError(f"{index.name} cannot be read: {_first(exc)}") from None
 
 
 def csv_records(index: Path) -> list[tuple[int, dict]]:
@@ -263,8 +247,11 @@ def csv_records(index: Path) -> list[tuple[int, dict]]:
 
 
 def _first(exc: BaseException) -> str:
+    """One line of why, without server paths (an OSError's own text names the file's full path)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
     text = str(exc).strip().splitlines()
-    return (text[0] if text else "")[:200]
+    return access.without_paths(text[0] if text else type(exc).__name__)[:200]
 
 
 def _json_line(line: str, i: int) -> dict:
@@ -493,8 +480,8 @@ def image_from_ref(ref: str, pairs: PairSet | None = None):
             raise SettingsError("That uploaded image is no longer on this server; upload it again.")
         return images.open_image(path.read_bytes(), name="The uploaded image")
     if kind == "file":
-        path = resolve(value)
+        path = access.server_path(value, "an image")
         if not path.is_file():
-            raise SettingsError(f"'{value}' is not an image file.")
+            raise SettingsError(f"'{access.shown(value)}' is not an image file.")
         return images.open_image(path.read_bytes(), name=f"'{path.name}'")
-    raise SettingsError(f"An image is named pair:I, sha:HEX or file:PATH, got '{ref}'.")
+    raise SettingsError(f"An image is named pair:I, sha:HEX or file:PATH, got '{access.shown(ref)}'.")

@@ -15,12 +15,16 @@ def _fmt(v) -> str:
     return "—" if v is None else f"{v:.3f}"
 
 
-def overview(ranking: sae_v.Ranking, store: sae_v.FeatureStore, same_omega: bool) -> None:
+def overview(ranking: sae_v.Ranking, store: sae_v.FeatureStore | None = None) -> None:
+    """The ranking's headline numbers. Which features have an ω is the ranking's own (analysis decides
+    whether the store's ω applies: `sae_v.same_omega`)."""
     row = metric_row()
     if ranking.labelled:
         row.metric("ROC AUC (s_i)", _fmt(ranking.roc_auc))
         row.metric("ROC AUC (weighted)", _fmt(ranking.roc_auc_weighted))
-    row.metric("Features with ω", sum(f.omega != 0 for f in store.features) if same_omega else "—")
+    row.metric("Features with ω", "—" if ranking.with_omega is None else ranking.with_omega,
+               help="The feature store's ω" if ranking.omega_from_store else
+               "ω computed again under this rule on the feature store's pairs")
     row.metric("Pairs with s_i > 0", f"{sum(r.score != 0 for r in ranking.rows)} / {len(ranking.rows)}")
     if ranking.source:
         row.metric("Rows used / read", f"{len(ranking.rows)} / {ranking.rows_read}")

@@ -21,24 +21,11 @@ import torch
 from PIL import Image
 
 from analysis import sae_v
+from sae_lens_factory import save_outside_sae, write_pair_folder  # tests/sae_lens_factory.py
 
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures: an SAE saved by sae-lens directly, and a folder of images with a few bad rows
-
-
-def save_outside_sae(folder, d_in: int, hook: str | None, seed: int = 0, d_sae: int = 24):
-    """A random-weight SAE made and saved by sae-lens's own classes (never trained by this project)."""
-    from sae_lens import StandardSAE, StandardSAEConfig
-    from sae_lens.saes.sae import SAEMetadata
-
-    torch.manual_seed(seed)
-    meta = SAEMetadata(hook_name=hook, model_name="someone-else") if hook else SAEMetadata(model_name="x")
-    sae = StandardSAE(StandardSAEConfig(d_in=d_in, d_sae=d_sae, metadata=meta))
-    with torch.no_grad():
-        sae.b_enc.fill_(0.05)
-    sae.save_model(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -52,24 +39,6 @@ def cache(tmp_path_factory):
     sae_v.types.CACHE_ROOT = tmp_path_factory.mktemp("sae-cache")
     yield sae_v.types.CACHE_ROOT
     sae_v.types.CACHE_ROOT = old
-
-
-def write_pair_folder(folder, n: int = 10, bad: bool = True):
-    """PNG images + captions.jsonl with a label column; with `bad`: a missing image, an empty caption and a
-    file that is not an image (rows 3, 5 and 7)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    lines = []
-    for i in range(n):
-        name = f"img{i}.png"
-        Image.new("RGB", (32, 32), (20 * i, 255 - 20 * i, 90)).save(folder / name)
-        lines.append({"image": name, "caption": " ".join(f"w{(i * 7 + j) % 100}" for j in range(5)),
-                      "corrupted": i % 3 == 1})
-    if bad:
-        lines[3]["image"] = "gone.png"
-        lines[5]["caption"] = "  "
-        (folder / "img7.png").write_bytes(b"not a png at all")
-    (folder / "captions.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +92,9 @@ def test_a_folder_without_an_sae_or_outside_the_roots_is_refused(tiny_llava, mod
     (model_root / "empty-sae").mkdir(exist_ok=True)
     with pytest.raises(sae_v.SaeFitError, match="No sae-lens SAE"):
         sae_v.open_sae(tiny_llava, sae_v.SaeChoice(sae=str(model_root / "empty-sae")))
-    with pytest.raises(sae_v.SettingsError, match="outside the folders"):
+    with pytest.raises(sae_v.SettingsError, match="is not an SAE folder this server can read") as refused:
         sae_v.locate(tiny_llava, str(tmp_path))
+    assert str(model_root) not in str(refused.value)  # never the list of allowed folders
 
 
 def test_a_pretrained_release_offline_is_one_line(tiny_llava, monkeypatch):
@@ -135,7 +105,7 @@ def test_a_pretrained_release_offline_is_one_line(tiny_llava, monkeypatch):
 
     monkeypatch.setattr(sae_lens.SAE, "from_pretrained", offline)
     sae_v.sources._outside_sae.cache_clear()
-    with pytest.raises(sae_v.SaeFitError, match=r"could not fetch gpt2-small-res-jb / blocks.1.hook_resid_pre: "
+    with pytest.raises(sae_v.SaeFitError, match=r"could not fetch sae-lens:gpt2-small-res-jb/blocks.1.hook_resid_pre: "
                                                 r"We couldn't connect .*online") as caught:
         sae_v.open_sae(tiny_llava, sae_v.SaeChoice(sae="sae-lens:gpt2-small-res-jb/blocks.1.hook_resid_pre"))
     assert "\n" not in str(caught.value)
@@ -212,7 +182,7 @@ def test_a_folder_without_captions_or_outside_the_roots_is_one_message(model_roo
     (model_root / "nothing-here").mkdir(exist_ok=True)
     with pytest.raises(sae_v.DataError, match="has no captions.jsonl"):
         sae_v.userdata.load(str(model_root / "nothing-here"))
-    with pytest.raises(sae_v.DataError, match="outside the folders"):
+    with pytest.raises(sae_v.SettingsError, match="is not data this server can read"):
         sae_v.userdata.load(str(tmp_path))
     texts = model_root / "only-texts"
     texts.mkdir(exist_ok=True)
