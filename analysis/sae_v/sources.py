@@ -33,6 +33,7 @@ from analysis.sae_v.training import load_sae, reconstruction_metrics
 from analysis.sae_v.types import META_FILE, STORE_FILE, FeatureStore, PairSet, Progress, SaeMeta, Skipped, _noop
 
 EVAL_SEED = 2  # generated pairs for `dataset:NAME`: the evaluation seed of a default build
+STORE_VERSION = "2"  # cached stores of older definitions are built again (2: omega read after the per-token cut)
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ def _fitting(handle: ModelHandle, pairs: PairSet, skipped: list, rows_read: int)
 
 def store_folder(handle: ModelHandle, choice: SaeChoice) -> Path:
     key = "|".join([choice.sae, choice.sae_fingerprint, choice.data, choice.data_fingerprint, str(choice.layer),
-                    str(choice.store_pairs), model_fingerprint(handle) or handle.spec.label])
+                    str(choice.store_pairs), model_fingerprint(handle) or handle.spec.label, STORE_VERSION])
     return T.CACHE_ROOT / "stores" / hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
