@@ -18,12 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS, SAE_STORES  # noqa: E402  (every project path comes from analysis/paths.py)
-
-from benchmarks.sae_v_token_top import spearman  # noqa: E402
+from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
+from benchmarks.sae_v_demo import MODEL, SAE, demo, spearman, write  # noqa: E402
 
 RESULT_FILE = RESULTS / "sae_v_pairs.json"
 
@@ -33,17 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=24)
     ap.add_argument("--out", default=str(RESULT_FILE))
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
     import os
 
     from analysis import sae_v
-    from analysis.models import ModelSpec, load_model
 
     start = time.perf_counter()
-    handle = load_model(ModelSpec("zoo", "shapes-vlm"))
-    folder = SAE_STORES / "shapes-vlm" / "layer1"
-    sae, meta = sae_v.load_sae(folder)
-    out = {"model": "zoo:shapes-vlm", "sae": "analysis/zoo/sae/shapes-vlm/layer1", "layer": meta.layer}
+    handle, folder, sae, meta = demo()
+    out = {"model": MODEL, "sae": SAE, "layer": meta.layer}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         os.environ["MODEL_INSPECTOR_ROOTS"] = str(tmp)
@@ -88,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                              "image_over_text": round(norms["image"] / norms["text"], 3),
                              "stored_scales_text_image": [round(s, 3) for s in meta.scales],
                              "stored_scale_ratio_text_over_image": round(meta.scales[0] / meta.scales[1], 3)}
-    out["seconds"] = round(time.perf_counter() - start, 1)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out, indent=1))
-    return 0
+    return write(out, args.out, start)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS, SAE_STORES  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
+from benchmarks.sae_v_demo import MODEL, SAE, demo  # noqa: E402
 
 RESULT_FILE = RESULTS / "sae_v_steering.json"
 SEED_BASE = 21_000_000  # test-split scenes
@@ -47,21 +46,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--features", type=int, default=2, help="the most precise 'middle right' features measured")
     ap.add_argument("--out", default=str(RESULT_FILE))
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
     from analysis import sae_v
-    from analysis.models import ModelSpec, load_model
     from analysis.sae_v.steering import generate_both
     from analysis.zoo import shapes_world as sw
 
     start = time.perf_counter()
-    handle = load_model(ModelSpec("zoo", "shapes-vlm"))
-    folder = SAE_STORES / "shapes-vlm" / "layer1"
-    sae, meta = sae_v.load_sae(folder)
+    handle, folder, sae, meta = demo()
     features = middle_right_features(sae_v.read_store_json(folder))[:args.features]
     seeds = [SEED_BASE + i for i in range(args.scenes)]
     scenes = [sw.generate_scene(s) for s in seeds]
     empty = [s for s in scenes if all(o.position != "middle right" for o in s.objects)]
-    out = {"model": "zoo:shapes-vlm", "sae": "analysis/zoo/sae/shapes-vlm/layer1", "strength": args.strength,
+    out = {"model": MODEL, "sae": SAE, "strength": args.strength,
            "positions": "image", "new_tokens": args.tokens, "seeds": [seeds[0], seeds[-1]],
            "scenes_drawn": len(scenes), "scenes_without_middle_right": len(empty), "features": []}
     for feature, precision in features:

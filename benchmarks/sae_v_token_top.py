@@ -15,38 +15,15 @@ the ROC AUC of the official s_i, and the Spearman correlation of s_i with the un
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS, SAE_STORES  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
+from benchmarks.sae_v_demo import MODEL, demo, spearman, write  # noqa: E402
 
 RESULT_FILE = RESULTS / "sae_v_token_top.json"
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    def ranks(xs):
-        order = sorted(range(len(xs)), key=lambda i: xs[i])
-        r = [0.0] * len(xs)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    den = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return cov / den if den else 1.0
 
 
 def compare(acts, codes, pairs, cuts: list[int]) -> dict:
@@ -84,17 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=1500, help="training steps of the k = 64 SAE")
     ap.add_argument("--out", default=str(RESULT_FILE))
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
     from analysis import sae_v
-    from analysis.models import ModelSpec, load_model
 
     start = time.perf_counter()
-    handle = load_model(ModelSpec("zoo", "shapes-vlm"))
-    folder = SAE_STORES / "shapes-vlm" / "layer1"
-    sae, meta = sae_v.load_sae(folder)
+    handle, folder, sae, meta = demo()
     store = sae_v.load_store(folder)
     acts = sae_v.collect_activations(handle, store.pairs, meta.layer)
-    out = {"model": "zoo:shapes-vlm", "layer": meta.layer, "pairs": len(store.pairs.pairs),
+    out = {"model": MODEL, "layer": meta.layer, "pairs": len(store.pairs.pairs),
            "demo_sae": {"architecture": "topk", "k": 8, "d_sae": int(sae.d_sae),
                         **compare(acts, sae_v.encode(sae, sae_v.scaled(acts, meta.scales)), store.pairs, [50, 8, 4, 2])}}
     train = sae_v.make_pairs(handle, "shapes", 600, 1, corrupted=0.0)  # the demo build's training pairs (seed 0)
@@ -107,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     out["topk64_sae"] = {"architecture": "topk", "k": 64, "d_sae": 1024, "steps": args.steps,
                          "fve": round(fve, 4), "l0": round(l0, 2), "dead": dead,
                          **compare(acts, sae_v.encode(wide, x), store.pairs, [50])}
-    out["seconds"] = round(time.perf_counter() - start, 1)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out, indent=1))
-    return 0
+    return write(out, args.out, start)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from PIL import Image
 
@@ -149,3 +150,15 @@ def write_pair_folder(folder, n: int = 10, bad: bool = True):
         (folder / "img7.png").write_bytes(b"not a png at all")
     (folder / "captions.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return folder
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """SAE-V's cache (trained SAEs, feature stores, rankings, uploads) in a private folder for one test
+    module; a test module uses it by importing this fixture."""
+    from analysis import sae_v
+
+    old = sae_v.types.CACHE_ROOT
+    sae_v.types.CACHE_ROOT = tmp_path_factory.mktemp("sae-cache")
+    yield sae_v.types.CACHE_ROOT
+    sae_v.types.CACHE_ROOT = old

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from analysis import sae_v
-from sae_lens_factory import save_outside_sae, write_pair_folder  # tests/sae_lens_factory.py
+from sae_lens_factory import cache, save_outside_sae, write_pair_folder  # noqa: F401  (tests/sae_lens_factory.py)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -31,14 +31,6 @@ from sae_lens_factory import save_outside_sae, write_pair_folder  # tests/sae_le
 @pytest.fixture(scope="module")
 def outside_sae(model_root):
     return save_outside_sae(model_root / "outside-sae", d_in=32, hook="blocks.1.hook_resid_post")
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    old = sae_v.types.CACHE_ROOT
-    sae_v.types.CACHE_ROOT = tmp_path_factory.mktemp("sae-cache")
-    yield sae_v.types.CACHE_ROOT
-    sae_v.types.CACHE_ROOT = old
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,9 @@ import torch
 from PIL import Image
 
 from analysis import sae_v
-from sae_lens_factory import Reference, save_sae_lens
+from sae_lens_factory import Reference, cache, save_sae_lens  # noqa: F401  (cache: a fixture)
 
 D_MODEL = 32  # tiny_llava's hidden size
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    old = sae_v.types.CACHE_ROOT
-    sae_v.types.CACHE_ROOT = tmp_path_factory.mktemp("sae-cache")
-    yield sae_v.types.CACHE_ROOT
-    sae_v.types.CACHE_ROOT = old
 
 
 @pytest.mark.parametrize("case,norm", [("jumprelu", "layer_norm"), ("topk", "constant_norm_rescale"),

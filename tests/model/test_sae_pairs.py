@@ -10,15 +10,7 @@ import pytest
 import torch
 
 from analysis import sae_v
-from sae_lens_factory import save_sae_lens
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    old = sae_v.types.CACHE_ROOT
-    sae_v.types.CACHE_ROOT = tmp_path_factory.mktemp("sae-cache")
-    yield sae_v.types.CACHE_ROOT
-    sae_v.types.CACHE_ROOT = old
+from sae_lens_factory import cache, save_sae_lens  # noqa: F401  (cache: a fixture)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ def test_steering_numbers_come_from_the_steering_benchmark():
     first, second = result["features"][:2]
     n = result["scenes_without_middle_right"]
     assert first["moved"] + first["changed_otherwise"] + first["unchanged"] == n == first["scenes"]
-    _has(f"benchmarks/results/sae_v_steering.json",
+    _has("benchmarks/results/sae_v_steering.json",
          f"({first['feature']}, concept in both modalities at precision {first['concept_precision']:.1f})",
          f"On {n} held-out test scenes without an object there",
          f"**{first['moved']} of {n} ({100 * first['moved'] / n:.0f} %)**",
