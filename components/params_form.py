@@ -115,8 +115,8 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
             except ValueError:
                 return value
         # pills wrap: a row that scrolls sideways hid choices at 1024 px
-        return sorted(container.pills(label, choices, selection_mode="multi", default=value, wrap=True, **common)
-                      or [])
+        chosen = container.pills(label, choices, selection_mode="multi", default=value, wrap=True, **common) or []
+        return [c for c in choices if c in chosen]  # in the choices' own order
     if choices is not None:
         if hint == "pills":
             return container.pills(label, choices, default=value, **common)
@@ -124,6 +124,8 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
             return container.select_slider(label, choices, value=value, **common)
         if hint == "radio":
             return container.radio(label, choices, index=choices.index(value), horizontal=True, **common)
+        if hint == "segmented":
+            return container.segmented_control(label, choices, default=value, **common)
         return container.selectbox(label, choices, index=choices.index(value), **common)
     if kind is bool:  # a toggle's label sits beside it on one line: a fixed field width cuts it ("Check the…")
         if isinstance(common.get("width"), int):
@@ -165,8 +167,9 @@ def _forget_if_outside(key: str, f: Field, owner: Any, overrides: dict) -> None:
 class ParamsForm:
     """The controls of one page (or one section): values shown, values the link gave, URL mirroring."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, link: bool = True) -> None:
         self.prefix = prefix
+        self.link = link  # False: values start from the defaults, never from the URL (and are not mirrored)
         self.values: dict[str, Any] = {}  # field name -> value shown
         self.raw: dict[str, Any] = {}  # field name -> value the link gave (unclamped)
         self.fields: dict[str, Field] = {}
@@ -181,7 +184,8 @@ class ParamsForm:
         for f, owner in fields:
             kw = dict(overrides.get(f.name, {}))
             default = defaults.get(f.name, field_default(f))
-            raw, shown = url_value(f, owner, default, **{k: kw[k] for k in ("low", "high", "choices") if k in kw})
+            raw, shown = (url_value(f, owner, default, **{k: kw[k] for k in ("low", "high", "choices") if k in kw})
+                          if self.link else (default, default))
             key = f"{self.prefix}{kw.pop('key', f.name)}"
             _forget_if_outside(key, f, owner, kw)
             out[f.name] = widget(container, f, owner, key=key, value=shown,
@@ -192,6 +196,8 @@ class ParamsForm:
 
     def mirror(self) -> None:
         """Write every drawn value into the URL, so the link reproduces the view."""
+        if not self.link:
+            return
         set_url_params(**{url_name(f): field_text(f, self.values[name]) for name, f in self.fields.items()
                           if url_name(f)})
 

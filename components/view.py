@@ -45,7 +45,7 @@ from analysis import panels
 from analysis.models import ModelHandle
 from analysis.settings import Flat, check_settings, field_default, field_text, labelled, url_name
 from components.common import analysis_errors, field_row, require_model, set_url_params
-from components.params_form import ParamsForm
+from components.params_form import ParamsForm, url_value
 from components.presets import preset_bar
 from components.runs import cached_run
 
@@ -192,6 +192,13 @@ class Page:
             set_url_params(**{url_name(f): field_text(f, value)})
         return value
 
+    def link_value(self, name: str, *, default: Any = dataclasses.MISSING, **overrides: Any) -> Any:
+        """What the link gives for a view-state field that has no control of its own here (clamped into
+        `overrides`' range; its default, or `default`, when absent or unreadable)."""
+        f = next(f for f, _ in state_fields(self.analysis) if f.name == name)
+        fallback = field_default(f) if default is dataclasses.MISSING else default
+        return url_value(f, self.analysis.view_state, fallback, **overrides)[1]
+
     def mirror(self) -> None:
         """Write every value shown into the URL."""
         self.form.mirror()
@@ -213,6 +220,7 @@ class View:
     panel: ClassVar[str]  # the panel's name in analysis/panels.py's TABLE
     prefix: ClassVar[str]  # the widgets' key prefix ("kv_")
     intro: ClassVar[str] = ""  # the paragraph under the title
+    intro_caption: ClassVar[str] = ""  # or a caption there instead
     sections: ClassVar[tuple[Section, ...]] = ()
     later: ClassVar[tuple[str, ...]] = ()  # groups drawn by `show`, not in the controls box
     bad_link_stops: ClassVar[bool] = True  # False: after a link's out-of-range message, run with the nearest values
@@ -266,6 +274,8 @@ def render(view: View) -> None:
     st.title(analysis.title)
     if view.intro:
         st.write(view.intro)
+    if view.intro_caption:
+        st.caption(view.intro_caption)
     preset_bar(analysis.url_path, widget_prefix=view.prefix)
     handle = require_model(*analysis.kinds, panel=analysis.title)
     page = Page(view, handle)

@@ -35,8 +35,6 @@ def url_names(page: str) -> list[str]:
 
 # Pages not yet declared through components/view.py: the names they read by hand.
 LEGACY = {
-    "views/sae_features.py": ["sae", "view", "sort", "labels", "feature", "by", "thr", "rule", "keep", "data", "slayer",
-                              "spair", "img", "steer", "mode", "at", "tokens", "sprompt"],
     "views/overview.py": [],
 }
 PAGES = ["views/attention_sharpness.py", "views/kv_cache.py", "views/prompt_reconstruction.py",
