@@ -199,6 +199,12 @@ class Page:
         fallback = field_default(f) if default is dataclasses.MISSING else default
         return url_value(f, self.analysis.view_state, fallback, **overrides)[1]
 
+    def set_link(self, **values: Any) -> None:
+        """Write values into the URL by field name (settings or view state): the fields name them there."""
+        fields = {f.name: f for f, _ in params_fields(self.analysis) + state_fields(self.analysis)}
+        set_url_params(**{url_name(fields[k]): field_text(fields[k], v) for k, v in values.items()
+                          if url_name(fields[k])})
+
     def mirror(self) -> None:
         """Write every value shown into the URL."""
         self.form.mirror()

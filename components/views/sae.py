@@ -14,7 +14,7 @@ from analysis import sae_v
 from analysis.errors import UserError
 from components import hosting  # uploads under the deployment's limits
 from components import sae as sae_components
-from components.common import analysis_errors, demo_model, field_row, set_url_params, show_error
+from components.common import analysis_errors, demo_model, field_row, show_error
 from components.figures import sae as figs
 from components.model_picker import try_load
 from components.params_form import ParamsForm, fields_of
@@ -84,7 +84,7 @@ class SaeView(View):
         data = page.control("data", choices=choices, default=OWN if OWN in choices else choices[0],
                             format_func=self.data_label)
         self.data = "" if data == OWN else data
-        set_url_params(data=self.data)
+        page.set_link(data=self.data)
         with st.expander("Feature store settings (for data other than the SAE's own)"):
             page.draw_sections(self.sections)
         try:
@@ -131,7 +131,7 @@ class SaeView(View):
                     params = sae_v.BuildParams(layer=int(values["layer"]), train=train)
                     params.validate()
                     trained = self.page.run("train", sae_v.train, params, label="Training the SAE")
-                set_url_params(sae=trained.name, view="list")
+                self.page.set_link(sae=trained.name, view="list")
                 st.session_state.pop("sae_pick", None)
                 st.rerun()
 
@@ -154,7 +154,7 @@ class SaeView(View):
                 except UserError as exc:
                     show_error(exc)
                 else:
-                    set_url_params(sae=source.locator, slayer=int(layer), view="list")
+                    self.page.set_link(sae=source.locator, slayer=int(layer), view="list")
                     st.session_state.pop("sae_pick", None)
                     st.rerun()
 
@@ -186,7 +186,7 @@ class SaeView(View):
             if c1.button("Use this folder", key="sae_data_go") and path.strip():
                 with analysis_errors(stop=False):
                     sae_v.userdata.load(path.strip(), handle.kind)
-                    set_url_params(data=path.strip())
+                    self.page.set_link(data=path.strip())
                     st.session_state.pop("sae_data", None)  # the picker then starts from the link
                     st.rerun()
             if not sae_components.uploads_enabled():
@@ -197,7 +197,7 @@ class SaeView(View):
                 with analysis_errors(stop=False):
                     locator = sae_v.save_zip(upload.getvalue(), name=f"'{upload.name}'")
                     sae_v.userdata.load(locator, handle.kind)
-                    set_url_params(data=locator)
+                    self.page.set_link(data=locator)
                     st.session_state.pop("sae_data", None)
                     st.rerun()
 
@@ -268,7 +268,7 @@ class SaeView(View):
         pick = c1.number_input("Open feature", 0, len(store.features) - 1, int(rows[0]["feature"]) if rows else 0,
                                key="sae_open_pick")
         if c2.button("Open feature page", key="sae_open"):
-            set_url_params(view="feature", feature=int(pick))
+            page.set_link(view="feature", feature=int(pick))
             st.session_state.pop("sae_view", None)
             st.rerun()
         if not browse.one_modality(store):

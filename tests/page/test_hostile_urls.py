@@ -23,20 +23,16 @@ HOSTILE = {
 
 def url_names(page: str) -> list[str]:
     """Every URL name a page reads, from its panel's fields (Params and view state, components/view.py),
-    read when the test runs: a field added later is fuzzed with no edit here."""
+    read when the test runs: a field added later is fuzzed with no edit here. The home page reads none."""
     from analysis import panels
     from components.view import url_fields
 
     for analysis in panels.analyses():
-        if analysis.page and page == f"views/{analysis.page}" and analysis.params is not None:
+        if analysis.page and page == f"views/{analysis.page}":
             return sorted(url_fields(analysis)) + ["preset"]
-    return LEGACY[page] + ["preset"]
+    return ["preset"]
 
 
-# Pages not yet declared through components/view.py: the names they read by hand.
-LEGACY = {
-    "views/overview.py": [],
-}
 PAGES = ["views/attention_sharpness.py", "views/kv_cache.py", "views/prompt_reconstruction.py",
          "views/caption_correction.py", "views/sae_features.py", "views/overview.py"]
 
@@ -140,20 +136,19 @@ def test_caption_page_with_negative_seed_is_clamped():
     assert at.number_input(key="cap_seed").value == 0
 
 
-def test_every_url_parameter_of_every_page_is_tried():
-    """A declared page reads no URL name of its own (every name is a field's, so it is fuzzed above); a
-    page not yet declared lists its names in LEGACY."""
+def test_no_page_reads_a_url_name_of_its_own():
+    """Every page is one call (components/view.py): it reads no URL text itself, so every name it reads
+    is a field's and is fuzzed above."""
+    import ast
     import re
 
     from conftest import ROOT
 
     for page in PAGES:
         source = (ROOT / page).read_text()
-        if page not in LEGACY:
-            assert not re.search(r"url_param|url_list|query_params", source), page
-            continue
-        read = set(re.findall(r"(?:url_param|url_list|checked)\(\s*\"(\w+)\"", source))
-        assert read <= set(LEGACY[page]), f"{page}: add {sorted(read - set(LEGACY[page]))} to LEGACY"
+        assert not re.search(r"url_param|url_list|query_params", source), page
+        body = [node for node in ast.parse(source).body[1:] if not isinstance(node, (ast.Import, ast.ImportFrom))]
+        assert len(body) == 1 and isinstance(body[0].value, ast.Call), page  # one call, nothing else
 
 
 def test_no_two_fields_of_a_page_share_a_url_name():
