@@ -93,14 +93,7 @@ def verification_work(handle: ModelHandle, params: CorrectionParams, image, lm: 
 def rewrite_work(lm: ModelHandle, params: CorrectionParams, kwargs: dict) -> Work:
     """`handle` is the rewriter's model, the verification comes as `verification=`: nothing to run when no
     claim is flagged, none is kept, or the rewriter runs no model; else its prompt and answer."""
-    verification = kwargs["verification"]
-    verdicts = flag_claims(verification, params)
-    true_claims = [v.claim for v in verdicts if not v.flagged]
-    false_claims = [v.claim for v in verdicts if v.flagged]
-    if not false_claims:
-        return Work()
-    rewriter = agent_of(params, "rewriter", lm)
-    calls = rewriter.calls(verification.caption, true_claims, false_claims)
+    _, calls = rewrite_calls(params, kwargs["verification"], lm)
     work = Work()
     for prompt, tokens in calls:
         work.add(**vars(generation(lm, prompt, tokens)))
@@ -125,16 +118,21 @@ def image_caption_work(handle, params, kwargs) -> Work:
     return caption_work(handle, kwargs["image"], kwargs.get("prompt"), kwargs.get("max_new_tokens", CAPTION_TOKENS))
 
 
-def correction_rewrite_work(params: CorrectionParams, verification, lm) -> Work:
-    """The rewrite of a known verification, on the rewriter's own model."""
+def rewrite_calls(params: CorrectionParams, verification, lm) -> tuple:
+    """(the rewriter, its generations (prompt, tokens)) for a verification: none when no claim is flagged."""
     verdicts = flag_claims(verification, params)
     true_claims = [v.claim for v in verdicts if not v.flagged]
     false_claims = [v.claim for v in verdicts if v.flagged]
     if not false_claims:
-        return Work()
+        return None, []
     rewriter = agent_of(params, "rewriter", lm)
-    return Work(seconds_elsewhere=agent_seconds(rewriter.lm, rewriter.calls(verification.caption, true_claims,
-                                                                             false_claims)))
+    return rewriter, rewriter.calls(verification.caption, true_claims, false_claims)
+
+
+def correction_rewrite_work(params: CorrectionParams, verification, lm) -> Work:
+    """The rewrite of a known verification, on the rewriter's own model."""
+    rewriter, calls = rewrite_calls(params, verification, lm)
+    return Work(seconds_elsewhere=agent_seconds(rewriter.lm, calls)) if calls else Work()
 
 
 def _correction_work(handle, params, lm, image_key: str, image_of) -> Work:
