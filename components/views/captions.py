@@ -59,7 +59,7 @@ class CaptionView(View):
                 else captions.OWN_LM}
 
     def controls(self, page: Page) -> captions.CorrectionParams:
-        handle, defaults = page.handle, self.defaults(page)
+        defaults = self.defaults(page)
         left, right = st.columns([1, 2], gap="large")
         with left:
             self.upload = None

@@ -140,33 +140,7 @@ class SharpnessView(View):
         explain("Normalised entropy H / ln n for every layer and head (0: all weight on one key; 1: uniform), "
                 "with plain softmax and with adaptive θ, on the same colour scale.")
 
-        st.header("6 · Accuracy vs n")
-        rows = result.accuracy_table()
-        st.dataframe(rows, hide_index=True, column_config={
-            k: st.column_config.NumberColumn(format="%.3f") for k in rows[0] if k not in ("n", "tokens")})
-        st.plotly_chart(F.accuracy_figure(result), key="fig_acc")
-        rl, rh = result.retrieval_head()
-        if result.item == "max-item":
-            scored = ("where the model's most likely next token is the largest number, the mean probability it "
-                      "gives that number, and the share answered with the second-largest number instead (a near "
-                      "miss)")
-        else:
-            scored = ("where the asked key's code scores highest among the codes in the prompt (each code scored by "
-                      "the probability of all its tokens; chance is one over the number of codes, dotted), and the "
-                      "mean probability the model gives that code")
-        explain(f"Share of {result.params.samples} prompts per n {scored}, with softmax in every head and with "
-                f"adaptive θ in every head. {result.item.capitalize()} weight: attention of the answer position on "
-                f"the answer item's tokens, in the retrieval head (layer {rl}, head {rh}: the one with the most such "
-                "weight at the smallest n) and averaged over all heads.")
-
-        st.subheader("The retrieval heads as n grows")
-        st.plotly_chart(F.retrieval_heads_figure(result), key="fig_heads")
-        st.dataframe(result.head_table(), hide_index=True, column_config={
-            k: st.column_config.NumberColumn(format="%.3f") for k in result.head_table()[0] if k != "n"})
-        explain("The three heads that put the most weight on the answer item at the smallest n, found "
-                "automatically from the softmax runs: their weight on it (and their largest weight on any token) at "
-                "every n. A head that selects one item among n keeps this weight near 1; the lemma says a fixed "
-                "softmax head cannot keep it as n grows.")
+        rows = accuracy_section(result)
 
         share_bar("sharpness", title=f"Attention sharpness on {handle.spec.label}", params=params.to_dict(),
                   result=result, model=handle.spec.label,
@@ -175,6 +149,39 @@ class SharpnessView(View):
                            "Heatmap": F.heatmap_figure(result, n_view, sink), "Accuracy": F.accuracy_figure(result),
                            "Retrieval heads": F.retrieval_heads_figure(result)},
                   tables={"accuracy": rows, "retrieval heads": result.head_table()})
+
+
+
+def accuracy_section(result: sharpness.SweepResult) -> list[dict]:
+    """Accuracy vs n and the retrieval heads as n grows; the accuracy rows (for the share bar)."""
+    st.header("6 · Accuracy vs n")
+    rows = result.accuracy_table()
+    st.dataframe(rows, hide_index=True, column_config={
+        k: st.column_config.NumberColumn(format="%.3f") for k in rows[0] if k not in ("n", "tokens")})
+    st.plotly_chart(F.accuracy_figure(result), key="fig_acc")
+    rl, rh = result.retrieval_head()
+    if result.item == "max-item":
+        scored = ("where the model's most likely next token is the largest number, the mean probability it "
+                  "gives that number, and the share answered with the second-largest number instead (a near "
+                  "miss)")
+    else:
+        scored = ("where the asked key's code scores highest among the codes in the prompt (each code scored by "
+                  "the probability of all its tokens; chance is one over the number of codes, dotted), and the "
+                  "mean probability the model gives that code")
+    explain(f"Share of {result.params.samples} prompts per n {scored}, with softmax in every head and with "
+            f"adaptive θ in every head. {result.item.capitalize()} weight: attention of the answer position on "
+            f"the answer item's tokens, in the retrieval head (layer {rl}, head {rh}: the one with the most such "
+            "weight at the smallest n) and averaged over all heads.")
+
+    st.subheader("The retrieval heads as n grows")
+    st.plotly_chart(F.retrieval_heads_figure(result), key="fig_heads")
+    st.dataframe(result.head_table(), hide_index=True, column_config={
+        k: st.column_config.NumberColumn(format="%.3f") for k in result.head_table()[0] if k != "n"})
+    explain("The three heads that put the most weight on the answer item at the smallest n, found "
+            "automatically from the softmax runs: their weight on it (and their largest weight on any token) at "
+            "every n. A head that selects one item among n keeps this weight near 1; the lemma says a fixed "
+            "softmax head cannot keep it as n grows.")
+    return rows
 
 
 def own_prompt(page: Page, params: sharpness.SweepParams, theta: str, sink: bool, layer: int, head: int) -> None:
