@@ -51,7 +51,7 @@ def try_load(spec: ModelSpec) -> ModelHandle | None:
     A spec the deployment does not allow never reaches the loader."""
     refusal = hosting.settings().model_refusal(spec.source, spec.name)
     if refusal:
-        st.warning(f"{hosting.escape_markdown(spec.label)} was not loaded. {hosting.escape_markdown(refusal)}",
+        st.warning(f"{hosting.escape_markdown(spec.label)} was not loaded. {hosting.visible_markdown(refusal)}",
                    icon=":material/block:")
         return None
     message = f"Loading {spec.label} ..."
@@ -62,7 +62,7 @@ def try_load(spec: ModelSpec) -> ModelHandle | None:
         with st.spinner(message):
             handle = _load_cached(spec)
     except ModelLoadError as exc:
-        st.error(f"Could not load {spec.label}: {exc}")
+        st.error(f"Could not load {hosting.visible_markdown(f'{spec.label}: {exc}')}", icon=":material/error:")
         return None
     st.session_state[STATE_KEY] = spec
     st.query_params["model"] = spec.label
@@ -87,7 +87,7 @@ def current_handle() -> ModelHandle | None:
     try:
         return _load_cached(spec)
     except ModelLoadError as exc:  # evicted from cache and no longer loadable
-        st.error(f"Could not reload {spec.label}: {exc}")
+        st.error(f"Could not reload {hosting.visible_markdown(f'{spec.label}: {exc}')}", icon=":material/error:")
         return None
 
 

@@ -10,9 +10,14 @@ machine's speed on each demo model while the machine is idle (`preload.calibrate
 pages' cost estimates.
 
 Before that it checks the deployment (docs/deploy.md): the configuration file
-($MODEL_INSPECTOR_CONFIG or ./model_inspector.toml) and the saved-analyses store (a SQLite file or a
-postgresql:// URL, migrated here) must be usable, or it exits with one `error:` line. Streamlit's
-upload limit (server.maxUploadSize) follows the configuration's `uploads.max_mb` unless given here.
+($MODEL_INSPECTOR_CONFIG or ./model_inspector.toml), the saved-analyses store (a SQLite file or a
+postgresql:// URL, migrated here) and, for OIDC sign-in, the [auth] secrets must be usable, or it exits
+with one `error:` line (an instance whose sign-in cannot work must not report healthy). From the
+configuration: Streamlit's upload limit (server.maxUploadSize) follows `uploads.max_mb` unless given
+here; a public instance (`public = true`) shows visitors no error details (client.showErrorDetails
+none); without the Hub among the model sources nothing may reach the Hub (HF_HUB_OFFLINE=1). The
+server's own guards (uploads held in memory, the sign-in error page: components/server_guards.py) and
+the sweeper that deletes expired uploads (analysis/uploads.py) start with it.
 
 Torch's threads: every core, waiting passively between parallel regions, or MODEL_INSPECTOR_THREADS=N
 (analysis/threads.py), set before anything imports torch.
@@ -26,9 +31,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 from analysis.paths import ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
 
 
+def _option(argv: list[str], name: str) -> str | None:
+    """A `--name value` or `--name=value` Streamlit option from the command line."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def secret_files(argv: list[str]) -> list[str]:
+    """The secrets files Streamlit will read (its `secrets.files` option: flag, environment, config.toml)."""
+    from streamlit import config as st_config
+
+    flag = _option(argv, "--secrets.files")
+    st_config.get_config_options(force_reparse=True, options_from_flags={"secrets.files": [flag]} if flag else {})
+    return list(st_config.get_option("secrets.files"))
+
+
 def check_deployment(argv: list[str]) -> list[str]:
-    """The configuration and the store, checked before the server starts; extra Streamlit options."""
+    """The configuration, the store and the sign-in secrets, checked before the server starts; extra
+    Streamlit options the configuration implies."""
     import math
+    import os
 
     from analysis import config
     from analysis.store import StoreError, open_store
@@ -36,12 +62,20 @@ def check_deployment(argv: list[str]) -> list[str]:
     try:
         settings = config.current()
         open_store(settings.store or None)  # creates or migrates the schema; a bad URL fails here
+        problem = config.oidc_problem(settings, config.read_secrets(secret_files(argv)) if
+                                      settings.auth.mode == "oidc" else {})
+        if problem:
+            raise config.ConfigError(problem)
     except (config.ConfigError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
+    if "hub" not in settings.models.sources:  # nothing a visitor names may reach the Hub (sae-lens included)
+        os.environ["HF_HUB_OFFLINE"] = "1"
     extra = []
     if not any(a.startswith("--server.maxUploadSize") for a in argv):
         extra += ["--server.maxUploadSize", str(max(1, math.ceil(settings.uploads.max_mb)))]
+    if settings.public and not any(a.startswith("--client.showErrorDetails") for a in argv):
+        extra += ["--client.showErrorDetails", "none"]
     return extra
 
 
@@ -54,10 +88,14 @@ if __name__ == "__main__":
     except threads.ThreadsError as exc:
         sys.exit(f"error: {exc}")
     import components.preload  # (the same module app.py imports first)
+    from analysis import uploads
+    from components import server_guards
     from streamlit.web import cli as streamlit_cli
     # Each demo model's speed, measured now while the machine is idle (a fraction of a second each):
     # measured later, inside a crowd's first burst, it reads far too slow (components/preload.py).
     components.preload.calibrate_zoo()
+    server_guards.install()
+    uploads.start_sweeper()
     # No file watcher: a demo server's sources do not change under it, and watching them is not free.
     # Streamlit (watchdog) watches the folders of every imported module of the app; reading a model or
     # a feature store there queues inotify events, and on overflow it walks the whole tree again.

@@ -17,7 +17,6 @@ from components.model_picker import try_load
 from components.params_form import ParamsForm, fields_of
 from components.presets import preset_bar
 from components.runs import cached_run
-from components import sae as sae_components
 from components.sae import browse, explained, ranked, steered
 
 VIEWS = {"list": "Feature list", "feature": "Feature page", "explain": "Explain an input", "ranking": "Data ranking"}
@@ -192,13 +191,10 @@ def own_data_form() -> None:
                 set_url_params(data=path.strip())
                 st.session_state.pop("sae_data", None)  # the picker then starts from the link
                 st.rerun()
-        if not sae_components.uploads_enabled():
-            c2.info("Uploads are turned off on this instance.", icon=":material/block:")
-            return
-        upload = c2.file_uploader("…or upload a zip (up to 50 MB)", type=["zip"], key="sae_data_zip")
+        upload = hosting.file_uploader("…or upload a zip", key="sae_data_zip", kind="zip", where=c2)
         if upload is not None and c2.button("Use this zip", key="sae_data_zip_go"):
             with analysis_errors(stop=False):
-                locator = sae_v.save_zip(upload.getvalue(), name=f"'{upload.name}'")
+                locator = sae_v.save_zip(upload.getvalue(), name=f"'{upload.name}'", owner=hosting.upload_owner())
                 sae_v.userdata.load(locator, handle.kind)
                 set_url_params(data=locator)
                 st.session_state.pop("sae_data", None)
@@ -346,7 +342,7 @@ def show_explain() -> None:
                 st.info("Choose an image file to explain.")
                 return
             with analysis_errors():
-                image_ref = sae_v.save_image(upload.getvalue(), name=f"'{upload.name}'")
+                image_ref = sae_v.save_image(upload.getvalue(), name=f"'{upload.name}'", owner=hosting.upload_owner())
                 image = figs.fit_image(sae_v.userdata.image_from_ref(image_ref), handle.info.image_size or 64)
     text = st.text_input("Text", value=default_text, max_chars=500, key="sae_text")
     if not text.strip():
