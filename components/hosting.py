@@ -51,10 +51,19 @@ def settings() -> cfg.Config:
         raise  # st.stop raises; this keeps type checkers quiet
 
 
+# Streamlit's Markdown (GFM) turns bare URLs, www. names and e-mail addresses into links even where every
+# character is backslash-escaped: a word joiner (U+2060, invisible) after the scheme's ':', after 'www'
+# and after '@' keeps them text.
+_AUTOLINKS = [(re.compile(r"(?i)\b(https?|ftp|mailto|javascript|data|file):"), "\\1:\u2060"),
+              (re.compile(r"(?i)\b(www)\."), "\\1\u2060."), (re.compile("@"), "@\u2060")]
+
+
 def escape_markdown(text: str) -> str:
-    """User text shown through Markdown as plain text: no links (bare URLs included: their ':' and '.'
-    are escaped, so the renderer never sees one), emphasis, images, HTML or directives."""
+    """User text shown through Markdown as plain text: no links (bare URLs and addresses included),
+    emphasis, images, HTML or directives."""
     text = html.escape(str(text).replace("\n", " "), quote=False)
+    for pattern, repl in _AUTOLINKS:
+        text = pattern.sub(repl, text)
     return re.sub(r"([\\`*_{}\[\]()#+\-.!|~:$<>@=?/%])", r"\\\1", text)
 
 
