@@ -210,8 +210,15 @@ def rss_mb(pid: int) -> float:
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
 
 
+def visitor_headers(c: int) -> dict:
+    """Client `c` as its own visitor behind a trusted proxy (the server's `proxy_hops`): its X-Forwarded-For."""
+    return {"X-Forwarded-For": f"10.77.{c // 250}.{c % 250 + 1}"}
+
+
 def load_test(base: str, clients: int = 20, seconds: float = 60, pid: int | None = None, save_every: int = 4,
-              pages: list[tuple[str, str]] | None = None, label: str = "load") -> dict:
+              pages: list[tuple[str, str]] | None = None, label: str = "load", visitors: bool = False) -> dict:
+    """`visitors`: each client its own visitor (X-Forwarded-For), as people behind a proxy are; else every
+    client is this machine's one visitor, and the per-visitor limits count them together."""
     pages = pages or PAGES
     lock = threading.Lock()
     latencies: list[float] = []
@@ -226,8 +233,9 @@ def load_test(base: str, clients: int = 20, seconds: float = 60, pid: int | None
     end_at = start_at + seconds
 
     def client(c: int) -> None:
+        headers = visitor_headers(c) if visitors else None
         try:
-            session = ProtocolClient(base)
+            session = ProtocolClient(base, headers=headers)
         except Exception as exc:  # noqa: BLE001 (reported, not raised from a thread)
             with lock:
                 errors.append(f"client {c}: connect: {type(exc).__name__}: {exc}")
@@ -251,7 +259,7 @@ def load_test(base: str, clients: int = 20, seconds: float = 60, pid: int | None
                         requests[0] += 1
                         errors.append(f"client {c} {page}: {type(exc).__name__}: {exc}")
                     session.close()
-                    session = ProtocolClient(base)
+                    session = ProtocolClient(base, headers=headers)
                     step += 1
                     continue
                 with lock:
