@@ -143,8 +143,10 @@ def trains(fn: Callable) -> bool:
         return False
 
 
-def run_refusal(fn: Callable, estimate: Any, estimate_failed: bool = False) -> str | None:
-    """Why this run is not started on this instance (None: it may start). `estimate`: cost.Estimate or None."""
+def run_refusal(fn: Callable, estimate: Any, estimate_failed: bool = False, label: str = "This analysis") -> str | None:
+    """Why this run is not started on this instance (None: it may start). `estimate`: cost.Estimate or None;
+    `label`: what the run is called on its page."""
+    what = label.rstrip(" .") or "This analysis"
     config = hosting.settings()
     if trains(fn):
         refusal = config.training_refusal(bool(hosting.signed_in_user()))
@@ -154,10 +156,10 @@ def run_refusal(fn: Callable, estimate: Any, estimate_failed: bool = False) -> s
     if not cap:
         return None
     if estimate is None:
-        return ("This analysis's cost cannot be estimated, and this instance only starts analyses estimated at "
-                f"up to {_minutes(cap)}." if estimate_failed else None)
+        return (f"The cost of {what[0].lower() + what[1:]} cannot be estimated, and this instance only starts "
+                f"analyses estimated at up to {_minutes(cap)}." if estimate_failed else None)
     if estimate.seconds > cap:
-        return (f"This analysis would take about {_minutes(estimate.seconds)} on this machine; this instance runs "
+        return (f"{what} would take about {_minutes(estimate.seconds)} on this machine; this instance runs "
                 f"analyses of up to {_minutes(cap)} each, so it was not started. Smaller settings (fewer prompts, "
                 "a shorter text, fewer steps or tokens) run sooner.")
     return None

@@ -276,7 +276,7 @@ def _gate(key: RunKey, fn: Callable, handle, params, label: str, kwargs: dict,
         estimate, failed = None, True
     finally:
         queue_slot.empty()
-    refusal = limits.run_refusal(fn, estimate, estimate_failed=failed)
+    refusal = limits.run_refusal(fn, estimate, estimate_failed=failed, label=label)
     if refusal:  # above the instance's largest run, or training it does not allow: nothing starts
         st.warning(refusal, icon=":material/block:")
         return False, estimate

@@ -19,6 +19,10 @@ none); without the Hub among the model sources nothing may reach the Hub (HF_HUB
 server's own guards (uploads held in memory, the sign-in error page: components/server_guards.py) and
 the sweeper that deletes expired uploads (analysis/uploads.py) start with it.
 
+Secrets (OIDC's [auth]) come from Streamlit's secrets files, or from $MODEL_INSPECTOR_SECRETS: the text
+of a secrets.toml (a Space secret, `docker run -e`), written to a file only this user can read, outside
+the checkout, and given to Streamlit as `--secrets.files` (an explicit `--secrets.files` flag wins).
+
 Torch's threads: every core, waiting passively between parallel regions, or MODEL_INSPECTOR_THREADS=N
 (analysis/threads.py), set before anything imports torch.
 """
@@ -39,6 +43,27 @@ def _option(argv: list[str], name: str) -> str | None:
         if arg.startswith(name + "="):
             return arg.split("=", 1)[1]
     return None
+
+
+SECRETS_ENV = "MODEL_INSPECTOR_SECRETS"
+
+
+def secrets_from_env() -> list[str]:
+    """With $MODEL_INSPECTOR_SECRETS (the text of a secrets.toml: a Space secret, `docker run -e`), that
+    text in a file only this user can read, outside the checkout and the image, for Streamlit's
+    `--secrets.files`; [] without it."""
+    import os
+    import tempfile
+
+    text = os.environ.get(SECRETS_ENV, "")
+    if not text.strip():
+        return []
+    folder = tempfile.mkdtemp(prefix="model-inspector-secrets-")  # 0700
+    path = os.path.join(folder, "secrets.toml")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    return ["--secrets.files", path]
 
 
 def secret_files(argv: list[str]) -> list[str]:
@@ -80,6 +105,8 @@ def check_deployment(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
+    if _option(sys.argv[1:], "--secrets.files") is None:  # before the checks: they read the same secrets
+        sys.argv[1:] = [*secrets_from_env(), *sys.argv[1:]]
     extra = check_deployment(sys.argv[1:])  # in a second, before the heavy imports below
     from analysis import threads
 

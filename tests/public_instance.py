@@ -12,9 +12,8 @@ The server runs with an audit hook (`sitecustomize.py` on its PYTHONPATH) that w
 it resolves and every address it connects to other than loopback: a hostile link must leave that file
 empty. HF_HUB_OFFLINE is *not* set for it: serve.py must set it itself (the Hub is not a source).
 
-`AppendingProxy` is nginx's `proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for` in a few lines:
-the client's own X-Forwarded-For (if any), then the address the proxy saw. Each proxy can pretend its
-clients come from one address (`peer`), so two proxies are two real visitors.
+`server.proxy(peer)` puts scripts/appending_proxy.py's proxy in front (nginx's
+`$proxy_add_x_forwarded_for`): two proxies with two `peer` addresses are two real visitors.
 """
 from __future__ import annotations
 
@@ -34,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import screenshot  # noqa: E402
+from appending_proxy import AppendingProxy  # noqa: E402  (nginx's $proxy_add_x_forwarded_for, for the tests)
 
 KEEP_SECONDS = 12
 COOKIE_SECRET = "battery-cookie-secret-not-a-real-one"
@@ -168,81 +168,6 @@ def start() -> PublicServer:
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     screenshot.wait_healthy(proc, port, timeout_s=300, poll_s=0.2, what="the public server")
     return PublicServer(f"http://127.0.0.1:{port}", port, proc, tmp, cache, audit, store)
-
-
-class AppendingProxy:
-    """A TCP proxy in front of the server that appends the address it saw to X-Forwarded-For, as nginx's
-    `$proxy_add_x_forwarded_for` does (and passes websocket upgrades through). Plain requests get
-    `Connection: close`, so each request of a keep-alive client is rewritten on its own connection."""
-
-    def __init__(self, upstream_port: int, peer: str | None = None) -> None:
-        self.upstream = ("127.0.0.1", upstream_port)
-        self.peer = peer  # None: the real peer address
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        self.port = self.listener.getsockname()[1]
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.seen: list[str] = []  # the X-Forwarded-For each request went on with
-        self._open = True
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def close(self) -> None:
-        self._open = False
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while self._open:
-            try:
-                client, address = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client, address[0]), daemon=True).start()
-
-    def _serve(self, client: socket.socket, address: str) -> None:
-        try:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                chunk = client.recv(65536)
-                if not chunk:
-                    client.close()
-                    return
-                head += chunk
-            head, rest = head.split(b"\r\n\r\n", 1)
-            lines = head.decode("latin-1").split("\r\n")
-            forwarded = [v.split(":", 1)[1].strip() for v in lines[1:] if v.lower().startswith("x-forwarded-for:")]
-            kept = [v for v in lines[1:] if not v.lower().startswith("x-forwarded-for:")]
-            upgrade = any(v.lower().startswith("upgrade:") for v in kept)
-            if not upgrade:
-                kept = [v for v in kept if not v.lower().startswith("connection:")] + ["Connection: close"]
-            chain = ", ".join(forwarded + [self.peer or address])
-            self.seen.append(chain)
-            out = "\r\n".join([lines[0], *kept, f"X-Forwarded-For: {chain}"]).encode("latin-1") + b"\r\n\r\n" + rest
-            upstream = socket.create_connection(self.upstream)
-            upstream.sendall(out)
-        except OSError:
-            client.close()
-            return
-        threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
-        _pipe(client, upstream)
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
 
 
 def wait_for(predicate, timeout_s: float, poll_s: float = 0.5):

@@ -360,3 +360,19 @@ def test_a_sign_in_that_cannot_work_refuses_to_start(tmp_path, setting, env, exp
                          cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stdout[-500:]
     assert out.stderr.strip().splitlines()[-1].startswith(expected), out.stderr[-500:]
+
+
+def test_oidc_secrets_given_in_the_environment_are_read(tmp_path):
+    """$MODEL_INSPECTOR_SECRETS (a Space secret, `docker run -e`) is the secrets file's text: read, checked,
+    never written into the checkout."""
+    config = tmp_path / "instance.toml"
+    config.write_text('[auth]\nmode = "oidc"\n')
+    run_env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "MODEL_INSPECTOR_CONFIG": str(config),
+               "MODEL_INSPECTOR_STORE": str(tmp_path / "a.db"), "HOME": str(tmp_path),
+               "MODEL_INSPECTOR_SECRETS": '[auth]\nredirect_uri = "https://x.example/oauth2callback"\n'}
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "serve.py")], cwd=ROOT, env=run_env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == ("error: the [auth] secrets lack cookie_secret, client_id, "
+                                                   "client_secret, server_metadata_url (auth.mode is 'oidc')")
+    assert not (ROOT / ".streamlit" / "secrets.toml").exists()
