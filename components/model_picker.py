@@ -108,7 +108,7 @@ def _pick(source: str, names: list[str], start: ModelSpec, label: str, key: str,
           format_func=str) -> ModelSpec | None:
     """A select box over a fixed list of models (the zoo, a configured Hub allow-list)."""
     if not names:
-        st.warning(none)
+        st.warning(hosting.visible(none))  # on a public instance, without the operator's instructions
         return None
     name = st.selectbox(label, names, key=key, format_func=format_func,
                         index=names.index(start.name) if start.name in names else 0)
