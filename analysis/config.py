@@ -99,6 +99,48 @@ class Auth:
     signed_out: str = "read-only"  # read-only: signed-out visitors see every page, save nothing; none: sign in first
 
 
+# -- [backend]: where the capture-based panels run (analysis/backends/; docs/scale.md) ------------
+BACKEND_KINDS = ("local", "nnsight-local", "ndif")
+
+
+@dataclass(frozen=True)
+class Backend:
+    kind: str = "local"  # local: hooks here | nnsight-local: nnsight traces here | ndif: remote_models on NDIF
+    ndif_host: str = ""  # "": nnsight's default (https://api.ndif.us); never holds a key (NDIF_API_KEY does)
+    remote_models: tuple[str, ...] = ()  # Hub ids visitors may run on NDIF (kind = "ndif")
+    timeout_s: float = 600.0  # give up waiting for one NDIF job after this long
+    poll_s: float = 1.0  # how often to ask NDIF about a job (and update the page)
+    job_s: float = 5.0  # what one NDIF job is expected to take, queue and transfer included (estimates only)
+
+
+def _check_backend(backend: Backend, where: str) -> None:
+    """The [backend] section's own checks (one function: the rest of this module does not know it)."""
+    from urllib.parse import urlsplit
+
+    if backend.kind not in BACKEND_KINDS:
+        raise ConfigError(f"backend.kind{where} must be one of {', '.join(BACKEND_KINDS)}, got '{backend.kind}'")
+    if backend.ndif_host:
+        url = urlsplit(backend.ndif_host)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ConfigError(f"backend.ndif_host{where} must be an http(s) address, got '{_short(backend.ndif_host)}'")
+        if url.username or url.password or url.query or url.fragment:
+            raise ConfigError(f"backend.ndif_host{where} must be a bare address: the NDIF API key goes in the "
+                              "environment (NDIF_API_KEY) or Streamlit secrets, never in a URL")
+    bad = [m for m in backend.remote_models if not _hub_id(m)]
+    if bad:
+        raise ConfigError(f"backend.remote_models{where} must be Hugging Face ids (owner/name), got '{_short(bad[0])}'")
+    if backend.kind == "ndif" and not backend.remote_models:
+        raise ConfigError(f"backend.kind is 'ndif'{where} but backend.remote_models is empty: list the Hub ids "
+                          "visitors may run on NDIF")
+
+
+def _hub_id(text: str) -> bool:
+    import re
+
+    return bool(re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$", text)) and ".." not in text
+# -- end [backend] ---------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Config:
     models: Models = field(default_factory=Models)
@@ -108,6 +150,7 @@ class Config:
     panels: Panels = field(default_factory=Panels)
     embeds: Embeds = field(default_factory=Embeds)
     auth: Auth = field(default_factory=Auth)
+    backend: Backend = field(default_factory=Backend)
     store: str = ""  # SQLite path or postgresql:// URL; "": .model_inspector/analyses.db
     # Proxies in front of the server that append the address they saw to X-Forwarded-For (nginx's
     # $proxy_add_x_forwarded_for, Spaces): the visitor is the entry this many places from the right. 0: the
@@ -202,7 +245,7 @@ def upload_problem(data: bytes, name: str, uploads: Uploads) -> str | None:
 # Reading the file
 
 _SECTIONS = {"models": Models, "uploads": Uploads, "limits": Limits, "gallery": Gallery, "panels": Panels,
-             "embeds": Embeds, "auth": Auth}
+             "embeds": Embeds, "auth": Auth, "backend": Backend}
 _TOP = {"name": str, "store": str, "proxy_hops": int, "public": bool}
 _RENAMED = {"trust_proxy": "trust_proxy was replaced by proxy_hops (the number of proxies in front of the server that "
                            "append to X-Forwarded-For: 1 behind one nginx or on Hugging Face Spaces, 0 when visitors "
@@ -232,7 +275,7 @@ def parse(text: str, path: str = "") -> Config:
     unknown = set(raw) - set(_SECTIONS) - set(_TOP)
     if unknown:
         raise ConfigError(f"unknown setting{where}: {', '.join(sorted(unknown))} "
-                          f"(known: {', '.join(sorted(set(_SECTIONS) | _TOP))})")
+                          f"(known: {', '.join(sorted(set(_SECTIONS) | set(_TOP)))})")
     parts: dict[str, Any] = {}
     for section, cls in _SECTIONS.items():
         values = raw.get(section, {})
@@ -302,6 +345,7 @@ def _check(config: Config, where: str) -> None:
                           f"'{config.auth.signed_out}'")
     if config.limits.training not in TRAINING:
         raise ConfigError(f"limits.training{where} must be one of {', '.join(TRAINING)}, got '{config.limits.training}'")
+    _check_backend(config.backend, where)
     if config.auth.mode == "token" and not os.environ.get(TOKEN_ENV):
         raise ConfigError(f"auth.mode is 'token'{where} but {TOKEN_ENV} is not set (the token is a secret: "
                           "it goes in the environment, not in the file)")

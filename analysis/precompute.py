@@ -1,6 +1,6 @@
 """Results computed ahead of time and shipped on disk, so a panel's default view opens at once.
 
-`python -m analysis warm` opens every panel's default view (and each preset) once and stores every
+`python scripts/warm.py` opens every panel's default view (and each preset) once and stores every
 analysis it ran under `analysis/precomputed/` — one small gzipped JSON file per run, committed.
 A page asks `lookup(...)` before computing; an entry is used only when everything that determines
 the result is the same:
@@ -13,7 +13,7 @@ the result is the same:
   captioner): each helper's label and weights, checked the same way,
 
 so a stored result is never shown for another model, other weights or other settings. Each entry
-also names the function that made it, so `recompute(entry)` can redo it (tests/test_precompute.py
+also names the function that made it, so `recompute(entry)` can redo it (tests/page/test_precompute.py
 checks stored results against fresh computations).
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ it is not used here). When another session is already computing the same key, th
 that result instead of starting the same work again.
 
 On a miss the run is first looked up among the results shipped with the app (`precomputed`:
-`python -m analysis warm` stores every default view's and preset's runs, fingerprinted by the model's
+`python scripts/warm.py` stores every default view's and preset's runs, fingerprinted by the model's
 weights and the settings), then estimated (`analysis/cost.py`): long work waits for a click, runs
 with a progress bar showing the time left and a Stop button, and says when it is queued behind
 another user's analysis on the shared model (`analysis/model_lock.py`).
@@ -129,7 +129,7 @@ def helpers(models: dict | None) -> dict[str, tuple[str, str]]:
 
 
 def precomputed(key: RunKey, handle, params, models: dict | None = None) -> Any | None:
-    """A result computed ahead (`python -m analysis warm`) for exactly these models' weights and settings."""
+    """A result computed ahead (`python scripts/warm.py`) for exactly these models' weights and settings."""
     if not getattr(handle, "path", ""):
         return None
     return precompute.lookup(key.kind, key.model, key.params, key.extra, handle.path, helpers=helpers(models))

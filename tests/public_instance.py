@@ -30,8 +30,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+from analysis.paths import DEPLOY, ROOT, SCRIPTS  # noqa: E402
+
+sys.path.insert(0, str(SCRIPTS))
 import screenshot  # noqa: E402
 from appending_proxy import AppendingProxy  # noqa: E402  (nginx's $proxy_add_x_forwarded_for, for the tests)
 
@@ -64,7 +65,7 @@ if _LOG:
 
 
 def _config(tmp: Path) -> Path:
-    text = (ROOT / "deploy" / "public.toml").read_text()
+    text = (DEPLOY / "public.toml").read_text()
     for old, new in [("keep_seconds = 3600", f"keep_seconds = {KEEP_SECONDS}"),
                      ('mode = "none"', 'mode = "oidc"')]:
         text = text.replace(old, new)

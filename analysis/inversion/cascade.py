@@ -13,7 +13,7 @@ import torch
 
 from analysis.inversion.attack import Progress, calibrate
 from analysis.inversion.params import CascadeParams, InversionError
-from analysis.inversion.probe import Probe, check_layer, token_text, tokenize, vocab_size
+from analysis.inversion.probe import Probe, check_layer, observed_states, token_text, tokenize, vocab_size
 from analysis.inversion.records import CascadeResult, PartyView
 from analysis.inversion.shardings import SHARDINGS
 from analysis.models import ModelHandle
@@ -96,10 +96,9 @@ def _brute_force(handle: ModelHandle, layer: int, ids: list[int], view: PartyVie
     after the recovered prefix, and keep the one whose layer-L state matches (L1, epsilon)."""
     device, vocab = handle.device, vocab_size(handle)
     evaluations = 0
+    observed = observed_states(handle, ids, layer).to(device)  # the targets: through the configured backend
     with handle.patch() as patch, torch.no_grad():
         probe = Probe(handle, patch, layer)
-        observed, _ = probe.run(torch.tensor([ids], device=device), 0)
-        observed = observed[0]
         epsilon, _ = calibrate(probe, vocab, min(len(ids), 4), device)
         cache = probe.new_cache() if layer > 0 else None
         known = 0

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from analysis import anatomy
+from analysis import anatomy, backends
 from analysis.models import ModelHandle
 from analysis.sae_v.datasets import dataset_for
 from analysis.sae_v.types import IMAGE, TEXT, Activations, PairSet, Progress, _noop
@@ -80,12 +80,9 @@ def batch_activations(handle: ModelHandle, layer: int, batch: list[int], prompts
         grid = anatomy.patch_grid(handle, enc).cols
     else:
         enc = tok(prompts, return_tensors="pt", padding=True)
-    enc = {k: v.to(handle.device) for k, v in enc.items()}
-    with handle.patch() as patch, torch.no_grad():
-        cap = anatomy.Capture(layer).attach(patch, handle.model)
-        with anatomy.model_step(handle, f"collecting layer-{layer} activations"):
-            cap.run(handle.model, **enc)
-        hidden = cap.output.detach().float().cpu()
+    site = backends.Site("block_out", layer)
+    with anatomy.model_step(handle, f"collecting layer-{layer} activations"):
+        hidden = backends.run(handle, backends.Request(inputs=dict(enc), reads=(site,)))[site].float()
     ids = enc["input_ids"].cpu()
     mask = enc["attention_mask"].cpu().bool()
     is_image = (ids == img_id) & mask if is_vlm else torch.zeros_like(mask)

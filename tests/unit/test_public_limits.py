@@ -14,6 +14,7 @@ import pytest
 
 from analysis import config as cfg
 from analysis import uploads
+from analysis.paths import DEPLOY
 from analysis.uploads import Quota, UploadArea, UploadRefused
 from components.hosting import RateLimiter, client_address, escape_markdown
 from components.limits import Slots
@@ -140,7 +141,7 @@ def upload_cache(monkeypatch, tmp_path):
 
     monkeypatch.setattr(types, "CACHE_ROOT", tmp_path / "sae")
     config = tmp_path / "public.toml"
-    config.write_text((Path(cfg.__file__).parents[1] / "deploy" / "public.toml").read_text())
+    config.write_text((DEPLOY / "public.toml").read_text())
     monkeypatch.setenv(cfg.CONFIG_ENV, str(config))
     return tmp_path / "sae" / "uploads"
 
@@ -225,7 +226,7 @@ def test_a_public_instance_hides_operator_instructions_and_server_paths(monkeypa
 
 
 def test_configuration_keys_of_a_public_instance():
-    public = cfg.parse((Path(cfg.__file__).parents[1] / "deploy" / "public.toml").read_text())
+    public = cfg.parse((DEPLOY / "public.toml").read_text())
     assert public.public and public.proxy_hops == 1 and public.read_only()
     assert public.limits.max_run_seconds and public.limits.visitor_runs == 1 and public.uploads.keep_seconds
     assert "Training is turned off" in public.training_refusal(signed_in=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from analysis.tiny_models import make_word_tokenizer
-from analysis.zoo import shapes_world as sw
+from analysis.world.tokenizer import make_word_tokenizer
+from analysis.world import shapes_world as sw
 from analysis.zoo.train.common import (
     IMAGE_TOKEN, SMOKE_VLM, Progress, VLMConfig, lr_schedule, shifted_loss, vlm_tokenizer,
 )

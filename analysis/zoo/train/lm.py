@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from analysis.zoo import shapes_world as sw
+from analysis.world import shapes_world as sw
 from analysis.zoo.train.common import (
     LMConfig, Progress, collate, lm_tokenizer, lr_schedule, needle_training_example, shifted_loss,
 )

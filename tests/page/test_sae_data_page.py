@@ -1,0 +1,111 @@
+"""AppTest: the SAE-V page with an SAE saved by sae-lens (not trained here), a data folder with bad rows,
+the exports, and steering side by side (issue 33)."""
+from __future__ import annotations
+
+import pytest
+
+from analysis import sae_v
+from analysis.models import ModelSpec
+from conftest import app_with_model
+from test_sae_data import save_outside_sae, write_pair_folder
+from test_sae_page import _errors, _frame, _url
+
+PAGE = "views/sae_features.py"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    old = sae_v.types.CACHE_ROOT
+    sae_v.types.CACHE_ROOT = tmp_path_factory.mktemp("sae-page-cache")
+    yield
+    sae_v.types.CACHE_ROOT = old
+
+
+@pytest.fixture(scope="module")
+def outside(model_root):
+    return str(save_outside_sae(model_root / "page-outside-sae", d_in=32, hook="blocks.1.hook_resid_post"))
+
+
+@pytest.fixture(scope="module")
+def pairs(model_root):
+    return str(write_pair_folder(model_root / "page-pairs"))
+
+
+def test_an_sae_saved_by_sae_lens_is_loaded_from_the_page(tiny_llava_dir, cache, outside, pairs):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"data": pairs})
+    assert not at.exception, at.exception
+    at.text_input(key="sae_outside_path").set_value(outside).run()
+    at.button(key="sae_outside_go").click().run()
+    assert not at.exception, at.exception
+    assert _url(at, "sae") == outside
+    assert at.selectbox(key="sae_pick").value == outside
+    assert "from elsewhere" in at.selectbox(key="sae_pick").format_func(outside)
+    table = _frame(at, "omega")
+    assert set(table["feature"]) <= set(range(24)) and len(table) >= 1
+    assert any("sae-lens folder" in c.value for c in at.caption)  # the summary says where the SAE is from
+
+
+def test_an_sae_that_does_not_fit_the_model_is_one_message(tiny_llava_dir, cache, model_root):
+    wrong = save_outside_sae(model_root / "page-wrong-width", d_in=48, hook="blocks.1.hook_resid_post")
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE)
+    at.text_input(key="sae_outside_path").set_value(str(wrong)).run()
+    at.button(key="sae_outside_go").click().run()
+    assert not at.exception, at.exception
+    assert _errors(at) == ["This SAE reads 48-wide vectors (cfg.json d_in), but layer 1 of "
+                           f"local:{tiny_llava_dir} is 32-wide: it was made for another model."]
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"sae": str(wrong)})  # a link
+    assert not at.exception, at.exception
+    assert len(_errors(at)) == 1 and "48-wide" in _errors(at)[0]
+
+
+def test_a_data_folder_with_bad_rows_is_ranked_with_each_row_reported(tiny_llava_dir, cache, outside, pairs):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE,
+                        query={"sae": outside, "data": pairs, "view": "ranking", "thr": "0"})
+    assert not at.exception, at.exception
+    assert not _errors(at)
+    assert any("3 of 10 rows were left out" in w.value for w in at.warning)
+    left_out = _frame(at, "why")
+    assert dict(zip(left_out["row"], left_out["why"])) == {
+        4: "image 'gone.png' is missing", 6: "empty caption",
+        8: "'img7.png' is not an image that can be read (PNG, JPEG, GIF, BMP or WebP expected)."}
+    assert len(_frame(at, "score s_i")) == 7
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Rows used / read"] == "7 / 10"
+    assert "ROC AUC (s_i)" in metrics and "Precision: corrupted among removed" in metrics  # a label column
+
+
+def test_the_ranking_exports_the_list_and_the_kept_rows_in_the_data_format(tiny_llava_dir, cache, outside, pairs):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE,
+                        query={"sae": outside, "data": pairs, "view": "ranking", "keep": "0.5"})
+    assert not at.exception, at.exception
+    buttons = {b.proto.label: b.proto for b in at.get("download_button")}
+    assert {"Ranked list (CSV)", "Ranked list (JSONL)", "Kept 50% in your format (captions.kept.jsonl)"} <= set(buttons)
+    # the exported files themselves are checked in tests/model/test_sae_data.py (write_exports, kept_subset)
+
+
+def test_your_data_chosen_in_the_page_goes_into_the_link(tiny_llava_dir, cache, outside, pairs):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"sae": outside})
+    at.text_input(key="sae_data_path").set_value(pairs).run()
+    at.button(key="sae_data_go").click().run()
+    assert not at.exception, at.exception
+    assert _url(at, "data") == pairs and at.selectbox(key="sae_data").value == pairs
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"sae": outside, "data": "/etc"})
+    assert not at.exception, at.exception
+    assert any("outside the folders data may be read from" in e for e in _errors(at))
+
+
+def test_steering_shows_both_outputs_side_by_side_with_changes_marked(tiny_llava_dir, cache, outside, pairs):
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE,
+                        query={"sae": outside, "data": pairs, "view": "feature", "feature": "3", "steer": "3=400"})
+    assert not at.exception, at.exception
+    assert at.text_input(key="sae_steer_feature").value == "3=400"
+    run = [b for b in at.button if b.label.startswith("Run: Generating with and without steering")]
+    assert run, [b.label for b in at.button]
+    at = run[0].click().run()
+    assert not at.exception, at.exception
+    html = [m.value for m in at.markdown if "font-family:monospace;white-space:pre-wrap" in m.value]
+    assert len(html) == 2  # unsteered | steered
+    assert any(m.value == "**Unsteered**" for m in at.markdown)
+    assert any(m.value.startswith("**Steered** (feature 3 at 400, added)") for m in at.markdown)
+    assert "<mark" in html[1]  # strength 400 changes the output: the changed tokens are marked
+    assert any("steered tokens differ from the unsteered output" in c.value for c in at.caption)
