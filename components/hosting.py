@@ -157,6 +157,10 @@ def sign_in_gate() -> None:
     """Before any page: a visitor who must sign in sees the sign-in form and nothing else."""
     _new_script_run()
     config = settings()
+    if config.public:  # however the server was started (scripts/serve.py passes it too): no traceback shown
+        with contextlib.suppress(Exception):
+            if st.get_option("client.showErrorDetails") not in ("none", False, "false"):
+                st.set_option("client.showErrorDetails", "none")
     if config.auth.mode == "none" or signed_in_user():
         return
     if config.auth.signed_out == "read-only":

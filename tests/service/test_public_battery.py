@@ -630,3 +630,17 @@ def test_no_file_means_the_local_defaults(monkeypatch, tmp_path):
     public = cfg.parse(PUBLIC.read_text(), str(PUBLIC))
     assert public.models.sources == ("zoo",) and not public.gallery.writable
     assert public.limits.max_prompt_chars == 2000 and public.limits.runs_per_minute > 0
+
+
+def test_a_public_instance_shows_no_error_details_however_it_was_started(public):
+    """`public = true` turns Streamlit's client.showErrorDetails off from the page too (scripts/serve.py
+    passes it on the command line; `streamlit run app.py` would not)."""
+    import streamlit as st
+
+    before = st.get_option("client.showErrorDetails")
+    try:
+        at = app()
+        assert not at.exception
+        assert st.get_option("client.showErrorDetails") == "none"
+    finally:
+        st.set_option("client.showErrorDetails", before)
