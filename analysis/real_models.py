@@ -35,14 +35,14 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from analysis import paths
 from analysis.errors import ModelLoadError
+from analysis.progress import Progress, silent
 
 REAL_DIR = paths.REAL_MODELS
 MARKER = "conversion.json"  # written last: a folder without it is not a finished conversion
-Progress = Callable[[float, str], None]
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def convert(name: str, out: Path, progress: Progress | None = None) -> dict:
 
     spec = REAL_MODELS[name]
     start = time.perf_counter()
-    say = progress or (lambda f, m: None)
+    say = progress or silent
     say(0.0, f"checking {spec.gguf} from {spec.package}=={spec.version} (sha256)")
     path = checked_gguf(name)
     try:

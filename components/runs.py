@@ -45,6 +45,7 @@ import streamlit as st
 from analysis import cost, precompute
 from analysis.errors import UserError
 from analysis.model_lock import activity
+from analysis.progress import Progress
 from components import limits
 
 MAX_ENTRIES = 48
@@ -362,7 +363,7 @@ def _compute(key: RunKey, fn: Callable, handle, params, label: str, kwargs: dict
 
 
 @contextlib.contextmanager
-def timed_progress(label: str, expected: float | None) -> Iterator[Callable[[float, str], None]]:
+def timed_progress(label: str, expected: float | None) -> Iterator[Progress]:
     """A progress bar that says how long the run has taken and how long it has left."""
     bar = st.progress(0.0, text=label)
     t0 = time.perf_counter()

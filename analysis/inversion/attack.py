@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -24,8 +24,8 @@ from analysis.inversion.params import AttackParams, build_defences, make_order
 from analysis.inversion.probe import Probe, check_layer, observed_states, token_text, tokenize, vocab_size
 from analysis.inversion.records import AttackResult, TokenRecovery
 from analysis.models import ModelHandle
+from analysis.progress import Progress
 
-Progress = Callable[[float, str], None] | None
 CALIBRATION_POSITIONS = 4  # random-token positions whose recomputation noise sets ε
 CALIBRATION_BATCH = 32
 
@@ -187,7 +187,7 @@ class _Attack:
         )
 
 
-def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress = None,
+def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress | None = None,
                 ids: list[int] | None = None) -> AttackResult:
     """Recover the prompt of `params` from its (defended) layer-L states, position by position."""
     params.validate()

@@ -9,7 +9,8 @@ Read in this order:
   `KvState`, the page's own controls (layer, head, metric); `presets.py`: the panel's presets;
 - `runner.py`: `run_policy`, the one decode loop that hooks the model and evicts;
 - `task.py`: the prompt (the user's own, or the model's recall task from analysis/tasks/);
-- `metrics.py`: each policy against the full cache on identical tokens;
+- `compare.py`: each policy against the full cache on identical tokens (a `PolicyRun`);
+- `metrics.py`: `METRICS`, what the page's table, the CLI's table and the budget sweep read off a run;
 - `analysis.py`: `analyze` (every policy at one budget) and `budget_sweep` (the retrieval task);
 - `longresp.py`: `long_response` (every policy writes its own long answer at budget C);
 - `records.py`: the typed results; `cost.py`: their work counts; `cli.py`: `python -m analysis kv`.
@@ -20,7 +21,8 @@ from analysis.kv.analysis import analyze, budget_sweep, check_params, generate_t
 from analysis.kv.cli import cli
 from analysis.kv.cost import analyze_work, long_work, sweep_work
 from analysis.kv.longresp import LongResult, LongRun, long_response
-from analysis.kv.metrics import compare, needle_survival, present_positions
+from analysis.kv.metrics import METRICS, Metric
+from analysis.kv.compare import compare, needle_survival, present_positions
 from analysis.kv.params import (KvEvictionError, KvParams, KvState, main_policies, make_policy, policy_settings,
                                 validate_params)
 from analysis.kv.policies import (
@@ -44,7 +46,7 @@ ANALYSIS = Analysis(
 )
 
 __all__ = [
-    "ANALYSIS", "analyze", "budget_sweep", "check_params", "generate_texts", "cli", "compare", "needle_survival",
+    "ANALYSIS", "METRICS", "Metric", "analyze", "budget_sweep", "check_params", "generate_texts", "cli", "compare", "needle_survival",
     "present_positions", "KvEvictionError", "KvParams", "main_policies", "make_policy", "policy_settings",
     "validate_params", "KvState", "H2O", "POLICIES", "TOVA", "FullCache", "LayerState", "MorphKV", "MorphKV8903", "Policy", "Selection",
     "PyramidKV", "PyramidKVPrefill", "SnapKV", "SnapKVPrefill", "StreamingLLM", "gather_kv", "gather_q",

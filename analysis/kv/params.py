@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from analysis.errors import SettingsError
+from analysis.kv.metrics import metric, sweep_metrics
 from analysis.kv.policies import POLICIES, Policy
 from analysis.results import Result
 from analysis.settings import Flat, check_settings, setting
@@ -86,8 +87,14 @@ class KvParams(Flat, Result):
         return super().from_dict(data)
 
 
-SWEEP_METRICS = {"accuracy": "key-value accuracy", "mean_kl": "mean KL", "recall": "attention recall",
-                 "agreement": "top-1 agreement", "cache": "cache held"}
+def _sweep_metric_names() -> list[str]:
+    return [m.name for m in sweep_metrics()]  # read when drawn: a metric added to METRICS is a choice at once
+
+
+def _metric_label(name: str) -> str:
+    return metric(name).label
+
+
 POSITION_METRICS = {"top1": "top-1 agreement", "same": "identical so far", "kl": "KL"}
 
 
@@ -98,8 +105,8 @@ class KvState:
     layer: int = setting(0, label="Layer", low=0, high=10_000, widget="select",
                          help="The evictable layer the heatmap shows.")
     head: int = setting(0, label="KV head", low=0, high=10_000, widget="select")
-    metric: str = setting("accuracy", label="Metric", choices=list(SWEEP_METRICS), labels=SWEEP_METRICS,
-                          widget="radio", help="What the budget sweep plots.")
+    metric: str = setting("accuracy", label="Metric", choices=_sweep_metric_names, labels=_metric_label,
+                          widget="radio", help="What the budget sweep plots (analysis/kv/metrics.py).")
     position_metric: str = setting("top1", label="By position", choices=list(POSITION_METRICS),
                                    labels=POSITION_METRICS, widget="radio",
                                    help="Long response: what the by-position chart plots.")
@@ -116,14 +123,15 @@ def main_policies() -> list[str]:
     return [name for name, cls in POLICIES.items() if not getattr(cls, "variant", False)]
 
 
-def validate_params(params: KvParams, *, check_budget: bool = True) -> None:
+def validate_params(params: KvParams, *, check_budget: bool = True) -> dict[str, Policy]:
     """One validation path for the CLI, the URL and the page: raises SettingsError with a one-line message.
-    Every policy's settings are checked by its class (at the chosen budget when `check_budget`)."""
+    Every policy's settings are checked by its class as it is built (at the chosen budget when `check_budget`,
+    else at a budget no setting refuses); the built policies are returned, by name in the registry's order,
+    so an analysis builds each policy once."""
     check_settings(params)
     for name, values in params.policies.items():
         POLICIES.get(name)  # an unknown name: UnknownMethod
         unknown = set(values) - set(POLICIES.get(name).__dataclass_fields__)
         if unknown:
             raise SettingsError(f"{POLICIES.label(name)} has no setting(s) {', '.join(sorted(unknown))}.")
-    for name in POLICIES:
-        make_policy(params, name, None if check_budget else 10**9)
+    return {name: make_policy(params, name, None if check_budget else 10**9) for name in POLICIES}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 
-from analysis import anatomy
 from analysis.anatomy import image_token  # noqa: F401  (re-exported by analysis.sae_v)
 from analysis.models import ModelHandle
 from analysis.registry import Registry, SettingsError
@@ -33,11 +32,6 @@ class Dataset:
 
     def render(self, image_seed: int, size: int):
         raise NotImplementedError
-
-    def prompt(self, handle: ModelHandle, text: str) -> str:
-        if handle.kind != "vlm":
-            return text
-        return anatomy.image_prompt(handle, text)
 
     def concepts(self, pair: Pair, tokens: list[str], grid: int) -> tuple[list[set], list[set]]:
         """Ground-truth concept sets per text token and per patch; empty when unknown."""
@@ -115,13 +109,6 @@ class ShapesDataset(Dataset):
         from analysis.world import shapes_world as sw
 
         return sw.render(sw.generate_scene(image_seed), size)
-
-    def prompt(self, handle, text):
-        from analysis.world import shapes_world as sw
-
-        if handle.kind == "vlm":
-            return f"{sw.VLM_CAPTION_PROMPT} {text}"
-        return f"{sw.BOS} {text}"
 
     def concepts(self, pair, tokens, grid):
         return self.text_concepts(tokens), self.patch_concepts(pair.image_seed, grid)

@@ -16,9 +16,9 @@ from typing import Callable
 
 import torch
 
+from analysis.progress import Progress
 from analysis.world import shapes_world as sw
 
-Progress = Callable[[float, str], None]
 MAX_NS = (4, 8, 16, 32, 64, 128)
 NEEDLE_LENGTHS = (64, 128, 256, 512, 1024)
 NEEDLE_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
