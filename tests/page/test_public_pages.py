@@ -106,23 +106,6 @@ def test_a_title_with_a_nul_character_is_refused_with_one_line(instance):
     assert "contains a NUL character" in shown and AnalysisStore(instance / "analyses.db").count() == 0
 
 
-@pytest.fixture()
-def computations(monkeypatch):
-    from components import runs
-
-    started = []
-    real = runs._compute
-
-    def counting(key, *args, **kwargs):
-        started.append(key.kind)
-        return real(key, *args, **kwargs)
-
-    monkeypatch.setattr(runs, "_compute", counting)
-    runs.run_store().clear()
-    yield started
-    runs.run_store().clear()
-
-
 def test_one_prompt_reconstruction_view_counts_as_one_run(instance, computations, monkeypatch):
     """A non-default view starts several analyses (the attack, the sweeps): before, each counted and one
     view spent the visitor's whole budget; now the view counts once (checked by breaking: with no mark

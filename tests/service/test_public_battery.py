@@ -280,24 +280,6 @@ def test_uploads_off_says_so_on_the_caption_page(monkeypatch, tmp_path, public):
 # Text: a 1 MB prompt, script text everywhere
 
 
-@pytest.fixture()
-def computations(monkeypatch):
-    """Counts the analyses that actually start (cached_run's computation step)."""
-    from components import runs
-
-    started = []
-    real = runs._compute
-
-    def counting(key, *args, **kwargs):
-        started.append(key.kind)
-        return real(key, *args, **kwargs)
-
-    monkeypatch.setattr(runs, "_compute", counting)
-    runs.run_store().clear()
-    yield started
-    runs.run_store().clear()
-
-
 @pytest.mark.parametrize("page,key", [("views/attention_sharpness.py", "sh_text"),
                                       ("views/kv_cache.py", "kv_prompt"),
                                       ("views/prompt_reconstruction.py", None)])
