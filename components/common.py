@@ -104,7 +104,10 @@ def one_line(exc: BaseException) -> str:
 
 
 def show_error(exc: BaseException, prefix: str = "") -> None:
-    st.error(f"{prefix}{one_line(exc)}", icon=":material/error:")
+    """An error as one line: its message is shown as plain text (it may carry what a link or a visitor typed:
+    no Markdown, links or images of theirs), and on a public instance without operator instructions or
+    server paths (hosting.visible). `prefix` is the page's own words."""
+    st.error(f"{prefix}{hosting.visible_markdown(one_line(exc))}", icon=":material/error:")
 
 
 @contextlib.contextmanager

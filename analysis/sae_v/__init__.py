@@ -81,7 +81,7 @@ ANALYSIS = Analysis(
             "on, cross-modal scores, filtering your own image-caption data by those scores, and steering.",
     paper="SAE-V (ICML 2025)", kinds=("vlm", "causal_lm"),
     runs=(Run(rank, rank_work), Run(explain, explain_work), Run(steer, steer_work), Run(store_for, store_work),
-          Run(train, train_work)),
+          Run(train, train_work, trains=True)),
     cli=cli, params=SaeChoice, view_state=SaeState, presets=PRESETS,
 )
 

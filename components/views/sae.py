@@ -13,7 +13,6 @@ import streamlit as st
 from analysis import sae_v
 from analysis.errors import UserError
 from components import hosting  # uploads under the deployment's limits
-from components import sae as sae_components
 from components.common import analysis_errors, demo_model, field_row, show_error
 from components.figures import sae as figs
 from components.model_picker import try_load
@@ -182,20 +181,19 @@ class SaeView(View):
                        "an image and a caption column — for a language model `texts.txt` or `texts.jsonl`. A `label` "
                        "or `corrupted` column adds ROC, precision and recall. Bad rows are reported and left out.")
             c1, c2 = st.columns([3, 2])
-            path = c1.text_input("Folder on this server (under the allowed roots)", key="sae_data_path", max_chars=500)
-            if c1.button("Use this folder", key="sae_data_go") and path.strip():
+            server_folders = "local" in hosting.settings().models.sources  # a public instance reads none
+            path = c1.text_input("Folder on this server (under the allowed roots)", key="sae_data_path",
+                                 max_chars=500) if server_folders else ""
+            if server_folders and c1.button("Use this folder", key="sae_data_go") and path.strip():
                 with analysis_errors(stop=False):
                     sae_v.userdata.load(path.strip(), handle.kind)
                     self.page.set_link(data=path.strip())
                     st.session_state.pop("sae_data", None)  # the picker then starts from the link
                     st.rerun()
-            if not sae_components.uploads_enabled():
-                c2.info("Uploads are turned off on this instance.", icon=":material/block:")
-                return
-            upload = c2.file_uploader("…or upload a zip (up to 50 MB)", type=["zip"], key="sae_data_zip")
+            upload = hosting.file_uploader("…or upload a zip", key="sae_data_zip", kind="zip", where=c2)
             if upload is not None and c2.button("Use this zip", key="sae_data_zip_go"):
                 with analysis_errors(stop=False):
-                    locator = sae_v.save_zip(upload.getvalue(), name=f"'{upload.name}'")
+                    locator = sae_v.save_zip(upload.getvalue(), name=f"'{upload.name}'", owner=hosting.upload_owner())
                     sae_v.userdata.load(locator, handle.kind)
                     self.page.set_link(data=locator)
                     st.session_state.pop("sae_data", None)
@@ -309,7 +307,7 @@ class SaeView(View):
                     st.info("Choose an image file to explain.")
                     return
                 with analysis_errors():
-                    image_ref = sae_v.save_image(upload.getvalue(), name=f"'{upload.name}'")
+                    image_ref = sae_v.save_image(upload.getvalue(), name=f"'{upload.name}'", owner=hosting.upload_owner())
                     image = figs.fit_image(sae_v.userdata.image_from_ref(image_ref), handle.info.image_size or 64)
         text = st.text_input("Text", value=default_text, max_chars=500, key="sae_text")
         if not text.strip():
