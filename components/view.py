@@ -293,6 +293,9 @@ def render(view: View) -> None:
                     stop=view.bad_link_stops)
     if analysis.view_state is not None:  # the view state's controls drawn so far: their own ranges
         page.state.check(lambda raw: check_settings(analysis.view_state(**raw)), stop=view.bad_link_stops)
+    if not view.bad_link_stops:  # the nearest allowed values run: they pass the same validation first, or nothing runs
+        with analysis_errors():
+            view.validate(page, params)
     result = view.run(page, params)
     view.show(page, params, result)
 

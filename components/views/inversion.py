@@ -53,6 +53,7 @@ class InversionView(View):
     def validate(self, page: Page, params: inversion.AttackParams) -> None:
         inversion.check_layer(page.handle, params.layer)
         inversion.validate_params(params)
+        inversion.tokenize(page.handle, params.prompt, params.max_tokens)  # too many tokens: refused before any run
 
     def run(self, page: Page, params: inversion.AttackParams):
         st.subheader("Original vs recovered")
