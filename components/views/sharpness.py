@@ -9,7 +9,7 @@ import streamlit as st
 
 from analysis import sharpness
 from analysis.errors import SettingsError
-from components.common import explain, metric_row
+from components.common import explain, field_row, metric_row
 from components.figures import sharpness as F
 from components.share import share_bar
 from components.view import Page, Section, View
@@ -101,7 +101,8 @@ class SharpnessView(View):
         # the layer and head shown start at the retrieval head found (the most weight on the answer item at
         # the smallest n)
         found_layer, found_head = result.retrieval_head()
-        row = page.containers["row"]
+        with page.containers["row"]:  # one row of their own under the settings, side by side
+            row = field_row()
         layer = page.control("layer", row, default=found_layer, choices=self.layers(page))
         head = page.control("head", row, default=found_head, choices=list(range(handle.info.heads)))
 
