@@ -59,7 +59,8 @@ class Section:
     group: str | tuple[str, ...] | None  # the fields whose `group` metadata is this, or one of these
     # (None: fields with no group)
     layout: str = "row"  # "row": fixed-width fields that wrap whole on a narrow page; "columns": one column
-    # per field, as wide as its `span` metadata; "stack": full width, one under another
+    # per field, as wide as its `span` metadata; "stack": full width, one under another; "inline": fixed-width
+    # fields added to the row the container already is (a `field_row()` holding other controls)
     caption: str = ""
     when: Callable[[dict], bool] | None = None  # drawn only when this holds of the values drawn above it
 
@@ -141,6 +142,8 @@ class Page:
             return values
         if layout == "stack":
             return self._draw_fields(container.container(), fields, defaults, overrides, "stretch")
+        if layout == "inline":
+            return self._draw_fields(container, fields, defaults, overrides, None)
         with container:
             row = field_row()
         return self._draw_fields(row, fields, defaults, overrides, None)

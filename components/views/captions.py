@@ -120,7 +120,7 @@ class CaptionView(View):
         row = field_row()
         lm_choices = ([captions.SHAPES_LM] if "shapes-lm" in zoo_models() else []) + [captions.OWN_LM]
         lm_choice = page.control("lm", row, choices=lm_choices, default=defaults["lm"], width=200)
-        page.draw(row, "agents", overrides={"verifier": {"label": "Verifier (the loaded VLM)"}})
+        page.draw(row, "agents", layout="inline", overrides={"verifier": {"label": "Verifier (the loaded VLM)"}})
         with analysis_errors(prefix="Could not load the decomposer/rewriter model: "):
             lm = agent_lm(lm_choice) if lm_choice != captions.OWN_LM else handle
         values = page.form.values
@@ -135,7 +135,7 @@ class CaptionView(View):
             cls = registry.get(chosen[role])
             forms[role].draw(row, [(f, cls) for f in labelled(cls)])
         row = st.container(horizontal=True, wrap=True)
-        page.draw(row, "threshold", overrides={
+        page.draw(row, "threshold", layout="inline", overrides={
             "pi": {"widget": "slider", "high": PI_SHOWN, "step": 0.05, "width": 300,
                    "label": "Threshold π (nats): drop a claim when H(u) > π"},
             "probabilities": {"label": "p_True / p_False in H", "key": "prob",
