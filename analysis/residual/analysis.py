@@ -139,30 +139,22 @@ def patch_problem(handle: ModelHandle, problem: Problem, components: list[str], 
     """(m_clean, m_corrupt, {(component, method): share tensor}, {method: seconds}) of one problem."""
     lm = handle.language_model
     comps = [COMPONENTS.create(n) for n in components]
-    sites = tuple(sorted({c.site for c in comps}))
-    clean = trace(handle, problem.clean, want=sites, keep=1)
     layout = anatomy.head_layout(lm)
-    width = clean.acts["z"][0].shape[-1] if "z" in sites else layout.heads * layout.head_dim
-    g = Geometry(anatomy.n_layers(lm), problem.clean.shape[1], layout.heads, width // layout.heads)
-    # the corrupted run: with its graph when attribution patching will differentiate it
-    corrupt = trace(handle, problem.corrupt, want=sites if "attribution" in methods else (), keep=1,
-                    grad="attribution" in methods)
-    m_clean = float(problem.metric(clean.logits)[0])
-    m_corrupt = float(problem.metric(corrupt.logits.detach())[0])
+    g = Geometry(anatomy.n_layers(lm), problem.clean.shape[1], layout.heads, layout.head_dim)
+    runs, seconds = {}, {}
+    for k, name in enumerate(methods):
+        method = METHODS.create(name, batch=batch)
+        sub = (lambda f, msg, k=k: progress((k + f) / len(methods), msg)) if progress else None
+        t0 = time.perf_counter()
+        runs[name] = method.run(handle, problem, comps, g, sub)
+        seconds[name] = time.perf_counter() - t0
+    first = runs.get("exact") or next(iter(runs.values()))
+    m_clean, m_corrupt = first.clean, first.corrupt
     if abs(m_clean - m_corrupt) < 1e-6:
         raise ResidualError("The clean and corrupted prompts give the same logit difference between target and foil, "
                             "so no share of it can be recovered. Choose prompts whose answers differ.")
-    shares, seconds = {}, {}
-    for k, name in enumerate(methods):
-        method = METHODS.create(name, batch=batch)
-        sub = None
-        if progress:
-            sub = (lambda f, msg, k=k: progress((k + f) / len(methods), msg))
-        t0 = time.perf_counter()
-        metrics = method.run(handle, problem, comps, g, clean, corrupt, sub)
-        seconds[name] = time.perf_counter() - t0
-        for c, values in zip(comps, metrics):
-            shares[(c.name, name)] = (values.detach().float() - m_corrupt) / (m_clean - m_corrupt)
+    shares = {(c.name, name): (values.detach().float() - m_corrupt) / (m_clean - m_corrupt)
+              for name, run in runs.items() for c, values in zip(comps, run.values)}
     return m_clean, m_corrupt, shares, seconds
 
 

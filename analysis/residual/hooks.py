@@ -31,14 +31,17 @@ SITES = ("resid", "z", "attn", "mlp")
 @dataclass(frozen=True)
 class Edit:
     """Overwrite one row's activation at a site: at `position` (None: every position), in the last-axis
-    `span` (None: all of it; a head is a span of `z`), with `value` (broadcast to what it replaces)."""
+    `span` (None: all of it; a head is a span of `z`), with `value` (broadcast to what it replaces) or, when
+    `value` is None, with row `source`'s activation at the same place in the same forward (a clean prompt
+    riding in the batch)."""
 
     site: str
     layer: int
     row: int
-    value: torch.Tensor
+    value: torch.Tensor | None = None
     position: int | None = None
     span: tuple[int, int] | None = None
+    source: int = 0
 
 
 @dataclass
@@ -66,11 +69,9 @@ def _edited(tensor: torch.Tensor, edits: list[Edit]) -> torch.Tensor:
     out = tensor.clone()
     for e in edits:
         lo, hi = e.span if e.span is not None else (0, out.shape[-1])
-        value = e.value.to(out.dtype)
-        if e.position is None:
-            out[e.row, :, lo:hi] = value
-        else:
-            out[e.row, e.position, lo:hi] = value
+        where = slice(None) if e.position is None else e.position
+        value = tensor[e.source, where, lo:hi] if e.value is None else e.value.to(out.dtype)
+        out[e.row, where, lo:hi] = value
     return out
 
 

@@ -46,7 +46,8 @@ class Component(Method):
     def shape(self, g: Geometry) -> tuple[int, int]:
         raise NotImplementedError
 
-    def edit(self, i: int, j: int, row: int, clean: Trace, g: Geometry) -> Edit:
+    def edit(self, i: int, j: int, row: int, g: Geometry) -> Edit:
+        """Cell (i, j) patched into batch row `row` from the clean prompt in row 0 of the same forward."""
         raise NotImplementedError
 
     def estimate(self, clean: Trace, corrupt: Trace, grads: dict[int, torch.Tensor], g: Geometry) -> torch.Tensor:
@@ -77,8 +78,8 @@ class Residual(Component):
     def shape(self, g: Geometry) -> tuple[int, int]:
         return g.layers, g.positions  # states 0..L-1: the input of each layer
 
-    def edit(self, i, j, row, clean, g):
-        return Edit("resid", i, row, clean.acts["resid"][i][0, j], position=j)
+    def edit(self, i, j, row, g):
+        return Edit("resid", i, row, position=j)
 
     def estimate(self, clean, corrupt, grads, g):
         return torch.stack([_delta(clean, corrupt, grads, "resid", i).sum(-1) for i in range(g.layers)])
@@ -98,9 +99,8 @@ class Heads(Component):
     def shape(self, g):
         return g.layers, g.heads
 
-    def edit(self, i, j, row, clean, g):
-        span = (j * g.head_dim, (j + 1) * g.head_dim)
-        return Edit("z", i, row, clean.acts["z"][i][0, :, span[0]:span[1]], span=span)
+    def edit(self, i, j, row, g):
+        return Edit("z", i, row, span=(j * g.head_dim, (j + 1) * g.head_dim))
 
     def estimate(self, clean, corrupt, grads, g):
         rows = []
@@ -119,8 +119,8 @@ class _Block(Component):
     def shape(self, g):
         return g.layers, 1
 
-    def edit(self, i, j, row, clean, g):
-        return Edit(self.site, i, row, clean.acts[self.site][i][0])
+    def edit(self, i, j, row, g):
+        return Edit(self.site, i, row)
 
     def estimate(self, clean, corrupt, grads, g):
         return torch.stack([_delta(clean, corrupt, grads, self.site, i).sum() for i in range(g.layers)])[:, None]
@@ -161,12 +161,16 @@ class Problem:
         return last[:, self.target] - last[:, self.foil]
 
 
+@dataclass
+class MethodRun:
+    values: list[torch.Tensor]  # per component: the (estimated) metric after patching each cell, (rows, cols)
+    clean: float  # the metric of the clean and of the corrupted run, as this method measured them
+    corrupt: float
+
+
 class PatchMethod(Method):
     def run(self, handle: ModelHandle, problem: Problem, components: list[Component], g: Geometry,
-            clean: Trace, corrupt: Trace, progress: ProgressFn | None) -> list[torch.Tensor]:
-        """The metric after patching each cell of each component, as a (rows, cols) tensor per component.
-        `clean` recorded every site the components patch; `corrupt` too, with its graph, when a method
-        differentiates it (attribution)."""
+            progress: ProgressFn | None) -> MethodRun:
         raise NotImplementedError
 
 
@@ -176,37 +180,48 @@ METHODS: Registry[PatchMethod] = Registry("patching method")
 @METHODS.register
 @dataclass
 class Exact(PatchMethod):
+    """Every cell is one row of a batch of the corrupted prompt; row 0 of each batch is the clean prompt, whose
+    activation the patch copies within the same forward (no separate clean run), and the first batch also
+    carries the corrupted prompt unpatched."""
+
     name: ClassVar[str] = "exact"
     label: ClassVar[str] = "Exact activation patching"
     batch: int = 32
 
-    def run(self, handle, problem, components, g, clean, corrupt, progress):
+    def run(self, handle, problem, components, g, progress):
         cells = [(c, k, i, j) for k, c in enumerate(components)
                  for i in range(c.shape(g)[0]) for j in range(c.shape(g)[1])]
         out = [torch.zeros(c.shape(g)) for c in components]
-        for start in range(0, len(cells), self.batch):
-            chunk = cells[start:start + self.batch]
-            edits = [c.edit(i, j, row, clean, g) for row, (c, _, i, j) in enumerate(chunk)]
-            ids = problem.corrupt.expand(len(chunk), -1)
+        m_clean = m_corrupt = None
+        start = 0
+        while start < len(cells):
+            lead = 1 if m_corrupt is None else 0  # the unpatched corrupted row, first batch only
+            chunk = cells[start:start + max(1, self.batch - 1 - lead)]
+            edits = [c.edit(i, j, 1 + lead + r, g) for r, (c, _, i, j) in enumerate(chunk)]
+            ids = torch.cat([problem.clean, problem.corrupt.expand(len(chunk) + lead, -1)])
             values = problem.metric(trace(handle, ids, want=(), edits=edits, keep=1).logits)
-            for row, (_, k, i, j) in enumerate(chunk):
-                out[k][i, j] = values[row]
+            m_clean = float(values[0]) if m_clean is None else m_clean
+            m_corrupt = float(values[1]) if m_corrupt is None else m_corrupt
+            for r, (_, k, i, j) in enumerate(chunk):
+                out[k][i, j] = values[1 + lead + r]
+            start += len(chunk)
             if progress:
-                progress(min(1.0, (start + len(chunk)) / len(cells)), f"exact patching: {start + len(chunk)} of "
-                                                                      f"{len(cells)} cells")
-        return out
+                progress(start / len(cells), f"exact patching: {start} of {len(cells)} cells")
+        return MethodRun(out, m_clean, m_corrupt)
 
 
 @METHODS.register
 @dataclass
 class Attribution(PatchMethod):
+    """A clean run recording every patched site, the corrupted run with its graph, one backward."""
+
     name: ClassVar[str] = "attribution"
     label: ClassVar[str] = "Attribution patching"
 
-    def run(self, handle, problem, components, g, clean, corrupt, progress):
+    def run(self, handle, problem, components, g, progress):
         sites = tuple(sorted({c.site for c in components}))
-        if not corrupt.logits.requires_grad:  # a corrupted run recorded without its graph: record it again
-            corrupt = trace(handle, problem.corrupt, want=sites, keep=1, grad=True)
+        clean = trace(handle, problem.clean, want=sites, keep=1)
+        corrupt = trace(handle, problem.corrupt, want=sites, keep=1, grad=True)
         metric = problem.metric(corrupt.logits).sum()
         keys = [(s, i) for s in sites for i in sorted(corrupt.acts[s])]
         tensors = [corrupt.acts[s][i] for s, i in keys]
@@ -217,4 +232,5 @@ class Attribution(PatchMethod):
         m_corrupt = float(metric.detach())
         if progress:
             progress(1.0, "attribution patching: done")
-        return [m_corrupt + c.estimate(clean, corrupt, grads[c.site], g) for c in components]
+        return MethodRun([m_corrupt + c.estimate(clean, corrupt, grads[c.site], g) for c in components],
+                         float(problem.metric(clean.logits)[0]), m_corrupt)
