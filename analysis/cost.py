@@ -17,7 +17,7 @@ and projector's parameters); `r` is timed on the model's embedding table (one el
 up to 16 k of its rows). Work done by another model (caption correction's decomposer/rewriter LM)
 is priced with that model's own calibration and carried as seconds. Pages refuse to start work estimated above
 `LIMIT_S` on page load: they show the estimate and a button instead. `benchmarks/cold_bench.py
---cost` and tests/test_cost.py compare estimates with measured times.
+--cost` and tests/page/test_cost.py compare estimates with measured times.
 """
 from __future__ import annotations
 

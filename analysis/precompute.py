@@ -13,7 +13,7 @@ the result is the same:
   captioner): each helper's label and weights, checked the same way,
 
 so a stored result is never shown for another model, other weights or other settings. Each entry
-also names the function that made it, so `recompute(entry)` can redo it (tests/test_precompute.py
+also names the function that made it, so `recompute(entry)` can redo it (tests/page/test_precompute.py
 checks stored results against fresh computations).
 """
 from __future__ import annotations

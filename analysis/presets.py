@@ -3,7 +3,7 @@
 A preset is data: the panel (its URL path), a stable name (it appears in links as `?preset=name`), the
 zoo model, and the URL value of every control of that panel. A page applies a preset by writing these
 values into its URL, so a preset is also a permalink. Each finding sentence was checked by running the
-preset on the zoo (tests/test_presets.py re-checks the numbers it quotes).
+preset on the zoo (tests/page/test_presets.py re-checks the numbers it quotes).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ of quiet: the browser has also loaded Streamlit's and Plotly's JavaScript); exce
 the ratio N = 6 / N = 1. The six users: two on KV-cache
 eviction (one on the default view, one on other settings), one each on prompt reconstruction,
 attention sharpness, caption correction and SAE-V. Prints a markdown table and writes
-benchmarks/results/crowd_bench.json. tests/test_crowd.py uses the same machinery.
+benchmarks/results/crowd_bench.json. tests/browser/test_crowd.py uses the same machinery.
 
 On one 2-core machine the six Chromium renderers take most of the CPU the server needs, which in a
 room would be six laptops' own. Each browser measurement therefore also reports the CPU seconds the

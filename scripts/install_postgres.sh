@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Debian's PostgreSQL server, for the shared-store tests (tests/test_store_backends.py,
-# tests/test_public_instance.py start a private one on the loopback with scripts/local_postgres.py).
+# Debian's PostgreSQL server, for the shared-store tests (tests/service/test_store_backends.py,
+# tests/browser/test_public_instance.py start a private one on the loopback with scripts/local_postgres.py).
 set -euo pipefail
 if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then exit 0; fi
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then

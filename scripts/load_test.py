@@ -9,7 +9,7 @@ script run ends). Each client opens the panels' default views and the gallery in
 a title, press Save) and keeps the id the page confirms. A request is one script run; it is an error
 when the run raises (an exception element), shows an error box, does not finish, or a save is not
 confirmed. With `--pid` (the server's process id) the server's resident memory is sampled every
-second. tests/test_public_instance.py runs it against a server with the public configuration, and
+second. tests/browser/test_public_instance.py runs it against a server with the public configuration, and
 checks every confirmed save in the database. Loopback only: it opens connections to `--url` and
 nothing else.
 """

@@ -3,7 +3,7 @@
 Each model is built offline from a config (`analysis.tiny_models.FAMILIES`), saved in
 save_pretrained layout and loaded through `load_model` like a user's local folder. A cell "works"
 when the panel's analysis runs and its invariant holds; otherwise it is the panel's own one-line
-refusal. Anything else (a traceback) is a crash, which `tests/test_support_matrix.py` rejects.
+refusal. Anything else (a traceback) is a crash, which `tests/model/test_support_matrix.py` rejects.
 
     python scripts/support_matrix.py           # measure and rewrite the table in docs/models.md
     python scripts/support_matrix.py --check   # measure and exit 1 if docs/models.md differs

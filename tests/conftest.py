@@ -8,13 +8,27 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Page tests check what a view shows, not this machine's speed: no run waits for a click
-# (tests/test_cost.py switches the cost gate back on where it is the subject).
+# (tests/page/test_cost.py switches the cost gate back on where it is the subject).
 os.environ.setdefault("MODEL_INSPECTOR_ASK_ABOVE_S", "inf")
 
 import pytest  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # the one bootstrap: put the checkout on the path
 sys.path.insert(0, str(ROOT))
+
+# Tests live in one folder per tier; the folder is the marker (`pytest -m unit`, registered in pytest.ini):
+# unit: pure logic and tiny models, the inner loop (the whole tier under a minute); model: analyses on the
+# demo zoo and the real model; page: AppTest of the app's pages; service: servers, databases, subprocesses;
+# browser: Chromium against a running server.
+TIERS = ("unit", "model", "page", "service", "browser")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = Path(str(item.path)).parent.name
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test file belongs in one of tests/{{{','.join(TIERS)}}}/")
+        item.add_marker(getattr(pytest.mark, tier))
 
 from analysis import tiny_models  # noqa: E402
 from analysis.models import ZOO_DIR, ModelSpec, load_model  # noqa: E402

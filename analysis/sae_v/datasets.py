@@ -167,7 +167,7 @@ def swap_colour_word(scene, rng: random.Random) -> str:
 class ScenesDataset(Dataset):
     """Shapes World scenes as images with plain-English captions, for any model. Its evaluation pairs are
     a third clean, a third another scene's caption and a third with one colour word swapped: every pair
-    flagged as corrupted really is (checked in tests/test_sae_data.py)."""
+    flagged as corrupted really is (checked in tests/model/test_sae_data.py)."""
 
     name = "scenes"
     label = "Scenes with English captions (any model; real corrupted pairs)"

@@ -19,7 +19,7 @@ renames it into place only once everything, `conversion.json` last, is written. 
 Weights: the GGUF is quantised (Q4_1: blocks of 32 weights sharing a float16 scale and minimum,
 4 bits each; the token embedding, tied to the output, is Q8_0), so the converted float32 weights
 are the 4-bit-rounded weights, not the bf16 originals. Their logits are checked against an
-independent dequantisation and float64 forward in `tests/test_zoo_real.py`.
+independent dequantisation and float64 forward in `tests/page/test_zoo_real.py`.
 """
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ def test_the_ranking_exports_the_list_and_the_kept_rows_in_the_data_format(tiny_
     assert not at.exception, at.exception
     buttons = {b.proto.label: b.proto for b in at.get("download_button")}
     assert {"Ranked list (CSV)", "Ranked list (JSONL)", "Kept 50% in your format (captions.kept.jsonl)"} <= set(buttons)
-    # the exported files themselves are checked in tests/test_sae_data.py (write_exports, kept_subset)
+    # the exported files themselves are checked in tests/model/test_sae_data.py (write_exports, kept_subset)
 
 
 def test_your_data_chosen_in_the_page_goes_into_the_link(tiny_llava_dir, cache, outside, pairs):

@@ -11,7 +11,6 @@ import ast
 import importlib
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +18,7 @@ from analysis import cost, panels
 from analysis.errors import MissingEstimator
 from analysis.models import ModelSpec
 
-ROOT = Path(__file__).resolve().parent.parent
+from analysis.paths import ROOT
 RUNNER_CALLS = {"cached_run", "confirm"}
 
 

@@ -6,14 +6,13 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from analysis.zoo import concepts
 from analysis.zoo import shapes_world as sw
 
-ROOT = Path(__file__).resolve().parent.parent
+from analysis.paths import ROOT
 SENTENCE = re.compile(r"there is a (\w+) (\w+) (\w+) at the ([a-z ]+?) \.")
 
 

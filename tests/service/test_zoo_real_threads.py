@@ -4,9 +4,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from analysis.paths import ROOT
 PROBE = ("from analysis import threads; threads.configure(); import os, torch; "
          "print(torch.get_num_threads(), os.environ.get('OMP_WAIT_POLICY'))")
 

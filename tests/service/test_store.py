@@ -8,11 +8,10 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 from analysis.store import SCHEMA_VERSION, AnalysisStore, SavedAnalysis
 
-ROOT = Path(__file__).resolve().parent.parent
+from analysis.paths import ROOT
 
 
 def _analysis(i: int = 0) -> SavedAnalysis:

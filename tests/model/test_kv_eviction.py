@@ -1,5 +1,5 @@
 """KV-cache eviction: the runner's bookkeeping (equal entries, bytes, positions, forks), settings
-validation and the CLI. Each policy against its official rule: tests/test_kv_references.py."""
+validation and the CLI. Each policy against its official rule: tests/model/test_kv_references.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +15,7 @@ from analysis.registry import SettingsError
 PROMPT, STEPS, BUDGET, WINDOW, SINKS, KERNEL = 24, 6, 12, 4, 2, 3
 SETTINGS = dict(sinks=SINKS, heavy_share=0.5, snap_window=WINDOW, kernel=KERNEL, morph_window=WINDOW)
 # PyramidKV on 2 layers, C=12, w=4, a 24-token prompt (>= 2(C - w) = 16): older entries 16 - 0 and 0,
-# plus the window (Zefan-Cai/PyramidKV pyramidkv_utils.py l. 205-238; tests/test_kv_references.py)
+# plus the window (Zefan-Cai/PyramidKV pyramidkv_utils.py l. 205-238; tests/model/test_kv_references.py)
 PYRAMID = {0: 20, 1: 4}
 
 

@@ -27,7 +27,7 @@ import pytest
 
 from analysis.models import zoo_models
 
-ROOT = Path(__file__).resolve().parent.parent
+from analysis.paths import ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import load_test  # noqa: E402
 import local_postgres  # noqa: E402

@@ -6,7 +6,7 @@ hidden panels, a read-only gallery, and a broken configuration file.
 
 The server-level half (20 protocol clients for 60 s, two servers on one PostgreSQL database, a
 server killed mid-save, a 50 MB upload against the real upload endpoint, embeds in Chromium) is
-tests/test_public_instance.py.
+tests/browser/test_public_instance.py.
 """
 from __future__ import annotations
 

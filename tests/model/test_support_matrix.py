@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from analysis.paths import ROOT
 spec = importlib.util.spec_from_file_location("support_matrix", ROOT / "scripts" / "support_matrix.py")
 support_matrix = importlib.util.module_from_spec(spec)
 sys.modules["support_matrix"] = support_matrix  # dataclasses look their module up there

@@ -14,13 +14,12 @@ import os
 import re
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
 from analysis.models import zoo_models
 
-ROOT = Path(__file__).resolve().parent.parent
+from analysis.paths import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import crowd_bench  # noqa: E402
 

@@ -6,7 +6,7 @@ from streamlit.testing.v1 import AppTest
 
 from analysis.models import ModelSpec
 from analysis.store import AnalysisStore, SavedAnalysis
-from conftest import ROOT, app_with_model
+from conftest import app_with_model
 
 SHARE_PAGE = """
 import plotly.graph_objects as go

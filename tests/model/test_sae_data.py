@@ -21,7 +21,6 @@ import torch
 from PIL import Image
 
 from analysis import sae_v
-from analysis.models import ModelSpec, load_model
 
 
 # ---------------------------------------------------------------------------------------------

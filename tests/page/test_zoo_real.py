@@ -23,7 +23,7 @@ from analysis.models import ModelLoadError, ModelSpec, all_zoo_models, load_mode
 from analysis.zoo import real
 
 NAME = "smollm2-135m-instruct"
-ROOT = Path(__file__).resolve().parents[1]
+from analysis.paths import ROOT
 
 
 @pytest.fixture(scope="module")

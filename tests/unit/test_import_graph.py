@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from analysis.paths import ROOT
 TOPS = ("analysis", "components", "views")
 
 

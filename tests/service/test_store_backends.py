@@ -28,7 +28,7 @@ from analysis.store import (
     store_location,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+from analysis.paths import ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import local_postgres  # noqa: E402
 

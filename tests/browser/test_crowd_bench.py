@@ -7,12 +7,12 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from analysis.paths import BENCHMARKS, ROOT  # noqa: E402
+sys.path.insert(0, str(BENCHMARKS))
 import crowd_bench  # noqa: E402
 
 BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\nimport sys; sys.stdin.read()"
@@ -88,7 +88,7 @@ def test_settle_dates_a_page_by_its_last_change_and_waits_for_quiet_from_the_cal
 def test_browser_floor_rejects_a_bad_repeat_count_with_one_error_line():
     """benchmarks/browser_floor.py: a bad argument is one `error:` line and exit status 2, before any
     browser or server starts."""
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     run = subprocess.run([sys.executable, str(root / "benchmarks" / "browser_floor.py"), "--repeats", "0"],
                          capture_output=True, text=True, timeout=120, cwd=root)
     assert run.returncode == 2

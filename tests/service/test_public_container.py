@@ -8,9 +8,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from analysis.paths import ROOT
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 

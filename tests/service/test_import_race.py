@@ -11,13 +11,12 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from analysis.models import zoo_models
 
-ROOT = Path(__file__).resolve().parent.parent
+from analysis.paths import ROOT
 
 SCRIPT = textwrap.dedent("""
     import json, sys, threading

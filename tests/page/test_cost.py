@@ -6,7 +6,6 @@ import dataclasses
 import os
 import random
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from conftest import app_with_model
 
 from analysis import cost
 from analysis.errors import MissingEstimator
+from analysis.paths import SCRIPTS
 from analysis import inversion as inv
 from analysis.inversion import cost as C
 from analysis import kv
@@ -431,5 +431,5 @@ def test_serve_measures_the_demo_models_before_the_server_listens(monkeypatch):
     monkeypatch.setattr(streamlit_cli, "main", lambda: calls.append("serve") or 0)
     monkeypatch.setattr(_sys, "argv", ["serve.py"])
     with pytest.raises(SystemExit):
-        runpy.run_path(str(Path(__file__).resolve().parent.parent / "scripts" / "serve.py"), run_name="__main__")
+        runpy.run_path(str(SCRIPTS / "serve.py"), run_name="__main__")
     assert calls == ["calibrate", "serve"]

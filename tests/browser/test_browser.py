@@ -4,14 +4,13 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
 from analysis import presets
 from components.registry import PANELS
 
-ROOT = Path(__file__).resolve().parent.parent
+from analysis.paths import ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import screenshot  # noqa: E402
 
