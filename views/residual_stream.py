@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis import residual as R
+from analysis import residual
 from analysis.models import ModelSpec, all_zoo_models, load_model
 from components.common import (analysis_errors, explain, field_row, metric_row, require_model, set_url_params,
                                url_param)
@@ -23,36 +23,36 @@ def other_model(label: str):
     return load_model(ModelSpec.parse(label))
 
 
-def controls(handle) -> R.ResidualParams:
+def controls(handle) -> residual.ResidualParams:
     """The settings, drawn from ResidualParams' own fields and mirrored into the URL."""
-    pairs = R.pairs_for(handle)
-    labels = {p.name: p.label for p in pairs} | {"": f"{pairs[0].label} (default)", R.OWN: "Your own two prompts"}
+    pairs = residual.pairs_for(handle)
+    labels = {p.name: p.label for p in pairs} | {"": f"{pairs[0].label} (default)", residual.OWN: "Your own two prompts"}
     form = ParamsForm("rs_")
     with st.container(border=True):
         c0, c1 = st.columns([5, 3])
-        pair = form.draw(c0, fields_of(R.ResidualParams, ["pair"]), width="stretch", overrides={"pair": {
-            "choices": ["", *[p.name for p in pairs], R.OWN], "format_func": lambda n: labels.get(n, n)}})["pair"]
-        form.draw(c1, fields_of(R.ResidualParams, ["lens"]), width="stretch",
-                  overrides={"lens": {"format_func": R.LENSES.label}})
-        if pair == R.OWN:
-            form.draw(st.container(), fields_of(R.ResidualParams, ["prompt", "corrupt"]), width="stretch")
-        form.draw(field_row(), fields_of(R.ResidualParams, ["answer", "foil", "top_k"]))
-        form.draw(field_row(), fields_of(R.ResidualParams, ["components", "methods"]), width="content",
-                  overrides={"components": {"format_func": R.COMPONENTS.label},
-                             "methods": {"format_func": R.METHODS.label}})
+        pair = form.draw(c0, fields_of(residual.ResidualParams, ["pair"]), width="stretch", overrides={"pair": {
+            "choices": ["", *[p.name for p in pairs], residual.OWN], "format_func": lambda n: labels.get(n, n)}})["pair"]
+        form.draw(c1, fields_of(residual.ResidualParams, ["lens"]), width="stretch",
+                  overrides={"lens": {"format_func": residual.LENSES.label}})
+        if pair == residual.OWN:
+            form.draw(st.container(), fields_of(residual.ResidualParams, ["prompt", "corrupt"]), width="stretch")
+        form.draw(field_row(), fields_of(residual.ResidualParams, ["answer", "foil", "top_k"]))
+        form.draw(field_row(), fields_of(residual.ResidualParams, ["components", "methods"]), width="content",
+                  overrides={"components": {"format_func": residual.COMPONENTS.label},
+                             "methods": {"format_func": residual.METHODS.label}})
         others = [f"zoo:{n}" for n in all_zoo_models() if f"zoo:{n}" != handle.spec.label] or [""]
-        form.draw(field_row(), fields_of(R.ResidualParams, ["side", "other_model"]), width=260,
+        form.draw(field_row(), fields_of(residual.ResidualParams, ["side", "other_model"]), width=260,
                   overrides={"other_model": {"choices": others, "widget": "select"}},
                   defaults={"other_model": others[0]})
-    params = R.ResidualParams(**form.values)
+    params = residual.ResidualParams(**form.values)
     form.mirror()
-    form.check(lambda raw: R.validate_params(R.ResidualParams(**raw)))
+    form.check(lambda raw: residual.validate_params(residual.ResidualParams(**raw)))
     return params
 
 
-def lens_section(handle, params: R.ResidualParams) -> None:
+def lens_section(handle, params: residual.ResidualParams) -> None:
     with analysis_errors():
-        seen: R.Inspection = cached_run("inspect", R.inspect, handle, params, label="Reading every layer")
+        seen: residual.Inspection = cached_run("inspect", residual.inspect, handle, params, label="Reading every layer")
     row = metric_row()
     row.metric("The model predicts", repr(seen.prediction))
     row.metric("Target", repr(seen.target), f"P = {seen.lens.target_prob[-1][-1]:.2f} at the last layer",
@@ -72,6 +72,7 @@ def lens_section(handle, params: R.ResidualParams) -> None:
             "al. 2023). Hover a cell for its top tokens, the target's probability and rank, and the KL divergence "
             "from the final distribution (nats: 0 means identical).")
     st.plotly_chart(F.lens_curves(seen), key="rs_fig_curves")
+    st.dataframe(F.last_position_rows(seen), hide_index=True)
     dla = F.dla_figure(seen)
     st.plotly_chart(dla, key="rs_fig_dla")
     explain("Direct logit attribution: the last position's residual stream is the embeddings plus what every "
@@ -79,27 +80,28 @@ def lens_section(handle, params: R.ResidualParams) -> None:
             "logit(target) − logit(foil) adds up exactly to the model's own value (in the title). A head writes "
             "its slice of the attention output. Direct effects only: what a layer does through later layers is "
             "not counted here — patching measures that.")
-    share_bar("residual", title=f"Residual stream ({R.LENSES.label(params.lens)}) on {handle.spec.label}",
+    share_bar("residual", title=f"Residual stream ({residual.LENSES.label(params.lens)}) on {handle.spec.label}",
               params=params.to_dict(), result=seen, model=handle.spec.label,
               figures={"Lens": grid, "Logit attribution": dla})
 
 
-def patching_section(handle, params: R.ResidualParams) -> None:
+def patching_section(handle, params: residual.ResidualParams) -> None:
     with analysis_errors():
-        result: R.Patching = cached_run("patch", R.patch, handle, params, label="Patching every cell")
+        result: residual.Patching = cached_run("patch", residual.patch, handle, params, label="Patching every cell")
     row = metric_row()
     row.metric("Clean: logit(target) − logit(foil)", f"{result.clean_diff:+.2f}")
     row.metric("Corrupted", f"{result.corrupt_diff:+.2f}")
     row.metric("Changed positions", ", ".join(map(str, result.changed)))
     for name, seconds in result.seconds.items():
-        row.metric(f"{R.METHODS.label(name)} took", f"{seconds:.1f} s")
+        row.metric(f"{residual.METHODS.label(name)} took", f"{seconds:.1f} s")
     st.caption(f"Clean: {result.pair.clean!r} · corrupted: {result.pair.corrupt!r}"
                + (f" · the answer enters at {result.pair.where}" if result.pair.where else ""))
     figures = {}
     for name in params.components:
         fig = F.patch_figure(result, name)
-        figures[R.COMPONENTS.label(name)] = fig
+        figures[residual.COMPONENTS.label(name)] = fig
         st.plotly_chart(fig, key=f"rs_fig_patch_{name}")
+        st.dataframe(F.peak_rows(result, name), hide_index=True)
     explain("The corrupted prompt is run with one activation replaced by the clean prompt's (one cell at a "
             "time). Colour: the share of the clean − corrupted logit difference that this alone restores (1: "
             "all of it; 0: nothing; negative: it pushes the other way). Residual: the whole stream entering a "
@@ -114,7 +116,7 @@ def patching_section(handle, params: R.ResidualParams) -> None:
               params=params.to_dict(), result=result, model=handle.spec.label, figures=figures)
 
 
-def side_section(handle, params: R.ResidualParams) -> None:
+def side_section(handle, params: residual.ResidualParams) -> None:
     models = {}
     if params.side == "model":
         if not params.other_model:
@@ -123,7 +125,7 @@ def side_section(handle, params: R.ResidualParams) -> None:
         with analysis_errors(prefix="Could not load the other model: "):
             models["other"] = other_model(params.other_model)
     with analysis_errors():
-        result: R.SideBySide = cached_run("side", R.side_by_side, handle, params, label="Reading both sides",
+        result: residual.SideBySide = cached_run("side", residual.side_by_side, handle, params, label="Reading both sides",
                                           models=models)
     row = metric_row()
     for side, label in ((result.a, result.a_label), (result.b, result.b_label)):
@@ -141,9 +143,9 @@ def side_section(handle, params: R.ResidualParams) -> None:
               result=result, model=handle.spec.label, figures={"Side by side": fig})
 
 
-def pairs_section(handle, params: R.ResidualParams) -> None:
+def pairs_section(handle, params: residual.ResidualParams) -> None:
     with analysis_errors():
-        result: R.PairSweep = cached_run("pairs", R.pair_sweep, handle, params, label="Patching every offered pair")
+        result: residual.PairSweep = cached_run("pairs", residual.pair_sweep, handle, params, label="Patching every offered pair")
     fig = F.sweep_figure(result)
     st.plotly_chart(fig, key="rs_fig_sweep")
     explain("Residual-stream patching of every pair offered for this model, averaged per layer at three kinds of "
@@ -163,7 +165,7 @@ def page() -> None:
              "gradient estimate, **attribution patching**), what writes it straight into the output (**direct "
              "logit attribution**), and two prompts or two models **side by side**.")
     preset_bar("residual-stream", widget_prefix="rs_")
-    handle = require_model(*R.ANALYSIS.kinds, panel="Residual stream")
+    handle = require_model(*residual.ANALYSIS.kinds, panel="Residual stream")
     with analysis_errors():
         params = controls(handle)
     section = st.radio("View", list(SECTIONS), format_func=SECTIONS.get, horizontal=True, key="rs_view",

@@ -38,7 +38,7 @@ def lens_figure(result: Inspection, metric: str = "target_prob") -> go.Figure:
         z = getattr(lens, metric)
     text = [[html.escape(cell[0]).replace(" ", "·") for cell in row] for row in lens.top_tokens]
     hover = [[f"top: {', '.join(html.escape(t) for t in lens.top_tokens[i][j])}<br>"
-              f"P(target {html.escape(result.target)}) = {lens.target_prob[i][j]:.3f}, rank {lens.target_rank[i][j]}<br>"
+              f"P(target {html.escape(result.target)}) = {lens.target_prob[i][j]:.3f}, rank {lens.target_rank[i][j] + 1}<br>"
               f"KL to final = {lens.kl[i][j]:.3f} nats" for j in range(len(row))] for i, row in enumerate(z)]
     fig = go.Figure(go.Heatmap(z=z, x=_tokens(result.tokens), y=list(range(len(z))), text=text,
                                texttemplate="%{text}", textfont=dict(size=10), hovertext=hover, hoverinfo="text",
@@ -177,3 +177,27 @@ def sweep_figure(result: PairSweep) -> go.Figure:
     fig.update_layout(height=420)
     return legend_below(set_title(fig, f"Residual patching over {len(result.runs)} pairs "
                                        f"(exact vs attribution r = {result.correlation:.2f})", chars=80))
+
+
+def last_position_rows(result: Inspection) -> list[dict]:
+    """Per layer, at the last position: the lens's top token, P(target), its rank, KL to the final layer."""
+    lens = result.lens
+    return [{"layer": i, "top token": lens.top_tokens[i][-1][0], "P(top)": round(lens.top_probs[i][-1][0], 3),
+             f"P({result.target.strip()})": round(lens.target_prob[i][-1], 3), "target rank (1 = top)": lens.target_rank[i][-1] + 1,
+             "KL to final (nats)": round(lens.kl[i][-1], 3)} for i in range(len(lens.kl))]
+
+
+def peak_rows(result: Patching, component: str, top: int = 5) -> list[dict]:
+    """Residual stream: per layer, the position whose patch restores most, and the last token's share.
+    Other components: the `top` cells with the largest exact (else estimated) share."""
+    grid = result.grid(component, "exact") or result.grid(component, "attribution")
+    if component == "residual":
+        rows = []
+        for i, row in enumerate(grid.share):
+            j = max(range(len(row)), key=lambda k: row[k])
+            rows.append({"layer": i, "position": j, "token": result.clean_tokens[j], "share there": round(row[j], 3),
+                         "share at the last token": round(row[-1], 3)})
+        return rows
+    cells = sorted(((v, i, j) for i, row in enumerate(grid.share) for j, v in enumerate(row)), reverse=True)[:top]
+    return [{"layer": i, component.rstrip("s") if component == "heads" else "output": grid.cols[j],
+             f"share ({grid.method})": round(v, 3)} for v, i, j in cells]
