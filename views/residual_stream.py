@@ -23,6 +23,14 @@ def other_model(label: str):
     return load_model(ModelSpec.parse(label))
 
 
+def offered(name: str, choices: list[str]) -> list[str]:
+    """`choices` for a control whose choices depend on the model: a link's value outside them is dropped
+    (the control shows its default) instead of reaching a select box that cannot show it."""
+    if name in st.query_params and st.query_params[name] not in choices:
+        del st.query_params[name]
+    return choices
+
+
 def controls(handle) -> residual.ResidualParams:
     """The settings, drawn from ResidualParams' own fields and mirrored into the URL."""
     pairs = residual.pairs_for(handle)
@@ -31,7 +39,8 @@ def controls(handle) -> residual.ResidualParams:
     with st.container(border=True):
         c0, c1 = st.columns([5, 3])
         pair = form.draw(c0, fields_of(residual.ResidualParams, ["pair"]), width="stretch", overrides={"pair": {
-            "choices": ["", *[p.name for p in pairs], residual.OWN], "format_func": lambda n: labels.get(n, n)}})["pair"]
+            "choices": offered("pair", ["", *[p.name for p in pairs], residual.OWN]),
+            "format_func": lambda n: labels.get(n, n)}})["pair"]
         form.draw(c1, fields_of(residual.ResidualParams, ["lens"]), width="stretch",
                   overrides={"lens": {"format_func": residual.LENSES.label}})
         if pair == residual.OWN:
@@ -42,7 +51,7 @@ def controls(handle) -> residual.ResidualParams:
                              "methods": {"format_func": residual.METHODS.label}})
         others = [f"zoo:{n}" for n in all_zoo_models() if f"zoo:{n}" != handle.spec.label] or [""]
         form.draw(field_row(), fields_of(residual.ResidualParams, ["side", "other_model"]), width=260,
-                  overrides={"other_model": {"choices": others, "widget": "select"}},
+                  overrides={"other_model": {"choices": offered("other_model", others), "widget": "select"}},
                   defaults={"other_model": others[0]})
     params = residual.ResidualParams(**form.values)
     form.mirror()

@@ -3,8 +3,8 @@ length, and the answer each should give.
 
 Which pairs a model is offered is asked of the task provider (analysis/tasks): a tokenizer that speaks
 Shapes World gets pairs built from the world's tasks, whose answer sits at a known token (the needle's
-value, the largest number, the object's colour word); any other gets English factual pairs (a country
-swapped for another), whose subject is the one changed token.
+value, the largest number, the object's colour word); one that spells English gets factual pairs (a
+country swapped for another), whose subject is the one changed token; any other, pairs of plain tokens.
 """
 from __future__ import annotations
 
@@ -120,16 +120,49 @@ def shapes_pairs(count: int = ZOO_SEEDS) -> list[Pair]:
 # ---------------------------------------------------------------------------------------------
 
 
-def pairs_for(handle_or_tokenizer) -> list[Pair]:
-    """The pairs offered for this model (its task provider decides which family)."""
-    from analysis.tasks import tasks_for
+# ---------------------------------------------------------------------------------------------
+# Token pairs (a tokenizer that spells neither): no known answer, the model's own predictions are scored
 
-    return shapes_pairs() if tasks_for(handle_or_tokenizer).shapes_world else factual_pairs()
+TOKEN_PAIRS = 3
+
+
+def token_pairs(tokenizer) -> list[Pair]:
+    """Six plain tokens, the third swapped for another: the answers are the model's top predictions (empty
+    answer and foil), so these only show how a change travels, not whether the model knows anything. Pairs
+    whose text does not tokenize back to six tokens are left out."""
+    from analysis.tasks.generic import plain_ids
+
+    ids = plain_ids(tokenizer, len(tokenizer))
+    out = []
+    for k in range(TOKEN_PAIRS):
+        rng = random.Random(k)
+        clean = [rng.choice(ids) for _ in range(6)]
+        corrupt = list(clean)
+        corrupt[2] = next(i for i in rng.sample(ids, 8) if i != clean[2])
+        texts = [tokenizer.decode(x) for x in (clean, corrupt)]
+        if all(len(tokenizer(t, add_special_tokens=False)["input_ids"]) == 6 for t in texts):
+            out.append(Pair(f"tokens-{k}", texts[0], texts[1], "", "", "the third token"))
+    return out
+
+
+def pairs_for(handle_or_tokenizer) -> list[Pair]:
+    """The pairs offered for this model (its task provider decides which family): Shapes World's, English
+    factual pairs for a tokenizer that spells English, else token pairs."""
+    from analysis.tasks import tasks_for
+    from analysis.tasks.kv_recall import speaks_english
+
+    tokenizer = getattr(handle_or_tokenizer, "tokenizer", handle_or_tokenizer)
+    if tasks_for(tokenizer).shapes_world:
+        return shapes_pairs()
+    if speaks_english(tokenizer):
+        return factual_pairs()
+    return token_pairs(tokenizer) or factual_pairs()
 
 
 def all_names() -> list[str]:
-    """Every offered pair's name, both families, and `own` (a field's choices)."""
-    return [OWN] + [p.name for p in shapes_pairs()] + [p.name for p in factual_pairs()]
+    """Every offered pair's name, every family, and `own` (a field's choices)."""
+    return ([OWN] + [p.name for p in shapes_pairs()] + [p.name for p in factual_pairs()]
+            + [f"tokens-{k}" for k in range(TOKEN_PAIRS)])
 
 
 def find(handle_or_tokenizer, name: str) -> Pair | None:

@@ -36,12 +36,15 @@ PAGES = {
                                     "dec_tokens", "rew_tokens", "rew_checked", "batch"],
     "views/sae_features.py": ["sae", "view", "sort", "labels", "feature", "by", "thr", "rule", "keep", "data", "slayer",
                               "spair", "img", "steer", "mode", "at", "tokens", "sprompt"],
+    "views/residual_stream.py": ["pair", "prompt", "corrupt", "answer", "foil", "lens", "top_k", "components",
+                                 "methods", "side", "other_model", "view", "colour"],
     "views/overview.py": [],
 }
 for page_params in PAGES.values():
     page_params.append("preset")
 
-LM_PAGES = ["views/attention_sharpness.py", "views/kv_cache.py", "views/prompt_reconstruction.py"]
+LM_PAGES = ["views/attention_sharpness.py", "views/kv_cache.py", "views/prompt_reconstruction.py",
+            "views/residual_stream.py"]
 VLM_PAGES = ["views/caption_correction.py", "views/sae_features.py"]
 HAS_VLM = "shapes-vlm" in zoo_models()
 
