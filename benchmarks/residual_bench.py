@@ -12,7 +12,8 @@ Per model, on its first offered pair (shapes-lm: a needle pair; SmolLM2: "The ca
 - attribution patching (the clean run recording every state, the corrupted run with its graph, one backward);
 - its floor: one plain forward of the prompt (last position's logits only).
 
-Ratios use medians from the same run. Writes benchmarks/results/residual_bench.json.
+Ratios use medians from the same run, of this one-threaded process's CPU time (what the work costs, whatever
+else the shared machine runs; wall-time ratios are kept beside them). Writes benchmarks/results/residual_bench.json.
 """
 from __future__ import annotations
 
@@ -65,19 +66,25 @@ def bench(label: str, repeats: int) -> dict:
     for fn in runs.values():  # warm-up
         fn()
     times: dict[str, list[float]] = {k: [] for k in runs}
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(repeats):
         for name, fn in runs.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             fn()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.thread_time() - c0)
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {
-        "model": label, "pair": pair.name, "layers": layers, "positions": t, "cells": rows, "batch": BATCH,
-        "repeats": repeats, "median_seconds": med,
-        "exact_vs_batched_floor": med["exact patching"] / med["floor: L x T rows, batched"],
-        "exact_vs_one_row_forwards": med["exact patching"] / med["floor: L x T one-row forwards"],
-        "attribution_in_forwards": med["attribution patching"] / med["floor: one forward"],
-    }
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+
+    def ratios(m: dict) -> dict:
+        return {"exact_vs_batched_floor": m["exact patching"] / m["floor: L x T rows, batched"],
+                "exact_vs_one_row_forwards": m["exact patching"] / m["floor: L x T one-row forwards"],
+                "attribution_in_forwards": m["attribution patching"] / m["floor: one forward"]}
+
+    # CPU time of this (one-threaded) process: what the work costs, whatever else the shared machine runs
+    return {"model": label, "pair": pair.name, "layers": layers, "positions": t, "cells": rows, "batch": BATCH,
+            "repeats": repeats, "median_seconds": med, "median_cpu_seconds": med_cpu, "wall": ratios(med),
+            **ratios(med_cpu)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,11 +99,11 @@ def main(argv: list[str] | None = None) -> int:
             results.append(bench(label, args.repeats))
         except ModelLoadError as exc:
             print(f"skipped {label}: {exc}")
-    print("| model | cells (L x T) | exact patching s | L x T rows batched s | ratio | L x T one-row s | ratio | "
-          "attribution s | one forward s | forwards |")
+    print("| model | cells (L x T) | exact patching CPU s | L x T rows batched CPU s | ratio | L x T one-row CPU s | ratio | "
+          "attribution CPU s | one forward CPU s | forwards |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        m = r["median_seconds"]
+        m = r["median_cpu_seconds"]
         print(f"| {r['model']} | {r['cells']} ({r['layers']} x {r['positions']}) | {m['exact patching']:.3f} | "
               f"{m['floor: L x T rows, batched']:.3f} | {r['exact_vs_batched_floor']:.2f} | "
               f"{m['floor: L x T one-row forwards']:.3f} | {r['exact_vs_one_row_forwards']:.2f} | "

@@ -10,8 +10,8 @@ Components (`COMPONENTS`, one class each): the residual stream at one (layer, po
 output at every position; a layer's attention output; a layer's MLP output. Methods (`METHODS`):
 - exact: one patched forward per cell, run in batches (row b of a batch carries cell b's patch);
 - attribution (Nanda 2023, "Attribution patching"; Syed et al. 2023): the first-order estimate
-  (a_clean - a_corrupt) . dm/da at the corrupted run, for every cell from two forwards (clean,
-  corrupted) and one backward.
+  (a_clean - a_corrupt) . dm/da at the corrupted run, for every cell from two forwards (clean and
+  corrupted, as two rows of one batch) and one backward.
 """
 from __future__ import annotations
 
@@ -213,24 +213,27 @@ class Exact(PatchMethod):
 @METHODS.register
 @dataclass
 class Attribution(PatchMethod):
-    """A clean run recording every patched site, the corrupted run with its graph, one backward."""
+    """The clean and the corrupted prompt as two rows of one forward that keeps its graph (rows never mix in a
+    transformer, so row 0 is the clean run and row 1 the corrupted one), then one backward of the corrupted
+    row's metric to every recorded site."""
 
     name: ClassVar[str] = "attribution"
     label: ClassVar[str] = "Attribution patching"
 
     def run(self, handle, problem, components, g, progress):
         sites = tuple(sorted({c.site for c in components}))
-        clean = trace(handle, problem.clean, want=sites, keep=1)
-        corrupt = trace(handle, problem.corrupt, want=sites, keep=1, grad=True)
-        metric = problem.metric(corrupt.logits).sum()
-        keys = [(s, i) for s in sites for i in sorted(corrupt.acts[s])]
-        tensors = [corrupt.acts[s][i] for s, i in keys]
-        found = torch.autograd.grad(metric, tensors, allow_unused=True)
+        both = trace(handle, torch.cat([problem.clean, problem.corrupt]), want=sites, keep=1, grad=True)
+        metrics = problem.metric(both.logits)
+        keys = [(s, i) for s in sites for i in sorted(both.acts[s])]
+        found = torch.autograd.grad(metrics[1], [both.acts[s][i] for s, i in keys], allow_unused=True)
+        clean, corrupt = Trace(), Trace()
         grads: dict[str, dict[int, torch.Tensor]] = {s: {} for s in sites}
-        for (s, i), t, gr in zip(keys, tensors, found):
-            grads[s][i] = gr if gr is not None else torch.zeros_like(t)
-        m_corrupt = float(metric.detach())
+        for (s, i), gr in zip(keys, found):
+            act = both.acts[s][i].detach()
+            clean.acts[s][i], corrupt.acts[s][i] = act[0:1], act[1:2]
+            grads[s][i] = gr[1:2] if gr is not None else torch.zeros_like(act[1:2])
+        m_clean, m_corrupt = (float(v) for v in metrics.detach())
         if progress:
             progress(1.0, "attribution patching: done")
         return MethodRun([m_corrupt + c.estimate(clean, corrupt, grads[c.site], g) for c in components],
-                         float(problem.metric(clean.logits)[0]), m_corrupt)
+                         m_clean, m_corrupt)
