@@ -26,6 +26,7 @@ from analysis.paths import DOCS, RESULTS  # noqa: E402  (every project path come
 
 from analysis.models import ModelLoadError, ModelSpec, load_model  # noqa: E402
 from analysis.residual import ResidualParams, pairs_for  # noqa: E402
+from analysis.residual.pairs import factual_pairs  # noqa: E402
 from analysis.residual.analysis import pair_sweep, patch  # noqa: E402
 
 FIGURE = DOCS / "figures" / "residual_factual.png"
@@ -82,7 +83,10 @@ def figure(results: list[dict]) -> None:
     first = s["runs"][0]
     ax = axes[1]
     im = ax.imshow(first["exact"], aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, origin="lower")
-    ax.set_xlabel("position (token)")
+    clean = next((p.clean for p in factual_pairs() if p.name == first["name"]), "")
+    if len(clean.split()) == len(first["exact"][0]):  # one token per word: label the columns with the words
+        ax.set_xticks(range(len(first["exact"][0])), clean.split())
+    ax.set_xlabel("position (token of the clean prompt)")
     ax.set_ylabel("residual stream entering layer")
     ax.set_title(f"{first['name']}: exact patching, share recovered")
     fig.colorbar(im, ax=ax, label="share recovered")
@@ -94,7 +98,13 @@ def figure(results: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="zoo:shapes-lm,zoo:smollm2-135m-instruct")
+    ap.add_argument("--figure-only", action="store_true", help="redraw the figure from the stored results")
     args = ap.parse_args(argv)
+    out = RESULTS / "residual_factual.json"
+    if args.figure_only:
+        figure(json.loads(out.read_text())["results"])
+        print(f"wrote {FIGURE}")
+        return 0
     torch.set_num_threads(1)
     results = []
     for label in args.models.split(","):
@@ -111,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {i} | {s['subject'][i]:.2f} | {s['last'][i]:.2f} | {s['other'][i]:.2f} |")
         for loc in r.get("locations", []):
             print(loc)
-    out = RESULTS / "residual_factual.json"
     out.write_text(json.dumps({"threads": 1, "torch": torch.__version__, "results": results}, indent=1) + "\n")
     print(f"wrote {out}")
     if results:
