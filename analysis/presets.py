@@ -90,7 +90,8 @@ REAL_FINDING = ("SmolLM2-135M-Instruct, a real trained model: from its layer-15 
                 "exhaustive search's 688,128 (14 positions × 49,152 tokens): 398× fewer.")
 REAL_CAPITAL = ("SmolLM2-135M-Instruct, 'The capital of France is' vs '... Italy is': patching the residual "
                 "stream restores ' Paris' only at ' France' through layer 23 (1.00) and only at the last token "
-                "from layer 24 on; attribution patching's estimate agrees (r = 0.99).")
+                "from layer 24 on: layer 23 moves the fact, and its head H4 alone restores 0.93. Attribution "
+                "patching agrees on the residual stream (r = 0.99).")
 CAPTION_BASE = {"src": "scene", "seed": "20000003", "cap": "weak", "lm": "zoo:shapes-lm", "dec": "auto",
                 "ver": "auto", "rew": "auto", "pi": "1.0", "prob": PROB, "ground": "0"}
 SAE_BASE = {"sae": "layer1", "view": "list", "sort": "omega", "by": "sum", "thr": "0.0"}
@@ -190,7 +191,7 @@ PRESETS: list[Preset] = [
            "zoo:shapes-lm", {**RESIDUAL_BASE, "pair": "colour-1", "lens": "tuned"}),
     *([Preset("residual-stream", "real-capital", "A real model recalls a capital",
               REAL_CAPITAL, f"zoo:{REAL_MODEL}",
-              {**RESIDUAL_BASE, "pair": "capital-france", "components": "residual", "other_model": "zoo:shapes-lm",
+              {**RESIDUAL_BASE, "pair": "capital-france", "components": "heads,residual", "other_model": "zoo:shapes-lm",
                "view": "patching"})] if real_model_in_zoo() else []),
     # --- SAE-V --------------------------------------------------------------------------------------------
     Preset("sae-features", "cross-modal-list", "How many features are cross-modal",

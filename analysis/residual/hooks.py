@@ -66,12 +66,25 @@ def _replace_first(output: Any, tensor: torch.Tensor) -> Any:
 
 
 def _edited(tensor: torch.Tensor, edits: list[Edit]) -> torch.Tensor:
+    """A copy of `tensor` with the edits applied; edits copying from a row of the same forward are applied in
+    one indexed copy per (span, source, whole positions or not)."""
     out = tensor.clone()
+    groups: dict[tuple, list[Edit]] = {}
     for e in edits:
-        lo, hi = e.span if e.span is not None else (0, out.shape[-1])
-        where = slice(None) if e.position is None else e.position
-        value = tensor[e.source, where, lo:hi] if e.value is None else e.value.to(out.dtype)
-        out[e.row, where, lo:hi] = value
+        if e.value is not None:
+            lo, hi = e.span if e.span is not None else (0, out.shape[-1])
+            where = slice(None) if e.position is None else e.position
+            out[e.row, where, lo:hi] = e.value.to(out.dtype)
+        else:
+            groups.setdefault((e.span, e.source, e.position is None), []).append(e)
+    for (span, source, whole), group in groups.items():
+        lo, hi = span if span is not None else (0, out.shape[-1])
+        rows = torch.tensor([e.row for e in group], device=out.device)
+        if whole:
+            out[rows, :, lo:hi] = tensor[source, :, lo:hi]
+        else:
+            positions = torch.tensor([e.position for e in group], device=out.device)
+            out[rows, positions, lo:hi] = tensor[source, positions, lo:hi]
     return out
 
 

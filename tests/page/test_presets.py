@@ -238,11 +238,13 @@ def _tuned_colour(at):  # layer 2: logit 'circle', yellow 80th, 7.6 nats; tuned 
     assert round(logit.kl[2][-1], 1) == 7.6 and logit.top_tokens[3][-1][0] == "blue"
 
 
-def _real_capital(at):  # ' France' holds it through layer 23, the last token from 24; r = 0.99
+def _real_capital(at):  # ' France' through layer 23, the last token from 24, L23H4 restores 0.93; r = 0.99
     rows = _frame(at, "share at the last token").to_dict("records")
     assert all(r["token"] == " France" and r["share there"] >= 0.99 for r in rows[:24])
     assert all(r["share at the last token"] >= 0.98 for r in rows[24:])
-    assert "r = 0.99" in str(at.get("plotly_chart")[0].proto.spec)
+    heads = _frame(at, "head").to_dict("records")
+    assert (heads[0]["layer"], heads[0]["head"]) == (23, "H4") and round(heads[0]["share (exact)"], 2) == 0.93
+    assert "r = 0.99" in str(at.get("plotly_chart")[1].proto.spec)  # the residual figure (after the heads')
 
 
 CHECKS = {
