@@ -15,8 +15,6 @@ from analysis.errors import UserError
 # Commands that are not panels: (module with `cli(argv)`, help).
 TOOLS = {
     "info": ("analysis.models", "describe a model"),
-    # It opens the app's pages (Streamlit), so it lives beside them; analysis/ never imports Streamlit.
-    "warm": ("components.warm", "precompute every panel's default view and presets"),
 }
 
 

@@ -8,6 +8,11 @@ this module cannot read gets one `AnatomyError` that names what could not be fou
 Works on a bare `torch.nn.Module` (a `*ForCausalLM` or an image-text-to-text model) or on a
 `ModelHandle` (then its processor is consulted too). A VLM's language model is found through
 `get_decoder()`, so its vision tower's layers are never mistaken for the decoder's.
+
+A panel that only needs a forward pass's values (layer outputs, attention, logits, patches, gradients)
+asks `analysis.backends` instead of hooking the model itself: the same request then runs by hooks here,
+by nnsight here, or on NDIF, as the deployment configures; `Capture` below stays for the analyses that
+drive the model in their own loops (the reconstruction attack's search, cost calibration).
 """
 from __future__ import annotations
 
@@ -106,6 +111,31 @@ def attention_modules(obj: Any) -> dict[int, torch.nn.Module]:
     if not found:
         raise AnatomyError(f"Could not find the attention modules of {_name(obj)}.")
     return found
+
+
+MLP_NAMES = ("mlp", "feed_forward", "ffn", "fc2")  # OPT has no MLP module: its fc2 output is the MLP's
+OUT_PROJ_NAMES = ("o_proj", "c_proj", "out_proj", "dense")
+
+
+def mlp_module(obj: Any, layer: int) -> torch.nn.Module:
+    """Decoder layer `layer`'s MLP (its output is what the MLP adds to the residual stream)."""
+    block = decoder_layers(obj)[check_layer(obj, layer)]
+    for name in MLP_NAMES:
+        found = getattr(block, name, None)
+        if isinstance(found, torch.nn.Module):
+            return found
+    raise AnatomyError(f"Could not find the MLP of layer {layer} of {_name(obj)}.")
+
+
+def output_projection(obj: Any, layer: int) -> torch.nn.Module:
+    """The attention's output projection in layer `layer`: its input holds every head's output side by
+    side (B, T, H * d)."""
+    attn = attention_modules(obj)[check_layer(obj, layer)]
+    for name in OUT_PROJ_NAMES:
+        found = getattr(attn, name, None)
+        if isinstance(found, torch.nn.Linear) or type(found).__name__ == "Conv1D":
+            return found
+    raise AnatomyError(f"Could not find the attention output projection of layer {layer} of {_name(obj)}.")
 
 
 @dataclass(frozen=True)

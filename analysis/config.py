@@ -88,6 +88,48 @@ class Auth:
     signed_out: str = "read-only"  # read-only: signed-out visitors see every page, save nothing; none: sign in first
 
 
+# -- [backend]: where the capture-based panels run (analysis/backends/; docs/scale.md) ------------
+BACKEND_KINDS = ("local", "nnsight-local", "ndif")
+
+
+@dataclass(frozen=True)
+class Backend:
+    kind: str = "local"  # local: hooks here | nnsight-local: nnsight traces here | ndif: remote_models on NDIF
+    ndif_host: str = ""  # "": nnsight's default (https://api.ndif.us); never holds a key (NDIF_API_KEY does)
+    remote_models: tuple[str, ...] = ()  # Hub ids visitors may run on NDIF (kind = "ndif")
+    timeout_s: float = 600.0  # give up waiting for one NDIF job after this long
+    poll_s: float = 1.0  # how often to ask NDIF about a job (and update the page)
+    job_s: float = 5.0  # what one NDIF job is expected to take, queue and transfer included (estimates only)
+
+
+def _check_backend(backend: Backend, where: str) -> None:
+    """The [backend] section's own checks (one function: the rest of this module does not know it)."""
+    from urllib.parse import urlsplit
+
+    if backend.kind not in BACKEND_KINDS:
+        raise ConfigError(f"backend.kind{where} must be one of {', '.join(BACKEND_KINDS)}, got '{backend.kind}'")
+    if backend.ndif_host:
+        url = urlsplit(backend.ndif_host)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ConfigError(f"backend.ndif_host{where} must be an http(s) address, got '{_short(backend.ndif_host)}'")
+        if url.username or url.password or url.query or url.fragment:
+            raise ConfigError(f"backend.ndif_host{where} must be a bare address: the NDIF API key goes in the "
+                              "environment (NDIF_API_KEY) or Streamlit secrets, never in a URL")
+    bad = [m for m in backend.remote_models if not _hub_id(m)]
+    if bad:
+        raise ConfigError(f"backend.remote_models{where} must be Hugging Face ids (owner/name), got '{_short(bad[0])}'")
+    if backend.kind == "ndif" and not backend.remote_models:
+        raise ConfigError(f"backend.kind is 'ndif'{where} but backend.remote_models is empty: list the Hub ids "
+                          "visitors may run on NDIF")
+
+
+def _hub_id(text: str) -> bool:
+    import re
+
+    return bool(re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$", text)) and ".." not in text
+# -- end [backend] ---------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Config:
     models: Models = field(default_factory=Models)
@@ -97,6 +139,7 @@ class Config:
     panels: Panels = field(default_factory=Panels)
     embeds: Embeds = field(default_factory=Embeds)
     auth: Auth = field(default_factory=Auth)
+    backend: Backend = field(default_factory=Backend)
     store: str = ""  # SQLite path or postgresql:// URL; "": .model_inspector/analyses.db
     trust_proxy: bool = False  # behind a reverse proxy: the visitor is X-Forwarded-For's first address
     name: str = "local"  # shown to the admin only (the command line, the server log)
@@ -173,7 +216,7 @@ def upload_problem(data: bytes, name: str, uploads: Uploads) -> str | None:
 # Reading the file
 
 _SECTIONS = {"models": Models, "uploads": Uploads, "limits": Limits, "gallery": Gallery, "panels": Panels,
-             "embeds": Embeds, "auth": Auth}
+             "embeds": Embeds, "auth": Auth, "backend": Backend}
 _TOP = {"name", "store", "trust_proxy"}
 
 
@@ -265,6 +308,7 @@ def _check(config: Config, where: str) -> None:
     if config.auth.signed_out not in SIGNED_OUT:
         raise ConfigError(f"auth.signed_out{where} must be one of {', '.join(SIGNED_OUT)}, got "
                           f"'{config.auth.signed_out}'")
+    _check_backend(config.backend, where)
     if config.auth.mode == "token" and not os.environ.get(TOKEN_ENV):
         raise ConfigError(f"auth.mode is 'token'{where} but {TOKEN_ENV} is not set (the token is a secret: "
                           "it goes in the environment, not in the file)")

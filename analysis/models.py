@@ -24,6 +24,7 @@ import torch
 
 from analysis import paths
 from analysis import config
+from analysis import devices
 from analysis.errors import ModelLoadError
 from analysis.model_lock import ModelLock
 from analysis.results import Result
@@ -33,7 +34,7 @@ DEFAULT_MAX_PARAMS = 3_000_000_000
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,95})(?:/[A-Za-z0-9](?:[A-Za-z0-9._-]{0,95}))?$")
 REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = devices.DTYPES
 
 Source = Literal["zoo", "hub", "local"]
 Kind = Literal["causal_lm", "vlm"]
@@ -57,9 +58,9 @@ class ModelSpec(Result):
     def parse(cls, text: str) -> "ModelSpec":
         """Parse 'source:name[@revision]' (the form used in URLs and the CLI); bare names are zoo."""
         source, sep, rest = text.partition(":")
-        if not sep or source not in ("zoo", "hub", "local"):
+        if not sep or source not in ("zoo", "hub", "local", "ndif"):
             source, rest = "zoo", text
-        name, _, revision = rest.partition("@") if source == "hub" else (rest, "", "")
+        name, _, revision = rest.partition("@") if source in ("hub", "ndif") else (rest, "", "")
         return cls(source=source, name=name, revision=revision or None)
 
 
@@ -114,9 +115,12 @@ class ModelHandle:
     path: str = ""
     processor_error: str = ""  # why a VLM loaded without its processor (its image panels then refuse)
     lock: ModelLock = field(default_factory=ModelLock, repr=False)  # reentrant, first come first served
+    remote: Any = None  # an NDIF model (analysis/backends/ndif.py): weights elsewhere, `model` on meta
 
     @property
     def device(self) -> torch.device:
+        if self.remote is not None:  # inputs are prepared here and travel with the request
+            return torch.device("cpu")
         return next(self.model.parameters()).device
 
     @contextlib.contextmanager
@@ -250,10 +254,10 @@ def zoo_models() -> list[str]:
 
 def real_zoo_models() -> list[str]:
     """Real trained models of the zoo that can be loaded here: converted already, or convertible at
-    first load because their pinned package is installed (`analysis/zoo/real.py`)."""
-    from analysis.zoo import real
+    first load because their pinned package is installed (`analysis/real_models.py`)."""
+    from analysis import real_models
 
-    return real.available()
+    return real_models.available()
 
 
 def all_zoo_models() -> list[str]:
@@ -269,10 +273,10 @@ def resolve_folder(spec: ModelSpec) -> Path:
     if refusal:
         raise ModelLoadError(refusal)
     if spec.source == "zoo":
-        from analysis.zoo import real
+        from analysis import real_models
 
-        if spec.name in real.REAL_MODELS:  # converted once, at first use; then loaded as any local folder
-            return real.ensure(spec.name, progress=real.stderr_progress)
+        if spec.name in real_models.REAL_MODELS:  # converted once, at first use; then loaded as any local folder
+            return real_models.ensure(spec.name, progress=real_models.stderr_progress)
         names = zoo_models()
         if spec.name not in names:
             listed = ", ".join(all_zoo_models()) or "none are installed"
@@ -421,17 +425,16 @@ def _check_weights(folder: Path) -> None:
 
 def load_model(spec: ModelSpec) -> ModelHandle:
     """Resolve, check and load a model. Raises ModelLoadError with a user-facing message."""
+    if spec.source == "ndif":
+        raise ModelLoadError(f"{spec.label} runs on NDIF: load it with analysis.backends.load (the model picker does).")
     folder = resolve_folder(spec)
     config, n_params = _check_config(folder)
     _check_weights(folder)
     kind = _model_kind(config)
     if spec.dtype not in DTYPES:
         raise ModelLoadError(f"Unknown dtype '{spec.dtype}' (use one of {', '.join(DTYPES)}).")
-    kwargs: dict[str, Any] = dict(
-        trust_remote_code=False, use_safetensors=True, attn_implementation="eager", dtype=DTYPES[spec.dtype]
-    )
-    if torch.cuda.is_available():
-        kwargs["device_map"] = "auto"
+    kwargs: dict[str, Any] = dict(trust_remote_code=False, use_safetensors=True, attn_implementation="eager",
+                                  **devices.placement(spec.dtype))
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     try:

@@ -2,7 +2,9 @@
 
 A panel is a package under `analysis/` that publishes `ANALYSIS = Analysis(...)`: its name (the CLI
 command, stable), title and page, the model kinds it works on, its run functions each with its work
-estimate, its command line and its presets. The runner and the cost gate (`components/runs.py`,
+estimate, its command line, its settings (`params`: the Params class whose labelled fields are the
+page's controls, the link's values and the CLI's flags; `view_state`: the page's own controls such as
+layer and head, settings fields too) and its presets (values of those two classes). The runner and the cost gate (`components/runs.py`,
 `analysis/cost.py`), the warm command, `python -m analysis`, the navigation (`components/registry.py`)
 and the preload list read this table instead of knowing each panel. Adding a panel is one package, one
 line below and one page in `views/`.
@@ -45,6 +47,8 @@ class Analysis:
     cli: Callable[[list[str]], int] | None = None
     presets: tuple = ()  # analysis.presets.Preset values of this panel
     cli_help: str = ""
+    params: type | None = None  # its settings: a dataclass of settings fields (analysis/settings.py), `Flat`
+    view_state: type | None = None  # its page's own controls (layer, head, metric): a dataclass of settings fields
 
     @property
     def url_path(self) -> str:

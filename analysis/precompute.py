@@ -1,6 +1,6 @@
 """Results computed ahead of time and shipped on disk, so a panel's default view opens at once.
 
-`python -m analysis warm` opens every panel's default view (and each preset) once and stores every
+`python scripts/warm.py` opens every panel's default view (and each preset) once and stores every
 analysis it ran under `analysis/precomputed/` — one small gzipped JSON file per run, committed.
 A page asks `lookup(...)` before computing; an entry is used only when everything that determines
 the result is the same:

@@ -1,35 +1,92 @@
 """Presets for live talks: named settings that make one panel show one finding of its paper on the demo zoo.
 
-A preset is data: the panel (its URL path), a stable name (it appears in links as `?preset=name`), the
-zoo model, and the URL value of every control of that panel. A page applies a preset by writing these
-values into its URL, so a preset is also a permalink. Each finding sentence was checked by running the
-preset on the zoo (tests/page/test_presets.py re-checks the numbers it quotes).
+A preset is data, declared in its panel's package (`ANALYSIS.presets`): a stable name (it appears in
+links as `?preset=name`), the zoo model, a value of the panel's Params, and the values it pins of the
+page's own controls (its view state: layer, head, metric), by field name. Its link holds the URL value
+of every Params field, named by the fields (analysis/settings.py), so a setting added to the Params
+later is in every preset's link too; view-state fields it does not pin start from the page's defaults. A page
+applies a preset by writing these values into its URL, so a preset is also a permalink. Each finding
+sentence was checked by running the preset on the zoo (tests/page/test_presets.py re-checks the numbers
+it quotes).
+
+    Preset("needle-streaming", "StreamingLLM loses the needle", "Budget 32 of 189 ...", "zoo:shapes-lm",
+           KvParams(policy="streaming_llm", budget=32, seed=7), {"metric": "accuracy"})
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
+from analysis.settings import Flat, field_text, labelled, url_name, url_values
 from analysis.tasks.generic import PLAIN_PROMPT  # the reconstruction page's prompt on a model outside Shapes World
 
 
 @dataclass(frozen=True)
 class Preset:
-    panel: str  # the page's URL path, e.g. "kv-cache"
     name: str  # stable: appears in URLs (?preset=name)
     title: str  # button label
     finding: str  # what the audience sees, one or two sentences
     model: str  # zoo model label, e.g. "zoo:shapes-lm"
-    params: dict[str, str | Callable[[], str]] = field(default_factory=dict)  # control -> URL value
+    params: Any = None  # the panel's Params value, or a function returning one (values read from files)
+    state: dict[str, Any] = field(default_factory=dict)  # view-state field name -> value (or a function returning it)
+    panel: str = ""  # the page's URL path, e.g. "kv-cache" (filled in from the panel's ANALYSIS)
+    fields: tuple = ()  # (field, owner) of the panel's Params and view state as ANALYSIS declares them now
+    urls: dict[str, str | Callable[[], str]] = field(default_factory=dict)  # a panel not yet converted: URL values
 
     def values(self) -> dict[str, str]:
-        """The URL values, with computed ones (e.g. a feature index read from the SAE store) resolved."""
-        return {k: (v() if callable(v) else v) for k, v in self.params.items()}
+        """The URL value of every field of the panel's Params and of the view-state fields the preset pins
+        (computed values resolved)."""
+        out = {k: (v() if callable(v) else v) for k, v in self.urls.items()}
+        params_fields, state_fields = self.fields or (None, None)
+        params = self.params() if callable(self.params) else self.params
+        if params is not None:
+            out.update(url_values(params, params_fields))
+        by_name = {f.name: f for f, _ in state_fields or []}
+        for name, value in self.state.items():
+            f = by_name[name]  # a name the view state does not have: KeyError, at once
+            if url_name(f):
+                out[url_name(f)] = field_text(f, value() if callable(value) else value)
+        return out
 
     def query(self) -> dict[str, str]:
         """The whole query string of the preset's permalink."""
         return {"model": self.model, "preset": self.name, **self.values()}
+
+
+def panel_fields(analysis) -> tuple:
+    """(Params fields, view-state fields) of a panel, as `url_values` reads them."""
+    params = analysis.params
+    fields = (params.flat_fields() if isinstance(params, type) and issubclass(params, Flat)
+              else [(f, params) for f in labelled(params)] if params is not None else None)
+    state = analysis.view_state
+    return fields, ([(f, state) for f in labelled(state)] if state is not None else None)
+
+
+def of(analysis) -> list[Preset]:
+    """A panel's presets, each knowing its page and the panel's fields."""
+    fields = panel_fields(analysis)
+    return [dataclasses.replace(p, panel=analysis.url_path, fields=fields) for p in analysis.presets]
+
+
+def all_presets() -> list[Preset]:
+    """Every panel's presets, in the panel table's order."""
+    from analysis import panels
+
+    return [p for a in panels.analyses() for p in of(a)] + [p for p in LEGACY if p.panel not in _converted()]
+
+
+def _converted() -> set[str]:
+    from analysis import panels
+
+    return {a.url_path for a in panels.analyses() if a.presets}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PRESETS":  # read afresh: a panel's declaration is the one source
+        return all_presets()
+    raise AttributeError(name)
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,13 +122,6 @@ def steering_feature() -> str:
 PROB = "raw"  # captions.DEFAULT_PROBABILITIES: CapMAS's raw p_True / p_False
 SHARPNESS_BASE = {"ns": "4,8,16,32,64,128", "samples": "16", "theta": "1", "layer": "0", "head": "3",
                   "sink": "1", "tlayers": "0,1,2,3", "spread": "4.0", "n_view": "128"}
-KV_BASE = {"task": "retrieval", "policy": "morphkv", "budget": "32", "sinks": "4", "heavy_share": "0.5", "snap_window": "8", "kernel": "5",
-           "morph_window": "8", "fusion": "max",
-           "context": "192", "prefill": "0.5", "pairs": "2", "queries": "1", "seed": "7", "prompt": "",
-           "layer": "0", "head": "0", "examples": "1", "metric": "accuracy"}
-KV_LONG = {"task": "long-response", "policy": "morphkv", "budget": "48", "sinks": "4", "heavy_share": "0.5",
-           "snap_window": "8", "kernel": "5", "morph_window": "8", "fusion": "max", "response": "96", "seed": "0",
-           "prompt": "", "layer": "0", "head": "0", "metric": "top1"}
 REAL_MODEL = "smollm2-135m-instruct"  # the real instruct model, once the zoo has it (issue 31)
 
 
@@ -99,23 +149,27 @@ RESIDUAL_BASE = {"pair": "", "answer": "", "foil": "", "lens": "logit", "top_k":
                  "methods": "attribution,exact", "side": "corrupt", "other_model": "zoo:shapes-vlm", "view": "lens",
                  "colour": "target_prob"}
 
-PRESETS: list[Preset] = [
+def _legacy(panel: str, name: str, title: str, finding: str, model: str, urls: dict) -> Preset:
+    return Preset(name, title, finding, model, urls=urls, panel=panel)
+
+
+LEGACY: list[Preset] = [  # panels whose presets are not yet Params values in their package
     # --- Softmax is not enough: dispersion -----------------------------------------------------------
-    Preset("attention-sharpness", "dispersion", "Dispersion at large n",
+    _legacy("attention-sharpness", "dispersion", "Dispersion at large n",
            "shapes-lm's retrieval head (layer 0, head 3: the most weight on the largest number at n = 4 on "
            "these 16 prompts) puts 0.97 of its weight on it among 4 items but only 0.53 among 128, and "
            "accuracy falls from 100 % to 56 %: a fixed softmax head cannot stay sharp as n grows.",
            "zoo:shapes-lm", {**SHARPNESS_BASE}),
-    Preset("attention-sharpness", "adaptive-temperature", "Adaptive θ: no delay",
+    _legacy("attention-sharpness", "adaptive-temperature", "Adaptive θ: no delay",
            "The paper's adaptive temperature in every layer: accuracy falls at the same n as with softmax "
            "(56 % at n = 128 either way), and the retrieval head's max-item weight there moves only from "
            "0.53 to 0.54. On this model it neither stops nor delays dispersion.",
            "zoo:shapes-lm", {**SHARPNESS_BASE, "theta": "adaptive"}),
-    Preset("attention-sharpness", "lemma", "The lemma, no model",
+    _legacy("attention-sharpness", "lemma", "The lemma, no model",
            "With the maximum only δ = 2 above the other logits, its weight falls like 1/n at every fixed "
            "temperature and the entropy approaches ln n (first figure).",
            "zoo:shapes-lm", {**SHARPNESS_BASE, "spread": "2.0"}),
-    *([Preset("attention-sharpness", "real-retrieval-head", "A real model's retrieval head disperses",
+    *([_legacy("attention-sharpness", "real-retrieval-head", "A real model's retrieval head disperses",
               "SmolLM2-135M-Instruct recalls the asked key's code among n (16 prompts per n): the head found "
               "with the most weight on it, layer 24 head 4, puts 0.82 of its weight there among 2 items but "
               "0.07 among 16, while accuracy stays far above chance (100 % at n = 4, chance 25 %; 69 % at "
@@ -123,56 +177,34 @@ PRESETS: list[Preset] = [
               f"zoo:{REAL_MODEL}", {**SHARPNESS_BASE, "ns": "2,4,8,16", "samples": "16", "theta": "adaptive",
                                     "layer": "24", "head": "4", "tlayers": ",".join(map(str, range(30))),
                                     "n_view": "16"})] if real_model_in_zoo() else []),
-    # --- MorphKV: which tokens stay, and long answers at constant memory -----------------------------
-    Preset("kv-cache", "needle-streaming", "StreamingLLM loses the needle",
-           "Budget 32 of 189 context tokens, the asked needle at positions 64-65: StreamingLLM keeps only the "
-           "4 sinks and the recent tokens, so the needle is gone from every head (survival 0) and the answer "
-           "is wrong, while H2O and MorphKV answer right, like the full cache.",
-           "zoo:shapes-lm", {**KV_BASE, "policy": "streaming_llm"}),
-    Preset("kv-cache", "morphkv", "MorphKV: a long answer at constant memory",
-           "shapes-lm decomposes a caption into 12 claims with every cache held at 48 entries: MorphKV's cache "
-           "stays at 96 KiB while the full cache grows to 262 KiB, and its answer keeps 8 of the 12 claims "
-           "where H2O and SnapKV keep 3 and StreamingLLM 4.",
-           "zoo:shapes-lm", {**KV_LONG, "budget": "48", "seed": "7"}),
-    Preset("kv-cache", "morphkv-loses", "Where MorphKV loses",
-           "Another caption at 64 entries: MorphKV keeps 3 of the 12 claims, fewer than StreamingLLM (6), H2O "
-           "and SnapKV (5). Over 12 captions MorphKV with its default window W = 8 trails H2O at every "
-           "budget; with W = 16 it leads (docs/readme_kv.md).",
-           "zoo:shapes-lm", {**KV_LONG, "budget": "64", "seed": "0"}),
-    *([Preset("kv-cache", "real-recall", "A real model: StreamingLLM forgets where Mia lives",
-              "SmolLM2-135M-Instruct reads a 102-token note through its chat template and is asked where Mia "
-              "lives: with 64 of the 120 tokens kept, StreamingLLM answers wrong, while H2O, TOVA, SnapKV and "
-              "MorphKV answer 'Tokyo' like the full cache.",
-              f"zoo:{REAL_MODEL}", {**KV_BASE, "policy": "streaming_llm", "budget": "64", "context": "96",
-                                    "seed": "0"})] if real_model_in_zoo() else []),
     # --- Hidden No More / Cascade ------------------------------------------------------------------------
-    Preset("prompt-reconstruction", "shuffle-fails", "Shuffling does not protect",
+    _legacy("prompt-reconstruction", "shuffle-fails", "Shuffling does not protect",
            "States of layer 2 with their positions shuffled still give the prompt back token for token: the "
            "attacker matches against every unused row (only at layer 0 of a rotary model, the bare token "
            "embeddings, does the order stay hidden).",
            "zoo:shapes-lm", {**INVERSION_BASE, "perm": "shuffle_positions"}),
-    Preset("prompt-reconstruction", "noise-defeats", "Noise defeats the attack",
+    _legacy("prompt-reconstruction", "noise-defeats", "Noise defeats the attack",
            "Gaussian noise of two state standard deviations buries the difference between neighbouring "
            "tokens: almost every position comes back wrong (and the states are useless for the model too).",
            "zoo:shapes-lm", {**INVERSION_BASE, "perturb": "gaussian_noise", "noise": "2.0"}),
-    *([Preset("prompt-reconstruction", "real-vocabulary", "A real 49 k vocabulary", REAL_FINDING, f"zoo:{REAL_MODEL}",
+    *([_legacy("prompt-reconstruction", "real-vocabulary", "A real 49 k vocabulary", REAL_FINDING, f"zoo:{REAL_MODEL}",
               {**INVERSION_BASE, "prompt": PLAIN_PROMPT, "layer": "15", "exhaustive": "1"})]
       if real_model_in_zoo() else []),
-    Preset("prompt-reconstruction", "cascade-contiguous", "Cascade: contiguous shards leak",
+    _legacy("prompt-reconstruction", "cascade-contiguous", "Cascade: contiguous shards leak",
            "Contiguous blocks hand party 0 the start of the prompt with no gap: it inverts its shard with "
            "about 2,000 candidate sequences. Round-robin leaves gaps of k − 1 and costs ~47,000 — with a "
            "182-word vocabulary both are within reach (the verdict says so).",
            "zoo:shapes-lm", {**INVERSION_BASE, "sharding": "blocks", "parties": "2", "attacker": "0"}),
     # --- CapMAS -------------------------------------------------------------------------------------------
-    Preset("caption-correction", "position-dropped", "A hallucinated position dropped",
+    _legacy("caption-correction", "position-dropped", "A hallucinated position dropped",
            "The weak captioner puts the yellow triangle at the top middle; asked about that claim alone the "
            "verifier is sure it is false (H ≈ 9.2 nats), and the rewrite removes it: factuality rises.",
            "zoo:shapes-vlm", {**CAPTION_BASE, "seed": "20000003"}),
-    Preset("caption-correction", "invented-objects", "Invented objects removed",
+    _legacy("caption-correction", "invented-objects", "Invented objects removed",
            "The weak captioner describes two objects with the wrong colour or shape; every claim about them is "
            "flagged and dropped, and factuality goes from 0 to 1.",
            "zoo:shapes-vlm", {**CAPTION_BASE, "seed": "20000004"}),
-    Preset("caption-correction", "strict-threshold", "π = 0: only sure claims",
+    _legacy("caption-correction", "strict-threshold", "π = 0: only sure claims",
            "At π = 0 only claims the verifier is certain of survive: factuality stays high but coverage falls "
            "— the trade-off the threshold sweep shows.",
            "zoo:shapes-vlm", {**CAPTION_BASE, "seed": "20000003", "pi": "0.0"}),
@@ -194,21 +226,21 @@ PRESETS: list[Preset] = [
               {**RESIDUAL_BASE, "pair": "capital-france", "components": "heads,residual", "other_model": "zoo:shapes-lm",
                "view": "patching"})] if real_model_in_zoo() else []),
     # --- SAE-V --------------------------------------------------------------------------------------------
-    Preset("sae-features", "cross-modal-list", "How many features are cross-modal",
+    _legacy("sae-features", "cross-modal-list", "How many features are cross-modal",
            "The feature list sorted by cross-modal weight ω: on the demo SAE a few dozen features fire on "
            "both caption words and image patches (the 'Cross-modal' count), most with ω near 1; most features are text-only.",
            "zoo:shapes-vlm", {**SAE_BASE}),
-    Preset("sae-features", "cross-modal-feature", "One feature, a word and a patch",
+    _legacy("sae-features", "cross-modal-feature", "One feature, a word and a patch",
            "The demo SAE's feature with the largest cross-modal weight ω: caption words and image patches "
            "are both among its 30 strongest tokens (the 'Top-30 tokens: text / image' card), shown on the "
            "words it shades and on the patches outlined in its top images.",
            "zoo:shapes-vlm", {**SAE_BASE, "view": "feature", "feature": top_cross_modal_feature}),
-    Preset("sae-features", "ranking-other-scene", "s_i finds another scene's caption, not a swap",
+    _legacy("sae-features", "ranking-other-scene", "s_i finds another scene's caption, not a swap",
            "Held-out pairs ranked by s_i: a caption of another scene shares fewer cross-modal features with "
            "the image and sinks (mean rank far below the clean pairs'), while a caption with two attributes "
            "swapped uses the same words and ranks like a clean one.",
            "zoo:shapes-vlm", {**SAE_BASE, "view": "ranking", "rule": "official", "thr": "1.0", "keep": "0.5"}),
-    Preset("sae-features", "steer-middle-right", "Steer one feature: the object moves",
+    _legacy("sae-features", "steer-middle-right", "Steer one feature: the object moves",
            "The cross-modal feature of 'middle right' (caption words and image patches), added at strength 16 to "
            "the image tokens only: the caption's small red triangle moves from 'the bottom left' to 'the middle "
            "right'. On 87 held-out scenes with nothing there it moves an object to the middle right in 41 % "
@@ -220,8 +252,9 @@ PRESETS: list[Preset] = [
 
 
 def for_panel(panel: str) -> list[Preset]:
-    return [p for p in PRESETS if p.panel == panel]
+    """The presets of the page at URL path `panel` ("kv-cache")."""
+    return [p for p in all_presets() if p.panel == panel]
 
 
 def get(panel: str, name: str) -> Preset | None:
-    return next((p for p in PRESETS if p.panel == panel and p.name == name), None)
+    return next((p for p in for_panel(panel) if p.name == name), None)

@@ -24,6 +24,8 @@ T = TypeVar("T", bound="Result")
 def to_jsonable(value: Any) -> Any:
     """Convert a value to plain JSON types (dict, list, str, int, float, bool, None)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if _own_layout(type(value)):  # the class writes its own layout (and reads it in its from_dict)
+            return to_jsonable(value.to_dict())
         return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
@@ -34,6 +36,12 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
     return value
+
+
+@functools.lru_cache(maxsize=None)
+def _own_layout(cls: type) -> bool:
+    """A Result subclass that overrides `to_dict`."""
+    return issubclass(cls, Result) and cls.to_dict is not Result.to_dict
 
 
 def _same(value: Any) -> Any:

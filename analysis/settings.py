@@ -16,10 +16,19 @@ So a range or a label is written in one place, and the page, the link and the CL
 same path. Fields without a `label` are internal: no widget, no flag, not checked here.
 
 Metadata keys: `label` (required), `help`, `low`, `high`, `step`, `choices` (a list, or a callable
-returning one), `url` (the URL name; default: the field name; None: not in the URL), `cli` (the flag
-without dashes; default: the field name with dashes; None: no flag), `widget` (a page hint:
-"slider", "select", "pills", "toggle", "text", "area", "number"), `item` (the element type of a list
-field, given on the command line and in the URL as comma-separated values), `min_items`.
+returning one), `url` (the URL name; default: the field name; None: not in the URL, and so no page
+control either), `cli` (the flag without dashes; default: the field name with dashes; None: no flag),
+`item` (the element type of a list field, given on the command line and in the URL as comma-separated
+values), `min_items`, `allow_empty` (a list field the user may empty: the link then says EMPTY_LIST).
+
+Page hints (read by components/params_form.py and components/view.py, ignored elsewhere): `widget`
+("slider", "select", "pills", "toggle", "text", "area", "number"), `labels` (how each choice reads: a
+dict or a function of the choice), `group` (the page section the control sits in; a page draws the
+fields of no declared group in its last section, so a new field appears with no page edit), `width`
+(px, or "stretch"), `span` (the field's share of a row of columns).
+
+A panel's Params inherit `Flat`: the page, the link and the command line see one flat set of settings,
+the Params' own labelled fields then every setting of the method families it holds (`METHODS`).
 """
 from __future__ import annotations
 
@@ -28,11 +37,12 @@ import dataclasses
 import math
 import typing
 from dataclasses import MISSING, Field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, ClassVar, Iterable
 
 from analysis.errors import SettingsError
 
 _UNSET = object()
+EMPTY_LIST = "none"  # the text of a list the user emptied on purpose (`allow_empty`): an empty text means "default"
 
 
 def setting(default: Any = MISSING, *, label: str, help: str = "", low: Any = None, high: Any = None,
@@ -163,6 +173,8 @@ def parse_text(f: Field, text: str, owner: Any = None) -> Any:
     """A field's value from text ('4', '0.5', 'max', '1,2,4', 'true'); ValueError when it does not parse."""
     kind = kind_of(f, owner)
     if kind is list:
+        if f.metadata.get("allow_empty") and str(text).strip() == EMPTY_LIST:
+            return []
         item = f.metadata.get("item") or float
         return [_parse_scalar(part.strip(), item) for part in str(text).split(",") if part.strip()]
     return _parse_scalar(str(text), kind)
@@ -199,6 +211,72 @@ def to_text(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(to_text(v) for v in value)
     return str(value)
+
+
+def field_text(f: Field, value: Any) -> str:
+    """The URL text of field `f`'s value (an emptied list that may be empty: EMPTY_LIST)."""
+    if isinstance(value, (list, tuple)) and not value and f.metadata.get("allow_empty"):
+        return EMPTY_LIST
+    return to_text(value)
+
+
+def url_values(obj: Any, fields: Iterable[tuple[Field, Any]] | None = None) -> dict[str, str]:
+    """{URL name: text} of every field with a URL name: a preset's or a page's link. `obj` is a `Flat`
+    value or a dataclass of settings; `fields` (default: its own) may hold fields `obj` lacks (a class
+    grown since): those give their default."""
+    values = obj.flat() if isinstance(obj, Flat) else {f.name: getattr(obj, f.name) for f in labelled(obj)}
+    if fields is None:
+        fields = type(obj).flat_fields() if isinstance(obj, Flat) else [(f, type(obj)) for f in labelled(obj)]
+    return {url_name(f): field_text(f, values.get(f.name, field_default(f))) for f, _ in fields if url_name(f)}
+
+
+# ---------------------------------------------------------------------------------------------
+# A panel's settings as one flat set (the page's controls, the link, the command line)
+
+
+class Flat:
+    """A Params dataclass whose settings travel flat: its own labelled fields, then every labelled setting
+    of each method family it holds as `{method name: {setting: value}}` (`METHODS`: attribute -> registry,
+    e.g. {"policies": POLICIES}). A setting two methods share (SnapKV's and PyramidKV's window) is one.
+
+        values = KvParams.from_flat({"budget": 32, "snap_window": 4}).flat()
+    """
+
+    METHODS: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def flat_fields(cls) -> list[tuple[Field, Any]]:
+        """(field, owner class) of every flat setting, in order: the Params' own, then each family's."""
+        out = [(f, cls) for f in labelled(cls)]
+        seen = {f.name for f, _ in out}
+        for registry in cls.METHODS.values():
+            for f, owner in registry.settings():
+                if f.name not in seen:
+                    seen.add(f.name)
+                    out.append((f, owner))
+        return out
+
+    @classmethod
+    def from_flat(cls, values: dict[str, Any], **others: Any) -> Any:
+        """The Params of these flat values (absent ones: defaults); `others`: fields that are not settings."""
+        own = {f.name for f in labelled(cls)}
+        nested = {}
+        for attr, registry in cls.METHODS.items():
+            declared = {f.name for f, _ in registry.settings()}
+            nested[attr] = registry.split_settings(**{k: v for k, v in values.items() if k in declared and k not in own})
+        return cls(**{k: v for k, v in values.items() if k in own}, **nested, **others)
+
+    def flat(self) -> dict[str, Any]:
+        """{field name: value} of every flat setting (a method's setting not given: its default)."""
+        out = {f.name: getattr(self, f.name) for f in labelled(self)}
+        for attr, registry in self.METHODS.items():
+            held = getattr(self, attr) or {}
+            for f, owner in registry.settings():
+                if f.name in out:
+                    continue
+                given = [v[f.name] for name, v in held.items() if f.name in v]
+                out[f.name] = given[0] if given else field_default(f)
+        return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from analysis.paths import RESULTS  # noqa: E402  (every project path comes from
 
 from analysis import captions as C  # noqa: E402
 from analysis.models import ModelSpec, load_model, zoo_models  # noqa: E402
-from analysis.zoo import shapes_world as W  # noqa: E402
+from analysis.world import shapes_world as W  # noqa: E402
 
 # (row label, decomposer/rewriter, ground-truth verifier instead of shapes-vlm)
 SETUPS = (("shapes-lm", "shapes-lm", False), ("grammar", "grammar", False),

@@ -34,7 +34,8 @@ from analysis import inversion as inv  # noqa: E402
 from analysis import kv  # noqa: E402
 from analysis import sharpness as S  # noqa: E402
 from analysis.models import ModelHandle, ModelSpec, describe, load_model, zoo_models  # noqa: E402
-from analysis.tiny_models import LLAVA_TEMPLATE, default_words, family_words, make_word_tokenizer  # noqa: E402
+from analysis.tiny_models import LLAVA_TEMPLATE, default_words, family_words  # noqa: E402
+from analysis.world.tokenizer import make_word_tokenizer  # noqa: E402
 
 OUT = RESULTS / "cost_bench.json"
 

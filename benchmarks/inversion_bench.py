@@ -282,7 +282,7 @@ def main() -> int:
             ids = random_ids(inv.vocab_size(handle), args.shapes_positions, seed=1)
             rows["shapes"] = bench(handle, "shapes-lm (random tokens)", layer, ids,
                                    ["hybrid", "model", "gradient", "embedding", "vocab"], 0)
-            from analysis.zoo import shapes_world as sw
+            from analysis.world import shapes_world as sw
 
             ids = inv.tokenize(handle, sw.caption(sw.generate_scene(5)))
             rows["shapes"] += bench(handle, "shapes-lm (caption)", layer, ids, ["hybrid", "model", "gradient"], 0)

@@ -139,7 +139,8 @@ def main() -> int:
         out["sweep"] = {"context": sweep.context, "examples": args.sweep, "full_accuracy": sweep.full_accuracy,
                         "points": [p.to_dict() for p in sweep.points]}
         for p in sweep.points:
-            print(f"{p.policy} {p.share:.0%} C={p.budget} acc {p.accuracy:.2f} KL {p.mean_kl:.3f} held {p.cache:g}",
+            v = p.values
+            print(f"{p.policy} {p.share:.0%} C={p.budget} acc {v['accuracy']:.2f} KL {v['mean_kl']:.3f} held {v['cache']:g}",
                   flush=True)
     target = RESULTS / "kv_real.json"
     previous = json.loads(target.read_text()) if target.is_file() else {}

@@ -139,16 +139,17 @@ def table(rows: dict) -> str:
 
 def write_card(rows: dict) -> None:
     """The model card's per-panel lines (committed beside the git-ignored converted folder)."""
-    from analysis.zoo import cards, real
+    from analysis import real_models
+    from analysis.zoo import cards
 
-    json_path, _ = cards.real_card_paths(MODEL, real.REAL_DIR)
+    json_path, _ = cards.real_card_paths(MODEL, real_models.REAL_DIR)
     if not json_path.is_file():
         return
     data = json.loads(json_path.read_text())
     data["metrics"]["panels"] = {name: f"{row['task']}: {row['result']}" for name, row in rows.items()
                                  if row.get("result")}
     card = cards.Card(**data)
-    cards.write_real_card(card, real.REAL_DIR)
+    cards.write_real_card(card, real_models.REAL_DIR)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,12 +28,11 @@ from analysis.models import ModelSpec, load_model, zoo_models  # noqa: E402
 
 def full_forward_collect(handle, pairs, layer):
     """Baseline: the same activations read from a full forward (output_hidden_states)."""
-    ds = sae_v.dataset_for(pairs.dataset)
     with handle.session():
         for start in range(0, len(pairs.pairs), 32):
             batch = range(start, min(len(pairs.pairs), start + 32))
             enc = handle.processor(images=[sae_v.render_pair(pairs, i) for i in batch],
-                                   text=[ds.prompt(handle, pairs.pairs[i].text) for i in batch],
+                                   text=[sae_v.pair_prompt(handle, pairs.pairs[i].text) for i in batch],
                                    return_tensors="pt", padding=True)
             handle.model(**enc, output_hidden_states=True)
 

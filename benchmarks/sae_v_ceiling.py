@@ -5,7 +5,7 @@ ground-truth codes, next to the demo SAE.
 
 s_i sums a feature's cross-modal weight omega over the features active on both the caption and the
 image of a pair. Replace the SAE by a perfect dictionary whose features are Shapes World's own
-concepts (`analysis.zoo.concepts`, the ground truth the SAE-V panel labels features with), each with
+concepts (`analysis.world.concepts`, the ground truth the SAE-V panel labels features with), each with
 omega = 1 (its text and image tokens point the same way), and s_i becomes a count of what both sides
 share. Two such dictionaries:
 
@@ -50,8 +50,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from analysis.sae_v.datasets import ShapesDataset  # noqa: E402
 from analysis.sae_v.scores import roc_auc  # noqa: E402
-from analysis.zoo import concepts  # noqa: E402
-from analysis.zoo import shapes_world as sw  # noqa: E402
+from analysis.world import concepts  # noqa: E402
+from analysis.world import shapes_world as sw  # noqa: E402
 
 OUT = RESULTS / "sae_v_ceiling.json"
 KINDS = ("other_scene", "swapped")

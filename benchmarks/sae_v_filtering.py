@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
 
 from analysis.zoo import cards  # noqa: E402
-from analysis.zoo import shapes_world as sw  # noqa: E402
+from analysis.world import shapes_world as sw  # noqa: E402
 
 RESULT_FILE = RESULTS / "sae_v_filtering.json"
 CONDITIONS = ("whole_pool", "top_half_by_s_i", "random_half", "clean_only_oracle", "top_half_by_normalised_s_i")

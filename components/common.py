@@ -32,6 +32,16 @@ def require_model(*kinds: str, panel: str) -> ModelHandle:
     return handle
 
 
+def stays_local(handle: ModelHandle, panel: str) -> None:
+    """Stop the page with one line when `panel` cannot run on this (remote, NDIF) model."""
+    from analysis import backends
+
+    message = backends.local_only(handle, panel)
+    if message:
+        st.info(message, icon=":material/cloud_off:")
+        st.stop()
+
+
 def demo_model(*kinds: str) -> ModelSpec | None:
     """The demo zoo's model of the first of `kinds` that is here and that this deployment allows."""
     for kind in kinds:

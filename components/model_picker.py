@@ -7,21 +7,29 @@ The deployment configuration (`analysis/config.py`) decides which sources the pi
 Hub ids (a list to pick from instead of a free box) and which default model a visitor gets. A spec
 it does not allow (a shared link's `?model=hub:...`, a local path) is refused here, before the loader
 is called: the visitor is told so and gets the default; nothing is read or downloaded.
+
+Remote models: with `[backend] kind = "ndif"` the picker adds an "NDIF (remote)" source listing
+`[backend] remote_models`; such a model's config and tokenizer load here, its weights stay on NDIF
+(analysis/backends/ndif.py), and the sidebar says where it runs.
 """
 from __future__ import annotations
 
 import streamlit as st
 
+from analysis import backends
+from analysis.backends import ndif
 from analysis.models import ModelHandle, ModelLoadError, ModelSpec, all_zoo_models, load_model, zoo_models
-from analysis.zoo import real
+from analysis import real_models
 from components import hosting
 
-SOURCES = {"zoo": "Zoo", "hub": "Hugging Face Hub", "local": "Local folder"}
+SOURCES = {"zoo": "Zoo", "hub": "Hugging Face Hub", "local": "Local folder", "ndif": "NDIF (remote)"}
 STATE_KEY = "model_spec"
 
 
 @st.cache_resource(max_entries=2, show_spinner=False)
 def _load_cached(spec: ModelSpec) -> ModelHandle:
+    if spec.source == "ndif":  # config and tokenizer here, weights on NDIF
+        return backends.load(spec)
     return load_model(spec)
 
 
@@ -49,13 +57,13 @@ def _spec_from_url() -> ModelSpec | None:
 def try_load(spec: ModelSpec) -> ModelHandle | None:
     """Load (or fetch from cache) and make it the session's model; on failure keep the old one.
     A spec the deployment does not allow never reaches the loader."""
-    refusal = hosting.settings().model_refusal(spec.source, spec.name)
+    refusal = _refusal(spec)
     if refusal:
         st.warning(f"{hosting.escape_markdown(spec.label)} was not loaded. {hosting.escape_markdown(refusal)}",
                    icon=":material/block:")
         return None
     message = f"Loading {spec.label} ..."
-    if spec.source == "zoo" and spec.name in real.REAL_MODELS and not real.is_built(spec.name):
+    if spec.source == "zoo" and spec.name in real_models.REAL_MODELS and not real_models.is_built(spec.name):
         message = (f"Converting {spec.label} from its GGUF file (first use on this machine, about 30 s), "
                    "then loading it ...")
     try:
@@ -81,7 +89,7 @@ def current_handle() -> ModelHandle | None:
             st.caption(f"Showing the default model, {hosting.escape_markdown(default_spec().label)}, instead.")
             handle = try_load(default_spec())
         return handle
-    if hosting.settings().model_refusal(spec.source, spec.name):  # the configuration changed under the session
+    if _refusal(spec):  # the configuration changed under the session
         st.session_state.pop(STATE_KEY, None)
         return current_handle()
     try:
@@ -91,17 +99,34 @@ def current_handle() -> ModelHandle | None:
         return None
 
 
+def _refusal(spec: ModelSpec) -> str | None:
+    """Why this deployment will not load `spec`: remote models answer to [backend], the rest to [models]."""
+    if spec.source == "ndif":
+        return ndif.refusal(spec.name)
+    return hosting.settings().model_refusal(spec.source, spec.name)
+
+
+def _remote_note() -> None:
+    """Under the box, for a remote model: where it runs and what stays local (never the key itself)."""
+    st.caption("Runs on NDIF (ndif.us): only its config and tokenizer load here. Attention sharpness, prompt "
+               "reconstruction's targets, SAE-V activations and caption verification run there; KV-cache "
+               "eviction and generation need a local model.")
+    if not ndif.api_key():
+        st.warning("This server has no NDIF API key (NDIF_API_KEY), so remote runs will be refused.",
+                   icon=":material/key_off:")
+
+
 def _zoo_label(name: str) -> str:
     """Demo models by name; a real model marked (short: the box shows about 28 characters at 1024 px)."""
-    return f"{name} (real)" if name in real.REAL_MODELS else name
+    return f"{name} (real)" if name in real_models.REAL_MODELS else name
 
 
 def _real_note(name: str) -> None:
     """Under the box, for a real model: what it is, and that the first load converts it."""
-    if name in real.REAL_MODELS:
-        model = real.REAL_MODELS[name]
+    if name in real_models.REAL_MODELS:
+        model = real_models.REAL_MODELS[name]
         st.caption(f"A real trained model: {model.upstream} ({model.licence})."
-                   + ("" if real.is_built(name) else " Converted from its package on first load (about 20 s)."))
+                   + ("" if real_models.is_built(name) else " Converted from its package on first load (about 20 s)."))
 
 
 def _pick(source: str, names: list[str], start: ModelSpec, label: str, key: str, none: str,
@@ -124,6 +149,8 @@ def render_sidebar() -> ModelHandle | None:
         loaded = current_handle()  # so the widgets start on the model the URL or session names
         start = loaded.spec if loaded is not None else ModelSpec()
         sources = [s for s in SOURCES if s in config.models.sources]
+        if config.backend.kind == "ndif":
+            sources.append("ndif")
         source = st.radio("Source", sources, format_func=SOURCES.get, key="picker_source", horizontal=True,
                           index=sources.index(start.source) if start.source in sources else 0)
         spec = None
@@ -133,6 +160,10 @@ def render_sidebar() -> ModelHandle | None:
                          format_func=_zoo_label)
             if spec is not None:
                 _real_note(spec.name)
+        elif source == "ndif":
+            spec = _pick("ndif", list(config.backend.remote_models), start, "Remote model", "picker_ndif",
+                         "This instance lists no NDIF models.")
+            _remote_note()
         elif source == "hub" and config.hub_allow_list() is not None:
             spec = _pick("hub", config.hub_allow_list(), start, "Model", "picker_hub_list",
                          "This instance lists no Hub models.")
@@ -156,6 +187,7 @@ def render_sidebar() -> ModelHandle | None:
         if handle is not None:
             if st.query_params.get("model") != handle.spec.label:
                 st.query_params["model"] = handle.spec.label  # keep the view's link complete
+            where = " · runs on NDIF" if handle.remote is not None else ""
             st.caption(f"Loaded: **{handle.spec.label}** · {handle.info.architecture} · "
-                       f"{handle.info.parameters:,} parameters")
+                       f"{handle.info.parameters:,} parameters{where}")
     return handle

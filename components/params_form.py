@@ -8,10 +8,13 @@ URL name come from the field, so they are written once for the page, the link an
     form.mirror()                       # the URL now holds the values shown
     form.check(lambda raw: validate(build(raw)))   # a link out of range: one message, nearest values shown
 
-Every value starts from the URL (`?context=64`), parsed with the field's type. A link value outside the
-field's range is clamped into it for the widget, and `check` hands the unclamped values to the same
-validation the CLI runs, so a bad link gets the CLI's one-line message. A value that does not parse,
-or a choice that does not exist, falls back on the default (as every URL value on these pages does).
+Every value starts from the URL (`?context=64`), parsed with the field's type (`url_value`: the one place
+a page reads link text). A link value outside the field's range is clamped into it for the widget, and
+`check` hands the unclamped values to the same validation the CLI runs, so a bad link gets the CLI's
+one-line message. A value that does not parse, or a choice that does not exist, falls back on the
+default (as every URL value on these pages does). A range or a list of choices that depends on the
+model or the result (a layer, a head) is given when drawing (`overrides={"layer": {"high": 11}}`): the
+link's value is clamped into it.
 """
 from __future__ import annotations
 
@@ -22,27 +25,31 @@ from typing import Any, Callable, Iterable
 import streamlit as st
 
 from analysis.errors import SettingsError
-from analysis.settings import choices_of, field_default, kind_of, parse_text, to_text, url_name
+from analysis.settings import choices_of, field_default, field_text, kind_of, parse_text, to_text, url_name
 from components.common import URL_TEXT_MAX, analysis_errors, set_url_params
 
 WIDTH = 135  # px: six fields fit in a row at 1400 px, three at 1024
 
 
-def _clamp(f: Field, value: Any, kind: type) -> Any:
-    meta = f.metadata
+def _bounds(f: Field, overrides: dict) -> tuple[Any, Any]:
+    return overrides.get("low", f.metadata.get("low")), overrides.get("high", f.metadata.get("high"))
+
+
+def _clamp(f: Field, value: Any, kind: type, overrides: dict | None = None) -> Any:
+    low, high = _bounds(f, overrides or {})
     if kind in (int, float) and not isinstance(value, bool):
-        low, high = meta.get("low"), meta.get("high")
         if low is not None and value < low:
             value = kind(low)
         if high is not None and value > high:
             value = kind(high)
-    if kind is str and meta.get("high") is not None:
-        value = value[: meta["high"]]
+    if kind is str and high is not None:
+        value = value[:high]
     return value
 
 
-def url_value(f: Field, owner: Any, default: Any) -> tuple[Any, Any]:
-    """(as the link gives it, as the widget may show it) for one field; never raises."""
+def url_value(f: Field, owner: Any, default: Any, **overrides: Any) -> tuple[Any, Any]:
+    """(as the link gives it, as the widget may show it) for one field; never raises. `overrides` may
+    narrow its range (`low`, `high`) or its `choices` to what this model or result has."""
     name = url_name(f)
     raw_text = st.query_params.get(name) if name else None
     if raw_text is None:
@@ -52,16 +59,27 @@ def url_value(f: Field, owner: Any, default: Any) -> tuple[Any, Any]:
         value = parse_text(f, str(raw_text)[:URL_TEXT_MAX], owner)
     except (TypeError, ValueError, OverflowError):
         return default, default
-    choices = choices_of(f)
+    choices = overrides["choices"] if overrides.get("choices") is not None else choices_of(f)
     if kind is list:
         if choices is not None:
             value = [v for v in value if v in choices]
+        elif f.metadata.get("item") in (int, float):
+            value = [_clamp(f, v, f.metadata["item"], overrides) for v in value]
         if not value and not f.metadata.get("allow_empty"):
             return default, default
-        return value, value
-    if choices is not None and value not in choices:
+        return value, sorted(set(value), key=value.index)
+    shown = _clamp(f, value, kind, overrides)
+    if choices is not None and shown not in choices:
         return default, default
-    return value, _clamp(f, value, kind)
+    return value, shown
+
+
+def labeller(f: Field) -> Any:
+    """How the choices of field `f` read (its `labels` metadata: a dict or a function), or None."""
+    labels = f.metadata.get("labels")
+    if isinstance(labels, dict):
+        return lambda choice: labels.get(choice, str(choice))
+    return labels
 
 
 def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width: int | str | None = WIDTH,
@@ -73,6 +91,12 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
     help_text = overrides.pop("help", meta.get("help") or None)
     choices = overrides.pop("choices", None) or choices_of(f)
     hint = overrides.pop("widget", meta.get("widget"))
+    if choices is not None and labeller(f) is not None:
+        overrides.setdefault("format_func", labeller(f))
+    if kind in (int, float):
+        meta = {**meta, **{k: overrides.pop(k) for k in ("low", "high") if k in overrides}}
+    else:
+        overrides.pop("low", None), overrides.pop("high", None)
     common = dict(key=key, help=help_text, **({"width": width} if width is not None else {}), **overrides)
     if kind is list:
         if choices is None:
@@ -87,6 +111,8 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
             return container.pills(label, choices, default=value, **common)
         if hint == "slider":
             return container.select_slider(label, choices, value=value, **common)
+        if hint == "radio":
+            return container.radio(label, choices, index=choices.index(value), horizontal=True, **common)
         return container.selectbox(label, choices, index=choices.index(value), **common)
     if kind is bool:  # a toggle's label sits beside it on one line: a fixed field width cuts it ("Check the…")
         if isinstance(common.get("width"), int):
@@ -117,22 +143,25 @@ class ParamsForm:
 
     def draw(self, container: Any, fields: Iterable[tuple[Field, Any]], *, defaults: dict | None = None,
              width: int | str | None = WIDTH, overrides: dict[str, dict] | None = None) -> dict[str, Any]:
-        """A widget per (field, owner class) in `container`; returns {field name: value}."""
+        """A widget per (field, owner class) in `container`; returns {field name: value}. A field's own
+        `width` metadata wins over `width`; `overrides[name]` over both (widget keywords, and `low`,
+        `high`, `choices` that narrow what the link may set, `key` for the widget's key without prefix)."""
         defaults, overrides = defaults or {}, overrides or {}
         out = {}
         for f, owner in fields:
-            default = defaults.get(f.name, field_default(f))
-            raw, shown = url_value(f, owner, default)
             kw = dict(overrides.get(f.name, {}))
-            out[f.name] = widget(container, f, owner, key=f"{self.prefix}{f.name}", value=shown,
-                                 width=kw.pop("width", width), **kw)
+            default = defaults.get(f.name, field_default(f))
+            raw, shown = url_value(f, owner, default, **{k: kw[k] for k in ("low", "high", "choices") if k in kw})
+            key = f"{self.prefix}{kw.pop('key', f.name)}"
+            out[f.name] = widget(container, f, owner, key=key, value=shown,
+                                 width=kw.pop("width", f.metadata.get("width", width)), **kw)
             self.raw[f.name], self.fields[f.name] = raw, f
         self.values.update(out)
         return out
 
     def mirror(self) -> None:
         """Write every drawn value into the URL, so the link reproduces the view."""
-        set_url_params(**{url_name(f): to_text(self.values[name]) for name, f in self.fields.items()
+        set_url_params(**{url_name(f): field_text(f, self.values[name]) for name, f in self.fields.items()
                           if url_name(f)})
 
     def check(self, validate: Callable[[dict[str, Any]], None]) -> None:

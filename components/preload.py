@@ -24,7 +24,7 @@ MODULES = [
     "transformers", "transformers.cache_utils", "transformers.masking_utils",
     "captum.attr", "sae_lens", "sae_lens.config", "sae_lens.saes.sae",
     "analysis.registry", "analysis.results", "analysis.models", "analysis.export", "analysis.store",
-    "analysis.anatomy", "analysis.zoo.shapes_world", "analysis.zoo.concepts",
+    "analysis.anatomy", "analysis.world.shapes_world", "analysis.world.concepts",
     "components.common", "components.runs", "components.share",
 ]
 

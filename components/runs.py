@@ -9,7 +9,7 @@ it is not used here). When another session is already computing the same key, th
 that result instead of starting the same work again.
 
 On a miss the run is first looked up among the results shipped with the app (`precomputed`:
-`python -m analysis warm` stores every default view's and preset's runs, fingerprinted by the model's
+`python scripts/warm.py` stores every default view's and preset's runs, fingerprinted by the model's
 weights and the settings), then estimated (`analysis/cost.py`): long work waits for a click, runs
 with a progress bar showing the time left and a Stop button, and says when it is queued behind
 another user's analysis on the shared model (`analysis/model_lock.py`).
@@ -45,6 +45,7 @@ import streamlit as st
 from analysis import cost, precompute
 from analysis.errors import UserError
 from analysis.model_lock import activity
+from analysis.progress import Progress
 from components import hosting
 
 MAX_ENTRIES = 48
@@ -129,7 +130,7 @@ def helpers(models: dict | None) -> dict[str, tuple[str, str]]:
 
 
 def precomputed(key: RunKey, handle, params, models: dict | None = None) -> Any | None:
-    """A result computed ahead (`python -m analysis warm`) for exactly these models' weights and settings."""
+    """A result computed ahead (`python scripts/warm.py`) for exactly these models' weights and settings."""
     if not getattr(handle, "path", ""):
         return None
     return precompute.lookup(key.kind, key.model, key.params, key.extra, handle.path, helpers=helpers(models))
@@ -353,7 +354,7 @@ def _compute(key: RunKey, fn: Callable, handle, params, label: str, kwargs: dict
 
 
 @contextlib.contextmanager
-def timed_progress(label: str, expected: float | None) -> Iterator[Callable[[float, str], None]]:
+def timed_progress(label: str, expected: float | None) -> Iterator[Progress]:
     """A progress bar that says how long the run has taken and how long it has left."""
     bar = st.progress(0.0, text=label)
     t0 = time.perf_counter()

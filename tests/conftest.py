@@ -32,6 +32,7 @@ def pytest_collection_modifyitems(config, items):
 
 from analysis import tiny_models  # noqa: E402
 from analysis.models import ZOO_DIR, ModelSpec, load_model  # noqa: E402
+from analysis.world.tokenizer import make_word_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +63,7 @@ def tiny_mistral_sliding_dir(model_root) -> Path:
     from transformers import MistralConfig, MistralForCausalLM
 
     folder = model_root / "tiny-mistral-sliding"
-    tok = tiny_models.make_word_tokenizer(tiny_models.default_words())
+    tok = make_word_tokenizer(tiny_models.default_words())
     cfg = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, sliding_window=16,
                         max_position_embeddings=128)
@@ -115,7 +116,7 @@ def zoo_model_ready(model: str) -> bool:
     if name in zoo_models():
         return True
     try:
-        from analysis.zoo import real
+        from analysis import real_models
     except ImportError:
         return False
-    return name in real.REAL_MODELS and real.is_built(name)
+    return name in real_models.REAL_MODELS and real_models.is_built(name)

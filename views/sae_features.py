@@ -392,8 +392,7 @@ def show_ranking() -> None:
         params = sae_v.choose(handle, sae_name, choice.data, sae_v.RankParams, layer=outside_layer, rule=rule,
                               by=values["by"], rules=sae_v.rule_settings(**threshold))
         ranking = run_rank(params)
-    same_omega = type(sae_v.score_rule(rule)).weights is type(sae_v.score_rule(stored_rule)).weights
-    ranked.overview(ranking, store, same_omega)
+    ranked.overview(ranking, store)
     keep_fig = ranked.keep_section(ranking, keep)
     figures = ranked.distribution(ranking)
     user_data = bool(choice.data) and not choice.data.startswith("dataset:")

@@ -1,14 +1,11 @@
 """Grounding: Integrated Gradients (Captum) of the verifier's answer margin w.r.t. the pixels, summed per patch."""
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from analysis.captions.generation import vlm_inputs
 from analysis.captions.verifiers import YesNoVerifier
-
-Progress = Callable[[float, str], None]
+from analysis.progress import Progress
 
 
 def ground_claims(verifier: YesNoVerifier, image, claims: list[str], steps: int = 8,

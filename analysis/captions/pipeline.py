@@ -7,8 +7,6 @@ Verification does not depend on pi or the probability form, so moving either onl
 """
 from __future__ import annotations
 
-from typing import Callable
-
 from analysis.captions.agents import make_agent, resolve_agent
 from analysis.captions.generation import caption_image
 from analysis.captions.grounding import ground_claims
@@ -21,8 +19,8 @@ from analysis.captions.score import hallucination_score, probability_form
 from analysis.captions.verifiers import YesNoVerifier, make_verifier, resolve_verifier
 from analysis.captions.world import CaptionError, scene_image, shapes_world
 from analysis.models import ModelHandle
+from analysis.progress import Progress, silent
 
-Progress = Callable[[float, str], None]
 NO_SCENE = ("The image is not a Shapes World scene: there is no ground truth, so factuality, coverage and "
             "CHAIR cannot be measured.")
 NOT_READ = ("The Shapes World grammar does not read this caption, so it has no ground truth (factuality, "
@@ -52,7 +50,7 @@ def verify_caption(vlm: ModelHandle, image, params: CorrectionParams, lm: ModelH
 
     `verifier` overrides `params.verifier` (e.g. a ground-truth oracle in an evaluation).
     """
-    report = progress or (lambda f, m: None)
+    report = progress or silent
     params.validate()
     caption = " ".join(params.caption.split())
     if not caption:

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from analysis import anatomy
+from analysis import anatomy, backends
 from analysis.captions.generation import answer_token_ids, vlm_inputs, vlm_prompt
 from analysis.captions.world import CaptionError, grammar_claim, shapes_world
 from analysis.models import ModelHandle, require_kind
@@ -70,8 +70,8 @@ class YesNoVerifier(Method):
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start:start + self.batch_size]
             inputs = vlm_inputs(self.vlm, [image] * len(chunk), [self.question(claims[i]) for i in chunk])
-            with self.vlm.session(), anatomy.model_step(self.vlm, "verifying claims"):
-                logits = self.vlm.model(**inputs).logits[:, -1].float()
+            with anatomy.model_step(self.vlm, "verifying claims"):
+                logits = backends.run(self.vlm, backends.Request(inputs=inputs, logits=0)).logits[:, -1]
             probs = logits.softmax(-1)
             p_true = probs[:, self.yes_ids].sum(-1)
             p_false = probs[:, self.no_ids].sum(-1)

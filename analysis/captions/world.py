@@ -18,9 +18,9 @@ class CaptionError(SettingsError):
 
 def shapes_world():
     try:
-        from analysis.zoo import shapes_world as world
+        from analysis.world import shapes_world as world
     except ImportError as exc:
-        raise CaptionError("Shapes World is not installed (analysis/zoo/shapes_world.py is missing).") from exc
+        raise CaptionError("Shapes World is not installed (analysis/world/shapes_world.py is missing).") from exc
     return world
 
 

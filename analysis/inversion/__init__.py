@@ -16,7 +16,7 @@ this order:
 """
 from __future__ import annotations
 
-from analysis.inversion.attack import Progress, calibrate, candidate_batches, reconstruct
+from analysis.inversion.attack import calibrate, candidate_batches, reconstruct
 from analysis.inversion.cascade import cascade_verdict, party_view, simulate_cascade
 from analysis.inversion.cli import cli
 from analysis.inversion.cost import attack_work, cascade_work, layers_work, noise_work, speed_work
@@ -51,7 +51,7 @@ ANALYSIS = Analysis(
 )
 
 __all__ = [
-    "ANALYSIS", "Progress", "calibrate", "candidate_batches", "reconstruct", "cascade_verdict", "party_view",
+    "ANALYSIS", "calibrate", "candidate_batches", "reconstruct", "cascade_verdict", "party_view",
     "simulate_cascade", "cli", "attack_work", "cascade_work", "layers_work", "noise_work", "speed_work",
     "DEFENCES", "NO_DEFENCE", "NO_DEFENCE_LABEL", "Defence", "GaussianNoise", "Quantise", "ShuffleBoth",
     "ShuffleDims", "ShufflePositions", "defence_label", "defence_names", "ORDERS", "Context", "EmbeddingOrder",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -21,11 +21,11 @@ from analysis import anatomy
 from analysis.inversion.defences import Defence
 from analysis.inversion.orders import Context, Order, Vocabulary
 from analysis.inversion.params import AttackParams, build_defences, make_order
-from analysis.inversion.probe import Probe, check_layer, token_text, tokenize, vocab_size
+from analysis.inversion.probe import Probe, check_layer, observed_states, token_text, tokenize, vocab_size
 from analysis.inversion.records import AttackResult, TokenRecovery
 from analysis.models import ModelHandle
+from analysis.progress import Progress
 
-Progress = Callable[[float, str], None] | None
 CALIBRATION_POSITIONS = 4  # random-token positions whose recomputation noise sets ε
 CALIBRATION_BATCH = 32
 
@@ -86,12 +86,12 @@ class _Attack:
     `position(i)` call per position, which searches it and extends the recovered prefix."""
 
     def __init__(self, handle: ModelHandle, probe: Probe, params: AttackParams, ids: list[int], order: Order,
-                 defences: list[Defence]) -> None:
+                 defences: list[Defence], clean: torch.Tensor) -> None:
         self.handle, self.probe, self.params, self.ids, self.order = handle, probe, params, ids, order
         self.device, self.vocab = handle.device, vocab_size(handle)
         self.moves_rows = any(d.moves_rows for d in defences)
         self.sorted_dims = any(d.moves_dims for d in defences)
-        self._observe(defences)
+        self._observe(defences, clean)
         self.numerical_eps, self.calibration_evaluations = calibrate(
             probe, self.vocab, min(len(ids), CALIBRATION_POSITIONS), self.device)
         self.epsilon = self.numerical_eps + sum(d.tolerance(self.clean) for d in defences)
@@ -106,10 +106,9 @@ class _Attack:
         self.prior_forwards = int(self.logits is not None)
         self.used = torch.zeros(len(ids), dtype=torch.bool)
 
-    def _observe(self, defences: list[Defence]) -> None:
-        """The victim's states (one forward of the first L layers), then each defence in turn."""
-        clean, _ = self.probe.run(torch.tensor([self.ids], device=self.device), 0)
-        self.clean = clean[0].cpu()
+    def _observe(self, defences: list[Defence], clean: torch.Tensor) -> None:
+        """The victim's states (`observed_states`: one forward of the first L layers), then each defence in turn."""
+        self.clean = clean.cpu()
         gen = torch.Generator().manual_seed(self.params.seed)
         observed = self.clean
         for defence in defences:
@@ -188,7 +187,7 @@ class _Attack:
         )
 
 
-def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress = None,
+def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress | None = None,
                 ids: list[int] | None = None) -> AttackResult:
     """Recover the prompt of `params` from its (defended) layer-L states, position by position."""
     params.validate()
@@ -198,8 +197,9 @@ def reconstruct(handle: ModelHandle, params: AttackParams, progress: Progress = 
     order, defences = make_order(params), build_defences(params)
     n_attack = min(len(ids), params.positions) if params.positions > 0 else len(ids)
     t_start = time.perf_counter()
+    clean = observed_states(handle, ids, params.layer)  # the targets: through the configured backend
     with handle.patch() as patch, torch.no_grad():
-        attack = _Attack(handle, Probe(handle, patch, params.layer), params, ids, order, defences)
+        attack = _Attack(handle, Probe(handle, patch, params.layer), params, ids, order, defences, clean)
         tokens = []
         for i in range(n_attack):
             patch.checkpoint()  # other users waiting for the model go first, between positions

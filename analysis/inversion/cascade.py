@@ -11,12 +11,13 @@ import time
 
 import torch
 
-from analysis.inversion.attack import Progress, calibrate
+from analysis.inversion.attack import calibrate
 from analysis.inversion.params import CascadeParams, InversionError
-from analysis.inversion.probe import Probe, check_layer, token_text, tokenize, vocab_size
+from analysis.inversion.probe import Probe, check_layer, observed_states, token_text, tokenize, vocab_size
 from analysis.inversion.records import CascadeResult, PartyView
 from analysis.inversion.shardings import SHARDINGS
 from analysis.models import ModelHandle
+from analysis.progress import Progress
 
 BREAKABLE_LOG10 = 9  # about 15 minutes at a million candidate sequences a second
 EXPENSIVE_LOG10 = 13  # about four months at that rate
@@ -53,7 +54,7 @@ def attacker_view(handle: ModelHandle, params: CascadeParams) -> tuple[list[int]
     return ids, assignment, [party_view(p, assignment, vocab) for p in range(params.parties)]
 
 
-def simulate_cascade(handle: ModelHandle, params: CascadeParams, progress: Progress = None) -> CascadeResult:
+def simulate_cascade(handle: ModelHandle, params: CascadeParams, progress: Progress | None = None) -> CascadeResult:
     """Shard a prompt's positions across parties and let one party brute-force what it sees."""
     ids, assignment, views = attacker_view(handle, params)
     vocab = vocab_size(handle)
@@ -91,15 +92,14 @@ def cascade_verdict(views: list[PartyView], vocab: int) -> str:
 
 
 def _brute_force(handle: ModelHandle, layer: int, ids: list[int], view: PartyView,
-                 recovered: list[int | None], progress: Progress, batch: int = BRUTE_FORCE_BATCH) -> int:
+                 recovered: list[int | None], progress: Progress | None, batch: int = BRUTE_FORCE_BATCH) -> int:
     """For each seen position, enumerate every sequence for the unseen gap plus the seen token
     after the recovered prefix, and keep the one whose layer-L state matches (L1, epsilon)."""
     device, vocab = handle.device, vocab_size(handle)
     evaluations = 0
+    observed = observed_states(handle, ids, layer).to(device)  # the targets: through the configured backend
     with handle.patch() as patch, torch.no_grad():
         probe = Probe(handle, patch, layer)
-        observed, _ = probe.run(torch.tensor([ids], device=device), 0)
-        observed = observed[0]
         epsilon, _ = calibrate(probe, vocab, min(len(ids), 4), device)
         cache = probe.new_cache() if layer > 0 else None
         known = 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from analysis import anatomy
+from analysis import anatomy, backends
 from analysis.inversion.orders import Vocabulary
 from analysis.inversion.params import MAX_TOKENS, InversionError
 from analysis.models import ModelHandle
@@ -108,10 +108,12 @@ class Probe:
 def observed_states(handle: ModelHandle, ids: list[int], layer: int) -> torch.Tensor:
     """The victim's layer-L hidden states (N, d) of a token sequence (one forward, first L layers)."""
     check_layer(handle, layer)
-    with handle.patch() as patch, torch.no_grad():
-        probe = Probe(handle, patch, layer)
-        states, _ = probe.run(torch.tensor([ids], device=handle.device), 0)
-    return states[0]
+    # depth L: the input of block 0 for L = 0 (the embeddings), else the output of block L - 1
+    site = backends.Site("block_in", 0) if layer == 0 else backends.Site("block_out", layer - 1)
+    request = backends.Request(inputs={"input_ids": torch.tensor([ids]), "position_ids": torch.arange(len(ids))[None],
+                                       "use_cache": False},
+                               reads=(site,), root="language_model")
+    return backends.run(handle, request)[site][0].float()
 
 
 def check_layer(handle: ModelHandle, layer: int) -> None:

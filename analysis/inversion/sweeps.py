@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import itertools
 
-from analysis.inversion.attack import Progress, reconstruct
+from analysis.inversion.attack import reconstruct
 from analysis.inversion.defences import NO_DEFENCE, defence_label, defence_names
 from analysis.inversion.params import AttackParams
 from analysis.inversion.probe import tokenize
 from analysis.inversion.records import LayerPoint, LayerSweep, NoisePoint, NoiseSweep, SpeedComparison
 from analysis.models import ModelHandle
+from analysis.progress import Progress
 
 NOISE_DEFENCE = "gaussian_noise"  # the defence whose σ the noise sweep varies
 
@@ -26,7 +27,7 @@ def with_noise(params: AttackParams, permutation: str, sigma: float) -> AttackPa
 
 
 def sweep_layers(handle: ModelHandle, params: AttackParams, layers: list[int] | None = None,
-                 progress: Progress = None) -> LayerSweep:
+                 progress: Progress | None = None) -> LayerSweep:
     """Accuracy of the attack (with the params' defences) at each layer."""
     layers = list(range(handle.info.layers + 1)) if layers is None else layers
     ids = tokenize(handle, params.prompt, params.max_tokens)
@@ -40,7 +41,7 @@ def sweep_layers(handle: ModelHandle, params: AttackParams, layers: list[int] | 
 
 
 def sweep_noise(handle: ModelHandle, params: AttackParams, noises: list[float],
-                permutations: list[str] | None = None, progress: Progress = None) -> NoiseSweep:
+                permutations: list[str] | None = None, progress: Progress | None = None) -> NoiseSweep:
     """Accuracy vs Gaussian noise (σ relative to the states' std), for each permutation defence
     ("none" and every registered permutation unless `permutations` names some)."""
     permutations = defence_names("permutation") if permutations is None else permutations
@@ -55,7 +56,7 @@ def sweep_noise(handle: ModelHandle, params: AttackParams, noises: list[float],
 
 
 def compare_exhaustive(handle: ModelHandle, params: AttackParams, measured_positions: int = 0,
-                       progress: Progress = None) -> SpeedComparison:
+                       progress: Progress | None = None) -> SpeedComparison:
     """Run the attack, then exhaustive search on the first `measured_positions` positions
     (0 = all) and extrapolate its time to every position."""
     ids = tokenize(handle, params.prompt, params.max_tokens)

@@ -1,43 +1,68 @@
 """What the page, the CLI and the benchmark call: every policy at one budget (`analyze`), and a budget
-sweep (`budget_sweep`)."""
+sweep (`budget_sweep`).
+
+Each analysis builds its parts once and hands them down: every policy (validated as it is built, by
+`validate_params`), the task, the evicted layers and the head groups (`Setup`).
+"""
 from __future__ import annotations
 
-from analysis.kv.metrics import compare
-from analysis.kv.params import KvEvictionError, KvParams, main_policies, make_policy, validate_params
-from analysis.kv.policies import POLICIES, FullCache, Policy
+import dataclasses
+from dataclasses import dataclass
+
+from analysis.anatomy import head_layout
+from analysis.kv.compare import compare
+from analysis.kv.metrics import Metric, metric, sweep_metrics
+from analysis.kv.params import KvEvictionError, KvParams, main_policies, validate_params
+from analysis.kv.policies import POLICIES, Policy
 from analysis.kv.records import GeneratedText, KvResult, PolicyRun, SweepPoint, SweepResult, token_pieces
-from analysis.kv.runner import Progress, Trace, evictable_layers, run_policy
+from analysis.kv.runner import Trace, evictable_layers, run_policy
 from analysis.kv.task import build_task, text_start
 from analysis.models import ModelHandle
+from analysis.progress import Progress
 from analysis.tasks import KvTask
 
 
-def check_params(handle: ModelHandle, params: KvParams, task: KvTask) -> Policy:
-    validate_params(params)
-    policy = make_policy(params)
+@dataclass
+class Setup:
+    """What one analysis of one model builds once: each policy by name (validated), the layers it evicts
+    and the query heads per KV head (anatomy's head layout)."""
+
+    policies: dict[str, Policy]
+    layers: list[int]
+    groups: int
+
+    @classmethod
+    def build(cls, handle: ModelHandle, params: KvParams, *, check_budget: bool = True) -> "Setup":
+        policies = validate_params(params, check_budget=check_budget)
+        return cls(policies, evictable_layers(handle), head_layout(handle).groups)
+
+    def compare(self, full: Trace, run: Trace, task: KvTask, policy: Policy) -> PolicyRun:
+        return compare(full, run, task, policy, self.layers, self.groups)
+
+
+def check_params(params: KvParams, task: KvTask) -> None:
+    """A budget that evicts nothing from this task's context is refused (the policies' own settings are
+    checked as they are built)."""
     context = task.context_len
     if params.policy != "full" and params.budget >= context:
         raise KvEvictionError(
             f"The budget ({params.budget} entries) is not smaller than the context ({context} tokens), so "
             f"nothing would be evicted. Choose a budget below {context}.")
-    return policy
 
 
-def _policy_runs(handle, task, params, names, full, layers, progress, share=(0.0, 1.0),
+def _policy_runs(handle, setup: Setup, task, params, full, progress, share=(0.0, 1.0),
                  keep: str | None = None, texts: tuple[str, ...] = ()) -> tuple[list[PolicyRun], Trace | None, dict]:
-    """Each named policy run and compared with the full cache; also the trace of policy `keep`, and for
-    the policies in `texts` their generated continuation (forked from the same run: see run_policy)."""
-    groups = handle.info.heads // handle.info.kv_heads
+    """Each policy of the setup run and compared with the full cache; also the trace of policy `keep`, and
+    for the policies in `texts` their generated continuation (forked from the same run: see run_policy)."""
     start, generate = text_start(task), params.generated
     runs, kept, forked = [], None, {}
-    for i, name in enumerate(names):
-        pol = make_policy(params, name)
+    for i, (name, pol) in enumerate(setup.policies.items()):
         if progress:
-            progress(share[0] + (share[1] - share[0]) * i / len(names), f"{pol.label} ...")
+            progress(share[0] + (share[1] - share[0]) * i / len(setup.policies), f"{pol.label} ...")
         trace = full if name == "full" else run_policy(
             handle, task.tokens, task.prefill_len, pol, fork_at=start if name in texts else None,
             fork_generate=generate)
-        runs.append(compare(full, trace, task, pol, layers, groups))
+        runs.append(setup.compare(full, trace, task, pol))
         if name == keep:
             kept = trace
         if name in texts and trace.forked is not None:
@@ -47,47 +72,44 @@ def _policy_runs(handle, task, params, names, full, layers, progress, share=(0.0
 
 def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = None) -> KvResult:
     """Every policy at the chosen budget on identical tokens, with the chosen policy's kept sets."""
-    layers = evictable_layers(handle)
+    setup = Setup.build(handle, params)  # every registered policy, the full cache first
     task = build_task(handle, params)
-    policy = check_params(handle, params, task)
-    names = ["full"] + [n for n in POLICIES if n != "full"]
-    text_names = [n for n in names if n in main_policies() or n == policy.name]  # variants: only when chosen
+    check_params(params, task)
+    text_names = [n for n in setup.policies if n in main_policies() or n == params.policy]  # variants: when chosen
     # Each policy that shows generated text continues from its own run once the prompt is read (a fork:
     # the same forwards as a separate run over the prompt, without reading it twice); the full cache's
     # run is this one, which _policy_runs reuses for "full".
-    full = run_policy(handle, task.tokens, task.prefill_len, FullCache(), record_attention=True,
+    full = run_policy(handle, task.tokens, task.prefill_len, setup.policies["full"], record_attention=True,
                       fork_at=text_start(task), fork_generate=params.generated)
-    # the chosen policy's kept sets come from its own run among them (check_params accepts only the
-    # registered policies, all in `names`; make_policy(params) is the same policy with the same
-    # settings, and runs are deterministic), not from a second run
-    runs, chosen, forked = _policy_runs(handle, task, params, names, full, layers, progress, (0.0, 0.9),
-                                        keep=policy.name, texts=tuple(text_names))
+    # the chosen policy's kept sets come from its own run among them, not from a second run
+    runs, chosen, forked = _policy_runs(handle, setup, task, params, full, progress, (0.0, 0.9),
+                                        keep=params.policy, texts=tuple(text_names))
     kept = [[[step[layer][h].tolist() for step in chosen.kept] for h in range(handle.info.kv_heads)]
-            for layer in layers]
-    texts = generate_texts(handle, params, task, text_names, progress, forked=forked)
+            for layer in setup.layers]
+    texts = generate_texts(handle, params, task, [setup.policies[n] for n in text_names], progress, forked=forked)
     if progress:
         progress(1.0, "done")
     return KvResult(
         params=params, model=handle.spec.label, task=task,
         token_text=token_pieces(handle.tokenizer, task.tokens),
-        layers=layers, kv_heads=handle.info.kv_heads, runs=runs, kept=kept,
+        layers=setup.layers, kv_heads=handle.info.kv_heads, runs=runs, kept=kept,
         full_accuracy=runs[0].accuracy, texts=texts,
     )
 
 
-def generate_texts(handle, params, task, names, progress=None, forked: dict | None = None) -> list[GeneratedText]:
+def generate_texts(handle, params, task, policies: list[Policy], progress=None,
+                   forked: dict | None = None) -> list[GeneratedText]:
     """Greedy continuation under each policy, after the context and the first question. `forked`: the
     continuations already generated by the policies' own runs (run_policy's fork), by policy name."""
     start = text_start(task)
     forked = forked or {}
     out, reference = [], None
-    for i, name in enumerate(names):
-        pol = make_policy(params, name)
-        if name in forked:
-            tokens = forked[name]
+    for i, pol in enumerate(policies):
+        if pol.name in forked:
+            tokens = forked[pol.name]
         else:
             if progress:
-                progress(0.9 + 0.1 * i / len(names), f"generating ({name}) ...")
+                progress(0.9 + 0.1 * i / len(policies), f"generating ({pol.name}) ...")
             tokens = run_policy(handle, task.tokens[:start], task.prefill_len, pol,
                                 generate=params.generated).tokens
         new = tokens[start:]
@@ -96,7 +118,7 @@ def generate_texts(handle, params, task, names, progress=None, forked: dict | No
             new = new[:new.index(eos)]
         reference = new if reference is None else reference
         out.append(GeneratedText(
-            policy=name, label=pol.label, text=handle.tokenizer.decode(new),
+            policy=pol.name, label=pol.label, text=handle.tokenizer.decode(new),
             tokens=token_pieces(handle.tokenizer, new),
             matches_full=[a == b for a, b in zip(new, reference)]))
     return out
@@ -104,46 +126,60 @@ def generate_texts(handle, params, task, names, progress=None, forked: dict | No
 
 def budget_sweep(handle: ModelHandle, params: KvParams, progress: Progress | None = None,
                  names: list[str] | None = None) -> SweepResult:
-    """Accuracy, KL, agreement, recall and cache held of every policy (or of `names`) at budgets given as
-    shares of the context, averaged over `params.examples` prompts (accuracy over all their answers)."""
-    validate_params(params, check_budget=False)
-    layers = evictable_layers(handle)
-    groups = handle.info.heads // handle.info.kv_heads
+    """Each sweep metric (metrics.py) of every policy (or of `names`) at budgets given as shares of the
+    context, averaged over `params.examples` prompts (a per-answer metric over all their answers)."""
+    setup = Setup.build(handle, params, check_budget=False)  # each policy's settings; budgets set per share
     names = [n for n in (names or POLICIES) if n != "full"]
+    full_cache = setup.policies["full"]
+    at_budget: dict[tuple[str, int], Policy] = {}  # each (policy, budget) built once for every prompt
     n_ex = 1 if params.prompt.strip() else max(1, params.examples)
-    sums: dict[tuple[str, float], list[float]] = {}
-    full_hits, full_n, context = 0.0, 0, 0
-    total, done = n_ex * len(names) * len(params.sweep), 0
+    points: dict[tuple[str, float], _Mean] = {}
+    full_accuracy = _Mean([metric("accuracy")])
+    context, total, done = 0, n_ex * len(names) * len(params.sweep), 0
     for ex in range(n_ex):
         task = build_task(handle, params, seed=params.seed + ex)
         context = task.context_len
-        full = run_policy(handle, task.tokens, task.prefill_len, FullCache(), record_attention=True)
-        n_ans = len(task.answer_positions)
-        full_run = compare(full, full, task, FullCache(), layers, groups)
-        full_hits += (full_run.accuracy or 0.0) * n_ans
-        full_n += n_ans
+        full = run_policy(handle, task.tokens, task.prefill_len, full_cache, record_attention=True)
+        full_accuracy.add(setup.compare(full, full, task, full_cache), task, n_ex)
         for share in params.sweep:
             for name in names:
-                pol = make_policy(params, name, _sweep_budget(params, name, share, task.context_len))
+                budget = _sweep_budget(setup.policies[name], share, task.context_len)
+                pol = at_budget.get((name, budget))
+                if pol is None:
+                    pol = at_budget[name, budget] = dataclasses.replace(setup.policies[name], budget=budget)
                 if progress:
                     progress(done / total, f"{pol.label} at {share:.0%} ...")
-                run = compare(full, run_policy(handle, task.tokens, task.prefill_len, pol), task, pol, layers, groups)
-                acc = sums.setdefault((name, share), [0.0, 0.0, 0.0, 0.0, 0.0, pol.budget, 0.0, 0.0])
-                acc[0] += (run.accuracy or 0.0) * n_ans
-                acc[1] += n_ans
-                acc[2] += run.mean_kl / n_ex
-                acc[3] += run.agreement / n_ex
-                acc[4] += run.mean_recall / n_ex
-                acc[6] += (run.cache_len[-1] if run.cache_len else 0.0) / n_ex
-                acc[7] += run.claimed / n_ex
+                run = setup.compare(full, run_policy(handle, task.tokens, task.prefill_len, pol), task, pol)
+                points.setdefault((name, share), _Mean(sweep_metrics(), pol.budget)).add(run, task, n_ex)
                 done += 1
-    points = [SweepPoint(policy=name, share=share, budget=int(v[5]), accuracy=v[0] / v[1] if v[1] else None,
-                         mean_kl=v[2], agreement=v[3], recall=v[4], cache=v[6], claimed=v[7])
-              for (name, share), v in sums.items()]
-    return SweepResult(model=handle.spec.label, context=context, points=points,
-                       full_accuracy=full_hits / full_n if full_n else None)
+    return SweepResult(model=handle.spec.label, context=context,
+                       points=[SweepPoint(policy=name, share=share, budget=mean.budget, values=mean.values())
+                               for (name, share), mean in points.items()],
+                       full_accuracy=full_accuracy.values()["accuracy"])
 
 
-def _sweep_budget(params: KvParams, name: str, share: float, context: int) -> int:
-    floor = make_policy(params, name, 10**9).min_budget()
-    return max(floor, min(context - 1, round(share * context)))
+@dataclass
+class _Mean:
+    """The running means of one sweep point: a per-answer metric over every answer of every prompt, any
+    other over the prompts (a run without a value counts 0)."""
+
+    metrics: list[Metric]
+    budget: int = 0
+    sums: dict[str, float] = dataclasses.field(default_factory=dict)
+    answers: int = 0
+
+    def add(self, run: PolicyRun, task: KvTask, n_ex: int) -> None:
+        n_ans = len(task.answer_positions)
+        self.answers += n_ans
+        for m in self.metrics:
+            value = m.read(run) or 0.0
+            self.sums[m.name] = self.sums.get(m.name, 0.0) + (value * n_ans if m.per_answer else value / n_ex)
+
+    def values(self) -> dict[str, float | None]:
+        return {m.name: (self.sums[m.name] / self.answers if self.answers else None) if m.per_answer
+                else self.sums[m.name] for m in self.metrics}
+
+
+def _sweep_budget(policy: Policy, share: float, context: int) -> int:
+    """The budget at `share` of the context, no lower than the policy's settings allow."""
+    return max(policy.min_budget(), min(context - 1, round(share * context)))

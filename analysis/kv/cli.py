@@ -7,6 +7,7 @@ import argparse
 from analysis.errors import SettingsError
 from analysis.kv.analysis import analyze, budget_sweep
 from analysis.kv.longresp import LongResult, long_response
+from analysis.kv.metrics import sweep_metrics, table_metrics
 from analysis.kv.params import KvParams, policy_settings, validate_params
 from analysis.kv.policies import POLICIES
 from analysis.settings import ArgumentParser, add_arguments, labelled, parse_text, read_arguments
@@ -60,21 +61,28 @@ def cli(argv: list[str]) -> int:
         print_long(result)
     elif args.sweep is not None:
         print(f"context {result.context} tokens; full-cache accuracy {result.full_accuracy}")
-        print("| policy | share | budget | accuracy | mean KL | top-1 agreement | recall | cache held |")
-        print("|---|---|---|---|---|---|---|---|")
+        metrics = sweep_metrics()
+        print(_row(["policy", "share", "budget", *(m.header for m in metrics)]))
+        print(_row(["---"] * (3 + len(metrics))))
         for pt in result.points:
-            acc = "n/a" if pt.accuracy is None else f"{pt.accuracy:.2f}"
-            print(f"| {POLICIES.label(pt.policy)} | {pt.share:.0%} | {pt.budget} | {acc} | {pt.mean_kl:.4f} | "
-                  f"{pt.agreement:.2f} | {pt.recall:.3f} | {pt.cache:g} |")
+            print(_row([POLICIES.label(pt.policy), f"{pt.share:.0%}", pt.budget,
+                        *(_cell(pt.values.get(m.name), m.digits) for m in metrics)]))
     else:
         print(f"{result.task.source}: context {result.task.context_len} tokens, budget {params.budget}")
-        print("| policy | accuracy | mean KL | top-1 agreement | recall | cache entries (last step) |")
-        print("|---|---|---|---|---|---|")
+        metrics = table_metrics()
+        print(_row(["policy", *(m.header for m in metrics)]))
+        print(_row(["---"] * (1 + len(metrics))))
         for r in result.runs:
-            acc = "n/a" if r.accuracy is None else f"{r.accuracy:.2f}"
-            print(f"| {r.label} | {acc} | {r.mean_kl:.4f} | {r.agreement:.2f} | {r.mean_recall:.3f} | "
-                  f"{r.cache_len[-1] if r.cache_len else 0:g} |")
+            print(_row([r.label, *(_cell(m.value(r), m.digits) for m in metrics)]))
     return 0
+
+
+def _row(cells: list) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def _cell(value: float | None, digits: int) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def print_long(result: LongResult) -> None:

@@ -18,8 +18,9 @@ import torch
 from analysis.kv.params import KvParams, main_policies, make_policy, validate_params
 from analysis.kv.policies import FullCache
 from analysis.kv.records import token_pieces
-from analysis.kv.runner import Progress, Trace, evictable_layers, run_policy
+from analysis.kv.runner import Trace, evictable_layers, run_policy
 from analysis.models import ModelHandle
+from analysis.progress import Progress
 from analysis.results import Result
 from analysis.tasks import tasks_for
 from analysis.tasks.long_response import Item, LongTask, answer_items, custom_prompt, recalled
@@ -130,18 +131,19 @@ def _answer(handle: ModelHandle, generated: list[int]) -> list[int]:
 def long_response(handle: ModelHandle, params: KvParams, progress: Progress | None = None,
                   names: list[str] | None = None) -> LongResult:
     """Every main policy (and the chosen one) writes its own answer at budget C; compared with the full cache's."""
-    validate_params(params)
+    policies = validate_params(params)  # every policy, built once
     layers = evictable_layers(handle)
     task = long_task(handle, params)
     names = names or [n for n in main_policies() if n != "full"]
     if params.policy not in names and params.policy != "full":
         names = [*names, params.policy]
-    full_trace = generate(handle, task, FullCache())
+    full_cache = FullCache()  # its row keeps the full cache's own budget field, as stored results have it
+    full_trace = generate(handle, task, full_cache)
     reference = _answer(handle, full_trace.tokens[len(task.tokens):])
-    runs = [score(handle, task, full_trace, FullCache(), None, layers)]
+    runs = [score(handle, task, full_trace, full_cache, None, layers)]
     chosen = full_trace
     for i, name in enumerate(names):
-        pol = make_policy(params, name)
+        pol = policies[name]
         if progress:
             progress(i / (len(names) + 1), f"{pol.label} writes its answer ...")
         trace = generate(handle, task, pol)
@@ -190,17 +192,19 @@ def long_sweep(handle: ModelHandle, params: KvParams, budgets: list[int], exampl
     per (policy, budget), and the full cache's own item recall."""
     layers = evictable_layers(handle)
     names = names or [n for n in main_policies() if n != "full"]
+    policies = {(name, budget): make_policy(params, name, budget) for budget in budgets for name in names}
+    full_cache = FullCache()
     runs: dict[tuple[str, int], list[LongRun]] = {}
     full_runs = []
     total, done = examples * len(budgets) * len(names), 0
     for ex in range(examples):
         task = long_task(handle, params, seed=params.seed + ex)
-        full_trace = generate(handle, task, FullCache())
+        full_trace = generate(handle, task, full_cache)
         reference = _answer(handle, full_trace.tokens[len(task.tokens):])
-        full_runs.append(score(handle, task, full_trace, FullCache(), None, layers))
+        full_runs.append(score(handle, task, full_trace, full_cache, None, layers))
         for budget in budgets:
             for name in names:
-                pol = make_policy(params, name, budget)
+                pol = policies[name, budget]
                 if progress:
                     progress(done / total, f"{pol.label} at {budget}, prompt {ex + 1}")
                 trace = generate(handle, task, pol)

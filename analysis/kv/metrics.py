@@ -1,69 +1,82 @@
-"""Each policy against the full cache on identical tokens: KL, top-1 agreement, attention recall, needle
-survival and answer accuracy."""
+"""The KV panel's metrics, as data: each is a name, its labels and how it is read from one policy's run
+against the full cache (a `PolicyRun`, compare.py).
+
+The page's table of policies, the command line's table and the budget sweep (its points, its chart and the
+page's choice of what the chart plots) all read `METRICS`: adding a metric is one entry below. A metric
+measured in the sweep travels in saved results under its name, so a name stays stable once used.
+"""
 from __future__ import annotations
 
-import torch
-
-from analysis.kv.policies import Policy
-from analysis.kv.records import PolicyRun
-from analysis.kv.runner import Trace
-from analysis.tasks.records import KvTask
+from dataclasses import dataclass
+from typing import Any, Callable
 
 
-def present_positions(trace: Trace, step: int, layer: int) -> torch.Tensor:
-    """(H_kv, K) original positions cached when the query of decode step `step` attended in `layer`: the
-    previous step's kept entries and its own ("after" policies), or the step's own selection ("before":
-    MorphKV selects first; its query heads may each see a subset of that, see runner.py)."""
-    if trace.timing == "before" and trace.kept[step][layer] is not None:
-        return trace.kept[step][layer]
-    before = trace.prefill_kept[layer] if step == 0 else trace.kept[step - 1][layer]
-    new = torch.full((before.shape[0], 1), trace.prompt_len + step, dtype=before.dtype)
-    return torch.cat([before, new], dim=1)
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
-def compare(full: Trace, run: Trace, task: KvTask, policy: Policy, layers: list[int], groups: int) -> PolicyRun:
-    lp_full = full.logits.log_softmax(-1)
-    lp = run.logits.log_softmax(-1)
-    target = torch.tensor(task.tokens[task.prefill_len:])
-    kl = (lp_full.exp() * (lp_full - lp)).sum(-1)
-    top1 = (lp_full.argmax(-1) == lp.argmax(-1)).float()
-    rows = torch.arange(len(target))
-    dnll = lp_full[rows, target] - lp[rows, target]
-    recall = []
-    for step, oracle_layers in enumerate(full.attention or []):
-        per_layer = []
-        for layer in layers:
-            present = present_positions(run, step, layer)
-            oracle = oracle_layers[layer]  # (H_q, T)
-            kept = present.repeat_interleave(groups, dim=0)
-            per_layer.append(float(oracle.gather(1, kept).sum(1).mean()))
-        recall.append(per_layer)
-    survival = needle_survival(run, task, layers)
-    preds = [int(lp[a - task.prefill_len].argmax()) for a in task.answer_positions]
-    accuracy = (sum(int(p == task.tokens[a]) for p, a in zip(preds, task.answer_positions)) / len(preds)
-                if preds else None)
-    steps = len(run.cache_len)
-    held = policy.held(len(run.cache_len[0]), run.prompt_len, run.prompt_len + steps) if steps else []
-    return PolicyRun(
-        policy=policy.name, label=policy.label, budget=policy.budget, kl=kl.tolist(), top1=top1.tolist(),
-        dnll=dnll.tolist(), recall=recall, needle_survival=survival, accuracy=accuracy, answers=preds,
-        cache_len=[sum(lens[l] for l in layers) / len(layers) for lens in run.cache_len], cache_bytes=run.cache_bytes,
-        analytic_bytes=run.analytic_bytes, step_ms=[1000 * t for t in run.step_time],
-        claimed=sum(held[l] for l in layers) / len(layers) if held else 0.0,
-    )
+def _last(values: list[float]) -> float | None:
+    return values[-1] if values else None
 
 
-def needle_survival(run: Trace, task: KvTask, layers: list[int]) -> list[list[float]]:
-    n_heads = run.prefill_kept[layers[0]].shape[0]
-    hits = torch.zeros(len(layers), n_heads)
-    count = 0
-    for answer, needles in zip(task.answer_positions, task.needle_positions):
-        step = answer - task.prefill_len - 1  # the decode step whose logits predict `answer`
-        if step < 0 or not needles:
-            continue
-        count += len(needles)
-        for li, layer in enumerate(layers):
-            present = present_positions(run, step, layer)
-            for n in needles:
-                hits[li] += (present == n).any(dim=1).float()
-    return (hits / max(1, count)).tolist() if count else []
+@dataclass(frozen=True)
+class Metric:
+    name: str  # the sweep point's key in saved results and the page's `metric` choice: keep it stable
+    label: str  # short: the chart's choice and the command line's column
+    read: Callable[[Any], float | None]  # its value for one PolicyRun; None where there is none
+    column: str = ""  # the page table's header (default: label)
+    title: str = ""  # the sweep chart's title (default: label)
+    axis: str = ""  # the sweep chart's y axis, with its unit (default: label)
+    digits: int = 3
+    per_answer: bool = False  # the sweep averages it over every answer of every prompt, else over prompts
+    table: bool = True  # a column of the page's and the command line's table of policies
+    sweep: bool = True  # measured at every point of the budget sweep (and a choice of its chart)
+
+    def value(self, run) -> float | None:
+        """Its value for `run`, rounded to `digits` (None stays None)."""
+        value = self.read(run)
+        return None if value is None else round(value, self.digits)
+
+    @property
+    def header(self) -> str:
+        return self.column or self.label
+
+
+METRICS: list[Metric] = [
+    Metric("accuracy", "key-value accuracy", lambda r: r.accuracy, title="Key-value recall accuracy",
+           axis="accuracy (share of answers)", per_answer=True),
+    Metric("mean_kl", "mean KL", lambda r: r.mean_kl, column="mean KL (nats)", title="Mean KL(full ‖ policy)",
+           axis="KL divergence (nats)", digits=4),
+    Metric("agreement", "top-1 agreement", lambda r: r.agreement, title="Top-1 agreement with the full cache",
+           axis="share of steps"),
+    Metric("dnll", "mean ΔNLL", lambda r: _mean(r.dnll) or 0.0, column="mean ΔNLL (nats)", digits=4, sweep=False),
+    Metric("recall", "attention recall", lambda r: r.mean_recall, title="Attention recall",
+           axis="share of full-cache attention kept"),
+    Metric("needle_survival", "needle survival", lambda r: _mean([x for row in r.needle_survival for x in row]),
+           sweep=False),
+    Metric("cache", "cache held", lambda r: _last(r.cache_len),
+           column="cache entries per head (last step, mean over layers)",
+           title="Cache actually held at the last token", axis="entries per KV head (mean over layers)", digits=1),
+    # what the policy's own rule says it holds then (Policy.held): the tests hold every row to cache == claimed
+    Metric("claimed", "cache its rule claims", lambda r: r.claimed,
+           column="cache entries its rule claims (last step)", title="Cache the policy's rule claims at the last token",
+           axis="entries per KV head (mean over layers)", digits=1),
+    Metric("kib", "cache KiB", lambda r: None if not r.cache_bytes else r.cache_bytes[-1] / 1024,
+           column="cache KiB (last step)", digits=1, sweep=False),
+    Metric("step_ms", "ms / decode step", lambda r: _mean(r.step_ms) or 0.0, digits=2, sweep=False),
+]
+
+
+def table_metrics() -> list[Metric]:
+    return [m for m in METRICS if m.table]
+
+
+def sweep_metrics() -> list[Metric]:
+    return [m for m in METRICS if m.sweep]
+
+
+def metric(name: str) -> Metric:
+    for m in METRICS:
+        if m.name == name:
+            return m
+    raise KeyError(name)

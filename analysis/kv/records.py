@@ -47,15 +47,23 @@ class PolicyRun(Result):
 
 @dataclass
 class SweepPoint(Result):
+    """One policy at one budget of a sweep: each sweep metric (metrics.py) averaged over the prompts.
+
+    Saved flat, the metrics beside the policy, share and budget (`{"policy": ..., "accuracy": 0.5, ...}`),
+    so results saved before the metrics were data read the same."""
+
     policy: str
     share: float  # budget as a share of the context
     budget: int
-    accuracy: float | None
-    mean_kl: float
-    agreement: float
-    recall: float
-    cache: float = 0.0  # entries per KV head when the last token is predicted (mean over layers and prompts)
-    claimed: float = 0.0  # what the policy's rule says it holds then (Policy.held; the tests hold cache == claimed)
+    values: dict[str, float | None] = field(default_factory=dict)  # metric name -> its mean over the prompts
+
+    def to_dict(self) -> dict:
+        return {"policy": self.policy, "share": self.share, "budget": self.budget, **self.values}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SweepPoint":
+        values = {k: v for k, v in data.items() if k not in ("policy", "share", "budget")}
+        return cls(policy=data["policy"], share=data["share"], budget=data["budget"], values=values)
 
 
 @dataclass

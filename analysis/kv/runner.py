@@ -27,12 +27,12 @@ from typing import Callable
 
 import torch
 
-from analysis.anatomy import attention_modules
+from analysis.anatomy import attention_modules, head_layout
 from analysis.kv.base import LayerState, Policy, Selection, gather_kv
 from analysis.kv.params import KvEvictionError
 from analysis.models import ModelHandle
+from analysis.progress import Progress
 
-Progress = Callable[[float, str], None]
 ATTENTION_NAME = "model_inspector_kv_eviction"
 BOUND = "_model_inspector_kv_evictor"  # the attribute a patch sets on each evictable attention module
 
@@ -134,7 +134,8 @@ class Evictor:
     def __init__(self, handle: ModelHandle, policy: Policy, cache, record_attention: bool) -> None:
         self.policy, self.cache, self.record = policy, cache, record_attention
         self.modules = attention_modules(handle.language_model)
-        self.n_kv, self.groups = handle.info.kv_heads, handle.info.heads // handle.info.kv_heads
+        layout = head_layout(handle)
+        self.n_kv, self.groups = layout.kv_heads, layout.groups
         self.states: dict[int, LayerState] = {}
         self.phase = "prefill"
         self.start = 0  # original position of the first token of the current forward
@@ -199,7 +200,7 @@ class Evictor:
         b, hq, n, d = q.shape
         scaling = kwargs.get("scaling")
         scaling = d ** -0.5 if scaling is None else scaling
-        logits = torch.matmul(q.view(b, self.n_kv, hq // self.n_kv, n, d), key.float()[:, :, None].transpose(-1, -2))
+        logits = torch.matmul(q.view(b, self.n_kv, self.groups, n, d), key.float()[:, :, None].transpose(-1, -2))
         logits = logits.view(b, hq, n, -1) * scaling
         softcap = kwargs.get("softcap")
         return torch.tanh(logits / softcap) * softcap if softcap else logits

@@ -7,9 +7,13 @@ Read in this order:
 - `architectures.py`: the sae-lens SAE types we train (TopK, Standard, JumpReLU), each with its setting;
 - `datasets.py`: generated image-caption pairs (Shapes World, English scene captions, random noise);
   `userdata.py`: your own folder / file / zip, bad rows reported one by one;
-- `activations.py`: the residual stream after one decoder layer at every image and text token;
-- `training.py`: training, encoding, saving and loading our SAEs; `outside.py`: SAEs saved by sae-lens or
-  its pretrained releases, checked against the model;
+- `prompts.py`: how every pair (generated, yours, an explained input) is put in front of the model: one
+  path, the model's own captioning prompt; `activations.py`: the residual stream after one decoder layer
+  at every image and text token;
+- `codec.py`: the one way any SAE is run (encode, reconstruct, steer, its input normalisation applied as
+  sae-lens applies it; what SAE-V cannot run refused at load); `training.py`: training, saving and
+  loading our SAEs; `outside.py`: SAEs saved by sae-lens or its pretrained releases, checked against the
+  model;
 - `rules.py` (which features get an omega_k, what s_i sums) and `scores.py` (labels, ROC, keep, ranking);
 - `store.py`: everything the browser shows per feature; `build.py`: train + store end to end;
 - `sources.py`: which SAE on which data, and the feature store of any such pair;
@@ -28,6 +32,7 @@ from analysis.sae_v.build import (
     Trained, available_saes, build, build_folder, demo_folder, is_stale, model_fingerprint, rebuild_store, train,
 )
 from analysis.sae_v.cli import cli
+from analysis.sae_v.codec import Codec, as_codec
 from analysis.sae_v.cost import explain_work, rank_work, steer_work, store_work, train_work
 from analysis.sae_v.datasets import (
     DATASETS, Dataset, NoiseDataset, ScenesDataset, ShapesDataset, dataset_for, default_dataset, english_caption,
@@ -42,14 +47,15 @@ from analysis.sae_v.params import (
 )
 from analysis.sae_v.rules import (
     SCORE_RULES, AllSharedRule, NormalisedRule, OfficialRule, ScoreRule, pair_scores, per_pair_max, rule_settings,
-    score_label, score_rule,
+    same_omega, score_label, score_rule,
 )
 from analysis.sae_v.scores import (
     by_kind, cross_modal_weights, finish_ranking, keep_top, modality_labels, rank_dataset, rank_pairs, roc_auc,
     store_weights,
 )
 from analysis.sae_v.sources import Source, choose, data_pairs, locate, open_sae, sae_fingerprint, store_for
-from analysis.sae_v.steering import caption_prompt, steer
+from analysis.sae_v.prompts import caption_prompt, pair_prompt
+from analysis.sae_v.steering import steer
 from analysis.sae_v.store import (
     build_feature_store, concept_in_both, concept_precision, load_store, read_store_json, save_store,
 )
@@ -78,7 +84,7 @@ ANALYSIS = Analysis(
 )
 
 __all__ = [
-    "ANALYSIS", "decoder_layers", "SettingsError", "collect_activations", "iter_activations", "modality_scales",
+    "ANALYSIS", "decoder_layers", "SettingsError", "Codec", "as_codec", "collect_activations", "iter_activations", "modality_scales",
     "scaled", "ARCHITECTURES", "JumpReLU", "SaeType", "Standard", "TopK", "architecture_settings", "Trained",
     "available_saes", "build", "build_folder", "demo_folder", "is_stale", "model_fingerprint", "rebuild_store",
     "train", "cli", "explain_work", "rank_work", "steer_work", "store_work", "train_work", "DATASETS", "Dataset",
@@ -87,10 +93,11 @@ __all__ = [
     "ranked_rows", "ranked_text", "write_exports", "IMAGE", "LABELS", "MODALITY_NAMES", "TEXT", "SaeFitError",
     "check_fit", "hook_layer", "load_outside", "BuildParams", "ExplainParams", "Keep", "RankParams", "SaeChoice",
     "SteerParams", "StoreParams", "TrainParams", "parse_steer", "SCORE_RULES", "AllSharedRule", "NormalisedRule",
-    "OfficialRule", "ScoreRule", "pair_scores", "per_pair_max", "rule_settings", "score_label", "score_rule",
+    "OfficialRule", "ScoreRule", "pair_scores", "per_pair_max", "rule_settings", "same_omega", "score_label",
+    "score_rule",
     "by_kind", "cross_modal_weights", "finish_ranking", "keep_top", "modality_labels", "rank_dataset", "rank_pairs",
     "roc_auc", "store_weights", "Source", "choose", "data_pairs", "locate", "open_sae", "sae_fingerprint",
-    "store_for", "caption_prompt", "steer", "build_feature_store", "concept_in_both", "concept_precision",
+    "store_for", "caption_prompt", "pair_prompt", "steer", "build_feature_store", "concept_in_both", "concept_precision",
     "load_store", "read_store_json", "save_store", "encode", "load_sae", "reconstruction_metrics", "save_sae",
     "train_sae", "CACHE_ROOT", "META_FILE", "SAE_ROOT", "STORE_FILE", "Activations", "Concept", "Example",
     "FeatureCard", "FeatureStore", "ImageExample", "InputExplanation", "Pair", "PairScore", "PairSet",

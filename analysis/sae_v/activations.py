@@ -1,5 +1,6 @@
 """SAE-V activation collection: the residual stream after one decoder layer at every text and image
-position of a set of image-caption pairs, and the per-modality input scaling of the SAE.
+position of a set of image-caption pairs, and the per-modality input scaling of the SAE. Every pair is
+put in front of the model the same way, whatever its source (`prompts.pair_prompt`).
 
 `collect_activations` returns every position of every pair (the feature store needs them together);
 `iter_activations` yields one batch at a time, so a ranking of thousands of pairs never holds more
@@ -12,9 +13,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from analysis import anatomy
+from analysis import anatomy, backends
 from analysis.models import ModelHandle
-from analysis.sae_v.datasets import dataset_for
+from analysis.sae_v.prompts import pair_prompt
 from analysis.sae_v.types import IMAGE, TEXT, Activations, PairSet, Progress, _noop
 
 
@@ -52,10 +53,9 @@ def iter_activations(handle: ModelHandle, pairs: PairSet, layer: int, which, bat
         from analysis.sae_v.userdata import pair_image
 
         image_of = lambda i: pair_image(pairs, i)  # noqa: E731
-    dataset = dataset_for(pairs.dataset)
     for start in range(0, len(which), batch_size):
         batch = which[start:start + batch_size]
-        prompts = [dataset.prompt(handle, pairs.pairs[i].text) for i in batch]
+        prompts = [pair_prompt(handle, pairs.pairs[i].text) for i in batch]
         images = [image_of(i) for i in batch] if handle.kind == "vlm" else None
         yield batch_activations(handle, layer, batch, prompts, images)
         done = start + len(batch)
@@ -80,12 +80,9 @@ def batch_activations(handle: ModelHandle, layer: int, batch: list[int], prompts
         grid = anatomy.patch_grid(handle, enc).cols
     else:
         enc = tok(prompts, return_tensors="pt", padding=True)
-    enc = {k: v.to(handle.device) for k, v in enc.items()}
-    with handle.patch() as patch, torch.no_grad():
-        cap = anatomy.Capture(layer).attach(patch, handle.model)
-        with anatomy.model_step(handle, f"collecting layer-{layer} activations"):
-            cap.run(handle.model, **enc)
-        hidden = cap.output.detach().float().cpu()
+    site = backends.Site("block_out", layer)
+    with anatomy.model_step(handle, f"collecting layer-{layer} activations"):
+        hidden = backends.run(handle, backends.Request(inputs=dict(enc), reads=(site,)))[site].float()
     ids = enc["input_ids"].cpu()
     mask = enc["attention_mask"].cpu().bool()
     is_image = (ids == img_id) & mask if is_vlm else torch.zeros_like(mask)
@@ -132,7 +129,6 @@ def usable_batches(handle: ModelHandle, pairs: PairSet, layer: int, which, batch
     progress = progress or _noop
     anatomy.check_layer(handle.model, layer)
     which = list(which)
-    dataset = dataset_for(pairs.dataset)
     for start in range(0, len(which), batch_size):
         # reported before the batch runs: a Stop raised here loses no finished batch (the caller kept them)
         progress(start / max(len(which), 1), f"pairs {start}/{len(which)}")
@@ -147,7 +143,7 @@ def usable_batches(handle: ModelHandle, pairs: PairSet, layer: int, which, batch
             batch.append(i)
         acts = None
         if batch:
-            prompts = [dataset.prompt(handle, pairs.pairs[i].text) for i in batch]
+            prompts = [pair_prompt(handle, pairs.pairs[i].text) for i in batch]
             acts = batch_activations(handle, layer, batch, prompts, images if handle.kind == "vlm" else None)
         yield acts, batch, bad
     progress(1.0, f"pairs {len(which)}/{len(which)}")

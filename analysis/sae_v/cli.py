@@ -25,7 +25,8 @@ from analysis.sae_v.params import (
 )
 from analysis.sae_v.rules import SCORE_RULES, rule_settings
 from analysis.sae_v.scores import by_kind, keep_top
-from analysis.sae_v.sources import choose, locate, store_for
+from analysis.sae_v.access import shown
+from analysis.sae_v.sources import Source, choose, locate, store_for
 from analysis.sae_v.types import FeatureCard, Ranking
 from analysis.settings import ArgumentParser, add_arguments, check_settings, labelled, read_arguments
 
@@ -108,11 +109,12 @@ def _run(args) -> int:
     if args.feature is not None and args.feature < 0:
         raise SettingsError(f"--feature must be at least 0, got {args.feature}.")
     handle = load_model(ModelSpec.parse(args.model))
+    source = locate(handle, args.sae) if args.sae else None  # resolved once (a bad SAE: one error line)
     if steer:
-        return _steer(handle, args, steer, _pick(values, SteerParams, skip=("sae", "data")))
-    if args.data is not None or _outside(handle, args.sae):
-        return _on_data(handle, args, ranked, keep)
-    return _ours(handle, args, params, ranked, keep)
+        return _steer(handle, args, steer, _pick(values, SteerParams, skip=("sae", "data")), source)
+    if args.data is not None or (source is not None and source.outside):
+        return _on_data(handle, args, ranked, keep, source)
+    return _ours(handle, args, params, ranked, keep, source)
 
 
 def _pick(values: dict, cls, skip: tuple = ()) -> dict:
@@ -125,14 +127,10 @@ def _architectures(args) -> dict[str, dict]:
     return architecture_settings(**read_arguments(args, ARCHITECTURES.settings()))
 
 
-def _outside(handle, sae: str | None) -> bool:
-    return bool(sae) and locate(handle, sae).outside
-
-
-def _sae_locator(handle, args, params: BuildParams) -> str:
-    """--sae as given, else the demo SAE of the layer, else a newly trained one (--out or the cache)."""
-    if args.sae:
-        return str(Path(args.sae).resolve()) if Path(args.sae).exists() else args.sae
+def _sae_source(handle, args, params: BuildParams, source: Source | None) -> Source:
+    """--sae as resolved, else the demo SAE of the layer, else a newly trained one (--out or the cache)."""
+    if source is not None:
+        return source
     layer = args.layer if args.layer is not None else handle.info.layers // 2
     anatomy.check_layer(handle.model, layer)
     folder = demo_folder(handle, layer) if args.out is None else None
@@ -140,28 +138,29 @@ def _sae_locator(handle, args, params: BuildParams) -> str:
         params.layer = layer
         folder = build(handle, params, args.out, progress=_progress())
     known = {f.name: f for f in available_saes(handle)}
-    return folder.name if known.get(folder.name) == folder else str(folder)
+    return locate(handle, folder.name if known.get(folder.name) == folder else str(folder))
 
 
-def _ours(handle, args, params: BuildParams, ranked: RankParams, keep: float) -> int:
+def _ours(handle, args, params: BuildParams, ranked: RankParams, keep: float, source: Source | None) -> int:
     """Our own SAE on its own evaluation pairs (the committed demo one, or trained now)."""
     from analysis.sae_v.store import load_store
     from analysis.sae_v.types import STORE_FILE
 
-    if args.sae and not (Path(args.sae) / STORE_FILE).is_file():
-        raise SettingsError(f"no SAE feature store in '{args.sae}'.")
+    if source is not None and not (source.folder / STORE_FILE).is_file():
+        raise SettingsError(f"no SAE feature store in '{shown(source.locator)}'.")
     if args.layer is not None:
         anatomy.check_layer(handle.model, args.layer)
-    locator = _sae_locator(handle, args, params)
-    folder = locate(handle, locator).folder
+    source = _sae_source(handle, args, params, source)
+    folder = source.folder
     if args.rebuild_store:
         rebuild_store(handle, folder, ranked.rule if "rule" in read_arguments(args, RANK) else None)
+        source = locate(handle, source.locator)  # its files changed: a new fingerprint
     store = load_store(folder)
     if args.feature is not None:
         return _print_card(store, args)
     out: dict[str, Any] = {"folder": str(folder), "meta": store.meta.to_dict(), "summary": store.summary()}
     if args.rank:
-        choice = choose(handle, locator, "", RankParams, rule=ranked.rule, rules=ranked.rules, by=ranked.by)
+        choice = choose(handle, source, "", RankParams, rule=ranked.rule, rules=ranked.rules, by=ranked.by)
         ranking = rank(handle, choice, progress=_progress())
         out["ranking"] = _ranking_summary(ranking, keep)
         if args.export:
@@ -169,20 +168,18 @@ def _ours(handle, args, params: BuildParams, ranked: RankParams, keep: float) ->
     return _print(out, args, store.meta.to_dict())
 
 
-def _on_data(handle, args, ranked: RankParams, keep: float) -> int:
+def _on_data(handle, args, ranked: RankParams, keep: float, source: Source | None) -> int:
     """Any SAE (an outside one included) on any data: the feature store of a sample, then the ranking."""
     params = BuildParams(layer=args.layer if args.layer is not None else 0)
-    locator = _sae_locator(handle, args, params)
+    source = _sae_source(handle, args, params, source)
     data = args.data if args.data is not None else (f"dataset:{args.dataset}" if args.dataset else "")
-    if data and not data.startswith("dataset:"):
-        data = str(Path(data).resolve())
-    extra = {"layer": args.layer} if args.layer is not None and _outside(handle, locator) else {}
-    choice = choose(handle, locator, data, RankParams, rule=ranked.rule, rules=ranked.rules, by=ranked.by,
+    extra = {"layer": args.layer} if args.layer is not None and source.outside else {}
+    choice = choose(handle, source, data, RankParams, rule=ranked.rule, rules=ranked.rules, by=ranked.by,
                     store_pairs=ranked.store_pairs, batch_pairs=ranked.batch_pairs, **extra)
-    store = store_for(handle, choice, progress=_progress())
+    store = store_for(handle, choice, progress=_progress(), source=source)
     if args.feature is not None:
         return _print_card(store, args)
-    out: dict[str, Any] = {"sae": locator, "data": choice.data, "meta": store.meta.to_dict(),
+    out: dict[str, Any] = {"sae": source.locator, "data": choice.data, "meta": store.meta.to_dict(),
                            "summary": store.summary()}
     if args.rank:
         ranking = rank(handle, choice, progress=_progress())
@@ -192,20 +189,20 @@ def _on_data(handle, args, ranked: RankParams, keep: float) -> int:
     return _print(out, args, store.meta.to_dict())
 
 
-def _steer(handle, args, features: dict[int, float], values: dict) -> int:
+def _steer(handle, args, features: dict[int, float], values: dict, source: Source | None) -> int:
     from analysis.sae_v.steering import steer
     from analysis.sae_v.userdata import save_image
 
     params = BuildParams(layer=args.layer if args.layer is not None else 0)
-    locator = _sae_locator(handle, args, params)
+    source = _sae_source(handle, args, params, source)
     image = ""
     if args.image:
         path = Path(args.image)
         if not path.is_file():
             raise SettingsError(f"No such image file: '{args.image}'.")
         image = save_image(path.read_bytes(), name=f"'{path.name}'")
-    extra = {"layer": args.layer} if args.layer is not None and _outside(handle, locator) else {}
-    choice = choose(handle, locator, "", SteerParams, features=features, image=image, **values, **extra)
+    extra = {"layer": args.layer} if args.layer is not None and source.outside else {}
+    choice = choose(handle, source, "", SteerParams, features=features, image=image, **values, **extra)
     result = steer(handle, choice)
     if args.json:
         print(json.dumps({"unsteered": result.unsteered.text, "steered": result.steered.text,

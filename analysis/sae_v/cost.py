@@ -15,7 +15,8 @@ from analysis.cost import Work
 from analysis.models import ModelHandle
 from analysis.sae_v import userdata
 from analysis.sae_v.datasets import default_dataset, make_pairs
-from analysis.sae_v.params import BuildParams, ExplainParams, RankParams, SaeChoice, SteerParams
+from analysis.sae_v.params import BuildParams, ExplainParams, RankParams, SaeChoice, SteerParams, StoreParams
+from analysis.sae_v.rules import same_omega
 from analysis.sae_v.types import STORE_FILE
 
 # Measured on shapes-vlm on an idle machine (per_call 1.2 ms): a feature card costs Python work of about one
@@ -33,13 +34,16 @@ def _body(handle: ModelHandle) -> float:
     return float(cost.param_split(handle)[0])
 
 
-def _sae_width(handle: ModelHandle, choice: SaeChoice) -> tuple[int, int, int]:
+def _source(handle: ModelHandle, choice: SaeChoice):
+    from analysis.sae_v.sources import locate
+
+    return locate(handle, choice.sae)
+
+
+def _sae_width(handle: ModelHandle, choice: SaeChoice, source) -> tuple[int, int, int]:
     """(d_in, d_sae, layer) of the chosen SAE, read from its files (no SAE is loaded)."""
     import json
 
-    from analysis.sae_v.sources import locate
-
-    source = locate(handle, choice.sae)
     layer = choice.layer if choice.layer >= 0 else handle.info.layers // 2
     if source.folder is None:
         return handle.info.hidden_size, 16 * handle.info.hidden_size, layer
@@ -93,20 +97,20 @@ def _pairs_of(handle: ModelHandle, choice: SaeChoice) -> tuple[int, float]:
     return choice.store_pairs, _text_tokens(handle, [p.text for p in sample.pairs])
 
 
-def _store_cached(handle: ModelHandle, choice: SaeChoice) -> bool:
-    from analysis.sae_v.sources import locate, store_folder
+def _store_cached(handle: ModelHandle, choice: SaeChoice, source) -> bool:
+    from analysis.sae_v.sources import store_folder
 
-    source = locate(handle, choice.sae)
     if not source.outside and not choice.data:
         return True
     return (store_folder(handle, choice) / STORE_FILE).is_file()
 
 
-def store_work(handle: ModelHandle, choice: SaeChoice, kwargs: dict) -> Work:
+def store_work(handle: ModelHandle, choice: SaeChoice, kwargs: dict, source=None) -> Work:
     """`sources.store_for`: nothing when the store is on disk; else the sample's activations and its cards."""
-    if _store_cached(handle, choice):
+    source = source or _source(handle, choice)
+    if _store_cached(handle, choice, source):
         return Work()
-    d_in, d_sae, layer = _sae_width(handle, choice)
+    d_in, d_sae, layer = _sae_width(handle, choice, source)
     pairs, text = _pairs_of(handle, choice)
     pairs = min(pairs, choice.store_pairs)
     rows = pairs * (text + ((handle.info.image_tokens or 0) if handle.kind == "vlm" else 0))
@@ -119,11 +123,12 @@ def rank_work(handle: ModelHandle, params: RankParams, kwargs: dict) -> Work:
     """`filtering.rank`: the store (if not on disk), omega again for a rule that computes it otherwise, and
     every pair of the data through the model and the SAE."""
     params.validate()
-    d_in, d_sae, layer = _sae_width(handle, params)
+    source = _source(handle, params)  # resolved once for the whole estimate
+    d_in, d_sae, layer = _sae_width(handle, params, source)
     pairs, text = _pairs_of(handle, params)
     image = (handle.info.image_tokens or 0) if handle.kind == "vlm" else 0
-    work = store_work(handle, params, kwargs)
-    if params.rule not in ("official", "normalised"):
+    work = store_work(handle, params, kwargs, source)
+    if not same_omega(params.score_rule(), StoreParams().rule()):  # omega computed again for this rule
         sample = min(pairs, params.store_pairs)
         work.add(**vars(collection(handle, sample, text, layer, 32)))
         work.add(rows=sample * (text + image) * 5)  # omega: cosines of the top tokens of every feature
@@ -132,7 +137,7 @@ def rank_work(handle: ModelHandle, params: RankParams, kwargs: dict) -> Work:
 
 
 def explain_work(handle: ModelHandle, params: ExplainParams, kwargs: dict) -> Work:
-    d_in, d_sae, layer = _sae_width(handle, params)
+    d_in, d_sae, layer = _sae_width(handle, params, _source(handle, params))
     text = _text_tokens(handle, [params.text])
     image = (handle.info.image_tokens or 0) if handle.kind == "vlm" else 0
     work = collection(handle, 1, text, layer, 1)

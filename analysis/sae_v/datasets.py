@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 
-from analysis import anatomy
 from analysis.anatomy import image_token  # noqa: F401  (re-exported by analysis.sae_v)
 from analysis.models import ModelHandle
 from analysis.registry import Registry, SettingsError
@@ -33,11 +32,6 @@ class Dataset:
 
     def render(self, image_seed: int, size: int):
         raise NotImplementedError
-
-    def prompt(self, handle: ModelHandle, text: str) -> str:
-        if handle.kind != "vlm":
-            return text
-        return anatomy.image_prompt(handle, text)
 
     def concepts(self, pair: Pair, tokens: list[str], grid: int) -> tuple[list[set], list[set]]:
         """Ground-truth concept sets per text token and per patch; empty when unknown."""
@@ -99,7 +93,7 @@ class ShapesDataset(Dataset):
     EVAL_BASE = 20_000  # corrupted_pairs(seed) draws scenes from seed * 1000: the test split
 
     def pairs(self, handle, n, seed, corrupted=0.0):
-        from analysis.zoo import shapes_world as sw
+        from analysis.world import shapes_world as sw
 
         size = handle.info.image_size if handle.kind == "vlm" else None
         if corrupted > 0:
@@ -112,29 +106,22 @@ class ShapesDataset(Dataset):
         return PairSet(dataset=self.name, seed=seed, image_size=size, pairs=out)
 
     def render(self, image_seed, size):
-        from analysis.zoo import shapes_world as sw
+        from analysis.world import shapes_world as sw
 
         return sw.render(sw.generate_scene(image_seed), size)
-
-    def prompt(self, handle, text):
-        from analysis.zoo import shapes_world as sw
-
-        if handle.kind == "vlm":
-            return f"{sw.VLM_CAPTION_PROMPT} {text}"
-        return f"{sw.BOS} {text}"
 
     def concepts(self, pair, tokens, grid):
         return self.text_concepts(tokens), self.patch_concepts(pair.image_seed, grid)
 
     @staticmethod
     def text_concepts(tokens: list[str]) -> list[set]:
-        from analysis.zoo import concepts
+        from analysis.world import concepts
 
         return concepts.text_concepts(tokens)
 
     @staticmethod
     def patch_concepts(image_seed: int | None, grid: int) -> list[set]:
-        from analysis.zoo import concepts
+        from analysis.world import concepts
 
         return concepts.patch_concepts(image_seed, grid)
 
@@ -153,7 +140,7 @@ def english_caption(scene) -> str:
 def swap_colour_word(scene, rng: random.Random) -> str:
     """The caption of `scene` with one object's colour word replaced by another colour: always false (that
     object, at that place, has the first colour)."""
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     objs = sorted(scene.objects, key=lambda o: o.cell)
     target = rng.randrange(len(objs))
@@ -177,13 +164,13 @@ class ScenesDataset(Dataset):
     @staticmethod
     def vocabulary() -> list[str]:
         """Every word its captions use (a word-level test tokenizer needs them)."""
-        from analysis.zoo import shapes_world as sw
+        from analysis.world import shapes_world as sw
 
         words = ["A", "picture", "of", "a", "and", "at", "the", "in"] + list(sw.SIZES + sw.COLOURS + sw.SHAPES)
         return list(dict.fromkeys(words + list(sw.POSITION_WORDS)))
 
     def pairs(self, handle, n, seed, corrupted=0.0):
-        from analysis.zoo import shapes_world as sw
+        from analysis.world import shapes_world as sw
 
         size = handle.info.image_size if handle.kind == "vlm" else None
         rng = random.Random(f"scenes-{seed}")
@@ -204,7 +191,7 @@ class ScenesDataset(Dataset):
         return PairSet(dataset=self.name, seed=seed, image_size=size, pairs=out)
 
     def render(self, image_seed, size):
-        from analysis.zoo import shapes_world as sw
+        from analysis.world import shapes_world as sw
 
         return sw.render(sw.generate_scene(image_seed), size)
 
@@ -215,7 +202,7 @@ class ScenesDataset(Dataset):
 def english_concepts(tokens: list[str]) -> list[set]:
     """Per token of an English scene caption: the attributes its object has stated so far ('and' starts
     the next object). Sub-word markers (Ġ, ▁) are ignored; a word split into pieces carries none."""
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     out, stated = [], set()
     for token in tokens:

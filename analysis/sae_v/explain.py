@@ -5,8 +5,9 @@ from analysis.errors import SettingsError
 from analysis.models import ModelHandle
 from analysis.sae_v.activations import collect_activations, scaled
 from analysis.sae_v.params import ExplainParams
+from analysis.sae_v.prompts import too_long, too_long_reason
 from analysis.sae_v.rules import per_pair_max
-from analysis.sae_v.sources import open_sae, store_for
+from analysis.sae_v.sources import locate, open_sae, store_for
 from analysis.sae_v.training import encode
 from analysis.sae_v.types import (
     IMAGE, TEXT, InputExplanation, Pair, PairSet, PositionFeatures, Progress, SaeMeta, Scored, _noop,
@@ -20,8 +21,9 @@ def explain(handle: ModelHandle, params: ExplainParams, progress: Progress | Non
     progress = progress or _noop
     if not params.text.strip():
         raise SettingsError("Enter some text to explain.")
-    sae, meta = open_sae(handle, params)
-    pairs = store_for(handle, params).pairs if params.image.startswith("pair:") else None
+    source = locate(handle, params.sae)  # resolved once
+    sae, meta = open_sae(handle, params, source)
+    pairs = store_for(handle, params, source=source).pairs if params.image.startswith("pair:") else None
     image = image_from_ref(params.image, pairs)
     progress(0.1, "running the model")
     return explain_input(handle, sae, meta, params.text, image, per_position=params.per_position)
@@ -34,6 +36,9 @@ def explain_input(handle: ModelHandle, sae, meta: SaeMeta, text: str, image=None
         raise SettingsError("A vision-language model needs an image with the text.")
     if handle.kind != "vlm" and image is not None:
         raise SettingsError(f"{handle.spec.label} is a text-only model; it cannot read an image.")
+    long = too_long(handle, [text])
+    if long:
+        raise SettingsError(f"The text is too long: {too_long_reason(handle, long[0]).partition(': ')[2]}.")
     pairs = PairSet(dataset="", seed=0, image_size=handle.info.image_size, pairs=[Pair(text=text)])
     layer = meta.layer
     acts = collect_activations(handle, pairs, layer, images=[image] if image is not None else None)

@@ -27,7 +27,7 @@ from analysis.sae_v import userdata
 from analysis.sae_v.activations import collect_activations, scaled, usable_batches
 from analysis.sae_v.build import model_fingerprint
 from analysis.sae_v.params import RankParams
-from analysis.sae_v.rules import ScoreRule
+from analysis.sae_v.rules import ScoreRule, same_omega
 from analysis.sae_v.scores import finish_ranking, score_rows, store_weights
 from analysis.sae_v.sources import data_pairs, locate, open_sae, store_folder, store_for
 from analysis.sae_v.training import encode
@@ -38,13 +38,13 @@ def rank(handle: ModelHandle, params: RankParams, progress: Progress | None = No
     """Every usable pair of the chosen data ranked by s_i (highest first) under the chosen rule."""
     progress = progress or _noop
     params.validate()
-    ready = not locate(handle, params.sae).outside and not params.data \
-        or (store_folder(handle, params) / STORE_FILE).is_file()
+    source = locate(handle, params.sae)  # resolved once, passed down
+    ready = not source.outside and not params.data or (store_folder(handle, params) / STORE_FILE).is_file()
     share = 0.0 if ready else 0.3
-    store = store_for(handle, params, progress=lambda f, m: progress(share * f, "feature store: " + m))
-    sae, meta = open_sae(handle, params)
+    store = store_for(handle, params, progress=lambda f, m: progress(share * f, "feature store: " + m), source=source)
+    sae, meta = open_sae(handle, params, source)
     rule = params.score_rule()
-    omega, has_omega = _weights(handle, sae, meta, store, rule)
+    omega, has_omega, from_store = _weights(handle, sae, meta, store, rule)
     own = store.pairs if not params.data else None
     pairs, skipped, rows_read = data_pairs(handle, params, own)
     checkpoint = _checkpoint(handle, params) if params.data and not params.data.startswith("dataset:") else None
@@ -62,7 +62,8 @@ def rank(handle: ModelHandle, params: RankParams, progress: Progress | None = No
         rows += scored
         skipped += new
     return finish_ranking(meta, rows, params.by, threshold, rule, labelled=pairs.labelled, source=params.data,
-                          rows_read=rows_read, skipped=sorted(skipped, key=lambda s: s.row), resumed=resumed)
+                          rows_read=rows_read, skipped=sorted(skipped, key=lambda s: s.row), resumed=resumed,
+                          notes=list(pairs.notes), with_omega=int(has_omega.sum()), omega_from_store=from_store)
 
 
 def _score_batch(sae, meta, acts, batch, pairs, omega, has_omega, rule, threshold) -> list[PairScore]:
@@ -77,20 +78,16 @@ def _score_batch(sae, meta, acts, batch, pairs, omega, has_omega, rule, threshol
     return rows
 
 
-def _weights(handle, sae, meta, store: FeatureStore, rule: ScoreRule) -> tuple[torch.Tensor, torch.Tensor]:
-    """omega per feature: the store's when its rule computes the same omega, else recomputed under `rule` on
-    the store's own pairs (at most `store_pairs` of them)."""
+def _weights(handle, sae, meta, store: FeatureStore, rule: ScoreRule) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(omega per feature, which features have one, whether they are the store's): the store's when its rule
+    computes the same omega (rules.same_omega), else recomputed under `rule` on the store's own pairs (at most
+    `store_pairs` of them)."""
     stored = store.params.rule() if store.params is not None else None
-    if stored is not None and _same_omega(rule, stored):
-        return store_weights(store)
+    if stored is not None and same_omega(rule, stored):
+        return (*store_weights(store), True)
     acts = collect_activations(handle, store.pairs, meta.layer)
     codes = encode(sae, scaled(acts, meta.scales))
-    return rule.weights(acts.acts, codes, acts.modality, threshold=store.params.threshold)
-
-
-def _same_omega(a: ScoreRule, b: ScoreRule) -> bool:
-    return (type(a).weights is type(b).weights and a.top == b.top and a.minimum == b.minimum
-            and a.omega_top == b.omega_top)
+    return (*rule.weights(acts.acts, codes, acts.modality, threshold=store.params.threshold), False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,16 +164,15 @@ def kept_subset(locator: str, ranking: Ranking, keep: float, kind: str = "vlm") 
     data = userdata.load(locator, kind)
     rows = kept_rows(ranking, keep)
     index = data.index
-    if data.layout in ("jsonl", "txt"):
-        lines = [ln for ln in index.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if data.layout in ("jsonl", "txt"):  # rows are the file's lines
+        lines = index.read_text(encoding="utf-8").splitlines()
         return "".join(lines[i] + "\n" for i in rows).encode(), f"{index.stem}.kept{index.suffix}"
-    if data.layout == "csv":
+    if data.layout == "csv":  # rows are the lines where records start
         with open(index, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            records = list(reader)
-            fields = reader.fieldnames or []
+            fields = next(csv.reader(fh), None) or []
+        records = dict(userdata.csv_records(index))
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=fields)
+        writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for i in rows:
             writer.writerow(records[i])

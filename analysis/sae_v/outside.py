@@ -1,5 +1,6 @@
 """SAEs from elsewhere: any SAE sae-lens can load from a folder (`cfg.json` + `sae_weights.safetensors`),
-or a sae-lens release / SAE id through its pretrained loader when the machine is online.
+or a sae-lens release / SAE id through its pretrained loader when the machine is online and the deployment
+lets this instance fetch from the Hub (analysis/sae_v/access.py: checked before sae-lens is called).
 
 Before it is used, an outside SAE is checked against the loaded model, with one clear message when it
 does not fit: its hook must be the residual stream after (or before) a decoder layer of this model, and
@@ -11,20 +12,16 @@ import re
 from pathlib import Path
 
 from analysis import anatomy
-from analysis.errors import SettingsError
 from analysis.models import ModelHandle
+from analysis.sae_v.access import RELEASE_PREFIX, check_release, shown, without_paths
+from analysis.sae_v.codec import Codec, SaeFitError, as_codec, fold_saved_scaler
 
-RELEASE_PREFIX = "sae-lens:"
 # hook name -> (pattern, offset): the decoder layer whose *output* the hook reads is the number + offset
 HOOKS = (
     (re.compile(r"^blocks\.(\d+)\.hook_resid_post$"), 0),  # TransformerLens: after block L
     (re.compile(r"^blocks\.(\d+)\.hook_resid_pre$"), -1),  # before block L = after block L - 1
     (re.compile(r"^(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(\d+)(?:\.output)?$"), 0),  # an HF module
 )
-
-
-class SaeFitError(SettingsError):
-    """An outside SAE that cannot be loaded or does not fit the loaded model; the message says why."""
 
 
 def hook_layer(hook_name: str | None) -> int | None:
@@ -41,31 +38,33 @@ def hook_layer(hook_name: str | None) -> int | None:
                       "only those.")
 
 
-def load_outside(locator: str):
-    """The sae-lens SAE a folder or `sae-lens:RELEASE/SAE_ID` names (in eval mode)."""
+def load_outside(locator: str) -> Codec:
+    """The sae-lens SAE a folder or `sae-lens:RELEASE/SAE_ID` names, as a Codec (architecture and
+    normalisation checked: SaeFitError, one line, for what SAE-V does not run)."""
     from sae_lens import SAE
 
     if locator.startswith(RELEASE_PREFIX):
-        release, _, sae_id = locator[len(RELEASE_PREFIX):].partition("/")
-        if not release or not sae_id:
-            raise SaeFitError(f"A pretrained SAE is named sae-lens:RELEASE/SAE_ID, got '{locator}'.")
+        release, sae_id = check_release(locator)  # the deployment's allow-list first: nothing is fetched before
         try:
-            return SAE.from_pretrained(release, sae_id).eval()
+            sae = SAE.from_pretrained(release, sae_id).eval()
         except Exception as exc:  # offline, an unknown release or id, a failed download: one line for the user
-            raise SaeFitError(f"sae-lens could not fetch {release} / {sae_id}: {_first_line(exc)} (pretrained SAEs "
+            raise SaeFitError(f"sae-lens could not fetch {shown(locator)}: {_first_line(exc)} (pretrained SAEs "
                               "need the machine to be online, or the files in the Hugging Face cache).") from None
+        return as_codec(sae)
     folder = Path(locator)
     if not (folder / "cfg.json").is_file() or not list(folder.glob("*.safetensors")):
-        raise SaeFitError(f"No sae-lens SAE in '{folder}' (cfg.json and sae_weights.safetensors expected).")
+        raise SaeFitError("No sae-lens SAE there (cfg.json and sae_weights.safetensors expected).")
     try:
-        return SAE.load_from_disk(folder).eval()
+        sae = SAE.load_from_disk(folder).eval()
     except Exception as exc:  # a cfg.json sae-lens does not understand: one line for the user
-        raise SaeFitError(f"sae-lens could not load the SAE in '{folder.name}': {_first_line(exc)}") from None
+        raise SaeFitError(f"sae-lens could not load this SAE: {_first_line(exc)}") from None
+    fold_saved_scaler(sae, folder)
+    return as_codec(sae)
 
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
+    return without_paths(text[0] if text else type(exc).__name__)[:300]
 
 
 def check_fit(handle: ModelHandle, sae, layer: int = -1) -> tuple[int, str]:
@@ -92,9 +91,6 @@ def check_fit(handle: ModelHandle, sae, layer: int = -1) -> tuple[int, str]:
     if int(cfg.d_in) != width:
         raise SaeFitError(f"This SAE reads {cfg.d_in}-wide vectors (cfg.json d_in), but layer {chosen} of "
                           f"{handle.spec.label} is {width}-wide: it was made for another model.")
-    if getattr(cfg, "reshape_activations", "none") not in ("none", None):
-        raise SaeFitError(f"This SAE reshapes its input ({cfg.reshape_activations}); the SAE-V panel reads plain "
-                          "residual vectors.")
     return chosen, hook or f"blocks.{chosen}.hook_resid_post"
 
 

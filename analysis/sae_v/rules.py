@@ -68,6 +68,14 @@ def mean_top_cosine(acts: torch.Tensor, codes: torch.Tensor, modality: torch.Ten
     return out
 
 
+def top_per_token(codes: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's `k` largest codes kept, the others set to 0 (k = 0 or k >= width: unchanged)."""
+    if k <= 0 or k >= codes.shape[1]:
+        return codes
+    values, which = codes.topk(k, dim=1)
+    return torch.zeros_like(codes).scatter_(1, which, values)
+
+
 def _amax_into(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")
@@ -124,6 +132,16 @@ class ScoreRule(Method):
     cooccur_threshold: float = setting(1.0, label="Active above (co-occurrence threshold)", low=0.0, high=1000.0,
                                        step=0.05, url="thr", cli="threshold",
                                        help="A feature counts as active on a token above this activation.")
+    # SAELens-V's cal_top_cosimilarity lists only each token's 50 strongest features (torch.topk(..., k=50));
+    # omega and the modality counts are read from those lists (co-occurrence for s_i is not cut)
+    token_top: int = setting(50, label="Features per token for ω (0: all)", low=0, high=1 << 20, url="ttop",
+                             cli="token-top",
+                             help="ω reads only each token's strongest this many features, as the SAE-V code does "
+                                  "(50); 0 reads every active feature.")
+
+    def visible(self, codes: torch.Tensor) -> torch.Tensor:
+        """The codes omega is read from: each token's `token_top` strongest features, the rest 0."""
+        return top_per_token(codes, self.token_top)
 
     def validate(self) -> None:
         if self.minimum > self.top:
@@ -152,6 +170,7 @@ class OfficialRule(ScoreRule):
                               "strongest; s_i sums omega over co-occurring features (activation > 1) that have one.")
 
     def weights(self, acts, codes, modality, omega_top=None, threshold=0.0):
+        codes = self.visible(codes)
         n_text, n_image = top_token_counts(codes, modality, self.top, threshold)
         defined = (n_text >= self.minimum) & (n_image >= self.minimum)
         # with >= omega_top of each modality among the top tokens, the strongest omega_top of each
@@ -173,6 +192,7 @@ class AllSharedRule(ScoreRule):
                                        help="A feature counts as active on a token above this activation.")
 
     def weights(self, acts, codes, modality, omega_top=None, threshold=0.0):
+        codes = self.visible(codes)
         omega = mean_top_cosine(acts, codes, modality, omega_top or self.omega_top, threshold)
         fires = [((codes > threshold) & (modality == m)[:, None]).any(0) for m in (TEXT, IMAGE)]
         return omega, fires[0] & fires[1]
@@ -197,6 +217,16 @@ class NormalisedRule(OfficialRule):
             either &= has_omega.bool()[None, :]
         mass = (either.float() * omega.abs()).sum(1)
         return torch.where(mass > 0, score / mass.clamp_min(1e-12), torch.zeros_like(score)), weighted, shared
+
+
+OMEGA_SETTINGS = ("top", "minimum", "omega_top", "token_top")  # the settings a rule's omega_k reads
+
+
+def same_omega(a: ScoreRule, b: ScoreRule) -> bool:
+    """Whether two rules give every feature the same omega_k (and the same features one): the same `weights`
+    and the same settings it reads. The one place this is decided: a ranking reuses a feature store's omega
+    only then, and the page, the cost estimate and the command line ask here."""
+    return type(a).weights is type(b).weights and all(getattr(a, n) == getattr(b, n) for n in OMEGA_SETTINGS)
 
 
 def score_rule(rule: "ScoreRule | str | None" = None, **settings) -> ScoreRule:

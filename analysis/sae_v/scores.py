@@ -12,7 +12,7 @@ from analysis.registry import check_range
 from analysis.sae_v.activations import collect_activations, scaled
 from analysis.sae_v.rules import (  # noqa: F401  (re-exported: the panel's face)
     SCORE_RULES, AllSharedRule, NormalisedRule, OfficialRule, ScoreRule, mean_top_cosine, pair_scores, per_pair_max,
-    score_label, score_rule, top_token_counts,
+    same_omega, score_label, score_rule, top_token_counts,
 )
 from analysis.sae_v.training import encode
 from analysis.sae_v.types import (
@@ -178,16 +178,16 @@ def rank_dataset(handle: ModelHandle, sae, meta: SaeMeta, store: FeatureStore, p
                  rule: "ScoreRule | str | None" = None) -> Ranking:
     """Collect activations for `pairs`, encode them, and rank them.
 
-    With the store's own score rule (`rule` None or the same name), omega comes from the store. With
-    another rule, omega is recomputed under that rule from the residuals and codes of `pairs` (the
-    store's own pairs give exactly what a store built with that rule would hold)."""
+    With a rule that computes the store's omega (`rule` None, or `rules.same_omega`), omega comes from the
+    store. With another one, omega is recomputed under that rule from the residuals and codes of `pairs`
+    (the store's own pairs give exactly what a store built with that rule would hold)."""
     acts = collect_activations(handle, pairs, meta.layer, progress=progress)
     codes = encode(sae, scaled(acts, meta.scales))
-    stored = store.params.score_rule if store.params is not None else OfficialRule.name
-    rule = score_rule(rule or stored)
-    if rule.name == stored:
+    stored = store.params.rule() if store.params is not None else OfficialRule()
+    rule = stored if rule is None else score_rule(rule) if not isinstance(rule, str) else \
+        (store.params.rule(rule) if store.params is not None else score_rule(rule))
+    if same_omega(rule, stored):
         omega, has_omega = store_weights(store)
     else:
-        rule = store.params.rule(rule.name)
         omega, has_omega = rule.weights(acts.acts, codes, acts.modality, threshold=store.params.threshold)
     return rank_pairs(meta, omega, codes, acts, pairs, by=by, threshold=threshold, has_omega=has_omega, rule=rule)

@@ -1,7 +1,8 @@
 """Which SAE, on which data: locators, fingerprints, and the feature store of any (SAE, data).
 
 An SAE is named by a locator: the name of a demo or cached folder this panel trained ("layer1"), the path
-of a folder sae-lens saved (under the allowed roots), or `sae-lens:RELEASE/SAE_ID`. Data are named by ""
+of a folder sae-lens saved, or `sae-lens:RELEASE/SAE_ID`; the last two only where the deployment allows
+(access.py). `locate` resolves a locator once into a `Source` that the steps of a run pass down. Data are named by ""
 (the SAE's own evaluation pairs; for an outside SAE the model's default dataset), `dataset:NAME`
 (generated pairs), a folder or file of the user's (userdata.py) or `upload:SHA` (an uploaded zip).
 
@@ -23,20 +24,27 @@ from analysis.sae_v import userdata
 from analysis.sae_v.activations import concat, scaled, usable_batches
 from analysis.sae_v.build import available_saes, model_fingerprint
 from analysis.sae_v.datasets import DATASETS, default_dataset, make_pairs
-from analysis.sae_v.outside import RELEASE_PREFIX, SaeFitError, check_fit, load_outside, source_label
+from analysis.sae_v.access import RELEASE_PREFIX, check_release, server_path, shown
+from analysis.sae_v.outside import SaeFitError, check_fit, load_outside, source_label
 from analysis.sae_v.params import SaeChoice, StoreParams
+from analysis.sae_v.prompts import too_long, too_long_reason
 from analysis.sae_v.store import build_feature_store, load_store, save_store
 from analysis.sae_v.training import load_sae, reconstruction_metrics
 from analysis.sae_v.types import META_FILE, STORE_FILE, FeatureStore, PairSet, Progress, SaeMeta, Skipped, _noop
 
 EVAL_SEED = 2  # generated pairs for `dataset:NAME`: the evaluation seed of a default build
+STORE_VERSION = "2"  # cached stores of older definitions are built again (2: omega read after the per-token cut)
 
 
 @dataclass(frozen=True)
 class Source:
+    """An SAE locator resolved once (`locate`): where its files are, whether this panel trained it, and its
+    fingerprint. Every step of a run gets this object instead of resolving the locator again."""
+
     locator: str
     folder: Path | None  # None for a sae-lens release
     outside: bool  # not trained by this panel: no scales, no store of its own
+    fingerprint: str = ""
 
     @property
     def label(self) -> str:
@@ -44,27 +52,31 @@ class Source:
 
 
 def locate(handle: ModelHandle, locator: str) -> Source:
-    """The SAE a locator names (SettingsError when none)."""
+    """The SAE a locator names, resolved once: one of this model's SAEs by name, a `sae-lens:` release, or a
+    folder on the server; each under the deployment's allow-list (access.py). SettingsError when none."""
     text = str(locator or "").strip()
     if not text:
         raise SettingsError("Choose an SAE.")
     if text.startswith(RELEASE_PREFIX):
-        return Source(text, None, True)
+        check_release(text)
+        return Source(text, None, True, hashlib.sha256(text.encode()).hexdigest()[:20])
     for folder in available_saes(handle):
         if folder.name == text:
-            return Source(text, folder, False)
-    path = userdata.resolve(text)  # a path: under the allowed roots
+            return _source(text, folder, False)
+    path = server_path(text, "an SAE folder")
     if not path.is_dir():
-        raise SaeFitError(f"'{text}' is not a folder (an SAE is a folder with cfg.json).")
-    return Source(text, path, not (path / META_FILE).is_file())
+        raise SaeFitError(f"'{shown(text)}' is not a folder (an SAE is a folder with cfg.json).")
+    return _source(text, path, not (path / META_FILE).is_file())
+
+
+def _source(locator: str, folder: Path, outside: bool) -> Source:
+    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in _sae_files(folder))
+    return Source(locator, folder, outside, _hash_files(str(folder), stamp))
 
 
 def sae_fingerprint(source: Source) -> str:
     """A hash of the SAE's files (weights, cfg, and our store): a stored result is keyed on it."""
-    if source.folder is None:
-        return hashlib.sha256(source.locator.encode()).hexdigest()[:20]
-    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in _sae_files(source.folder))
-    return _hash_files(str(source.folder), stamp)
+    return source.fingerprint
 
 
 def _sae_files(folder: Path) -> list[Path]:
@@ -80,11 +92,12 @@ def _hash_files(folder: str, stamp: tuple) -> str:
     return digest.hexdigest()[:20]
 
 
-def choose(handle: ModelHandle, sae: str, data: str = "", cls=SaeChoice, **settings):
-    """A run's params (`cls`, a SaeChoice) for this SAE and data, fingerprints filled in."""
-    source = locate(handle, sae)
+def choose(handle: ModelHandle, sae: str | Source, data: str = "", cls=SaeChoice, **settings):
+    """A run's params (`cls`, a SaeChoice) for this SAE (a locator, or one already resolved) and data,
+    fingerprints filled in."""
+    source = sae if isinstance(sae, Source) else locate(handle, sae)
     data = data_locator(source, data)
-    return cls(sae=sae, sae_fingerprint=sae_fingerprint(source), data=data,
+    return cls(sae=source.locator, sae_fingerprint=source.fingerprint, data=data,
                data_fingerprint=data_fingerprint(handle, data), **settings)
 
 
@@ -103,13 +116,14 @@ def data_fingerprint(handle: ModelHandle, data: str) -> str:
 # Opening an SAE
 
 
-def open_sae(handle: ModelHandle, choice: SaeChoice):
-    """(sae, meta) of the chosen SAE, checked against the model (an outside SAE: SaeFitError when it does not
-    fit). Our SAEs carry their meta; an outside SAE's is made here (raw residuals, no scales)."""
-    source = locate(handle, choice.sae)
+def open_sae(handle: ModelHandle, choice: SaeChoice, source: Source | None = None):
+    """(sae as a Codec, meta) of the chosen SAE, checked against the model (an outside SAE: SaeFitError when it
+    does not fit). Our SAEs carry their meta; an outside SAE's is made here (raw residuals, no scales).
+    `source`: the choice's SAE already resolved (else it is resolved here)."""
+    source = source or locate(handle, choice.sae)
     if not source.outside:
         return _our_sae(str(source.folder), choice.sae_fingerprint)
-    sae = _outside_sae(source.locator, choice.sae_fingerprint)
+    sae = _outside_sae(source.locator if source.folder is None else str(source.folder), choice.sae_fingerprint)
     layer, hook = check_fit(handle, sae, choice.layer)
     meta = SaeMeta(model=handle.spec.label, layer=layer, d_in=int(sae.cfg.d_in), train=None, dataset="", n_pairs=0,
                    n_tokens=0, fve=0.0, l0=0.0, dead=0, source=source.label, hook_name=hook,
@@ -133,7 +147,7 @@ def _outside_sae(locator: str, fingerprint: str):
 
 def data_pairs(handle: ModelHandle, choice: SaeChoice, own: PairSet | None = None) -> tuple[PairSet, list, int]:
     """(pairs, rows skipped before the model runs, rows read) of the chosen data. `own`: our SAE's own
-    evaluation pairs (for data "")."""
+    evaluation pairs (for data ""). A pair longer than the model's context is reported and left out."""
     data = choice.data
     if not data:
         if own is None:
@@ -143,13 +157,26 @@ def data_pairs(handle: ModelHandle, choice: SaeChoice, own: PairSet | None = Non
         name = data.partition(":")[2] or default_dataset(handle)
         if name not in DATASETS:
             raise SettingsError(f"Unknown dataset '{name}' (available: {', '.join(DATASETS)}).")
-        return make_pairs(handle, name, choice.store_pairs, EVAL_SEED, corrupted=0.5), [], 0
+        return _fitting(handle, make_pairs(handle, name, choice.store_pairs, EVAL_SEED, corrupted=0.5), [], 0)
     loaded = userdata.load(data, handle.kind)
-    if not loaded.pairs.pairs:
-        raise userdata.DataError(f"None of the {loaded.rows_read} rows of {loaded.index.name} can be used "
-                                 f"(first problem: row {loaded.skipped[0].row + 1}: {loaded.skipped[0].reason})."
-                                 if loaded.skipped else f"{loaded.index.name} has no rows.")
-    return loaded.pairs, loaded.skipped, loaded.rows_read
+    pairs, skipped, rows_read = _fitting(handle, loaded.pairs, list(loaded.skipped), loaded.rows_read)
+    if not pairs.pairs:
+        first = sorted(skipped, key=lambda s: s.row)[0] if skipped else None
+        raise userdata.DataError(f"None of the {rows_read} rows of these data can be used "
+                                 f"(first problem: row {first.row + 1}: {first.reason})."
+                                 if first else "These data have no rows.")
+    return pairs, skipped, rows_read
+
+
+def _fitting(handle: ModelHandle, pairs: PairSet, skipped: list, rows_read: int) -> tuple[PairSet, list, int]:
+    """The pairs that fit the model's context; the others reported (row, reason) and left out."""
+    long = too_long(handle, [p.text for p in pairs.pairs])
+    if not long:
+        return pairs, skipped, rows_read
+    skipped = skipped + [Skipped(row=pairs.pairs[i].row, image=pairs.pairs[i].image, reason=too_long_reason(handle, n))
+                         for i, n in long.items()]
+    kept = [p for i, p in enumerate(pairs.pairs) if i not in long]
+    return replace(pairs, pairs=kept), sorted(skipped, key=lambda s: s.row), rows_read
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,20 +185,21 @@ def data_pairs(handle: ModelHandle, choice: SaeChoice, own: PairSet | None = Non
 
 def store_folder(handle: ModelHandle, choice: SaeChoice) -> Path:
     key = "|".join([choice.sae, choice.sae_fingerprint, choice.data, choice.data_fingerprint, str(choice.layer),
-                    str(choice.store_pairs), model_fingerprint(handle) or handle.spec.label])
+                    str(choice.store_pairs), model_fingerprint(handle) or handle.spec.label, STORE_VERSION])
     return T.CACHE_ROOT / "stores" / hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
-def store_for(handle: ModelHandle, choice: SaeChoice, progress: Progress | None = None) -> FeatureStore:
+def store_for(handle: ModelHandle, choice: SaeChoice, progress: Progress | None = None,
+              source: Source | None = None) -> FeatureStore:
     """The feature store the browser shows for this SAE on this data (see the module docstring)."""
     progress = progress or _noop
-    source = locate(handle, choice.sae)
+    source = source or locate(handle, choice.sae)
     if not source.outside and not choice.data:
         return _stored(source.folder)
     folder = store_folder(handle, choice)
     if (folder / STORE_FILE).is_file():
         return _stored(folder)
-    store = build_store(handle, choice, progress)
+    store = build_store(handle, choice, progress, source)
     folder.mkdir(parents=True, exist_ok=True)
     save_store(store, folder)
     return store
@@ -188,11 +216,10 @@ def _read_store(folder: str, stamp: int) -> FeatureStore:
     return load_store(folder)
 
 
-def build_store(handle: ModelHandle, choice: SaeChoice, progress: Progress) -> FeatureStore:
+def build_store(handle: ModelHandle, choice: SaeChoice, progress: Progress, source: Source) -> FeatureStore:
     """Activations of the first `store_pairs` usable pairs (unreadable images reported, not fatal), the SAE's
     fit on them (variance explained, L0, dead features), then the feature cards."""
-    sae, meta = open_sae(handle, choice)
-    source = locate(handle, choice.sae)
+    sae, meta = open_sae(handle, choice, source)
     own = _stored(source.folder).pairs if not source.outside else None
     pairs, skipped, _ = data_pairs(handle, choice, own)
     wanted, parts, used = choice.store_pairs, [], []

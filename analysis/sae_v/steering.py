@@ -17,21 +17,20 @@ import torch
 from analysis import anatomy
 from analysis.errors import SettingsError
 from analysis.models import ModelHandle
+from analysis.sae_v.codec import as_codec
 from analysis.sae_v.params import SteerParams
-from analysis.sae_v.sources import open_sae, store_for
+from analysis.sae_v.prompts import caption_prompt
+from analysis.sae_v.sources import locate, open_sae, store_for
 from analysis.sae_v.types import IMAGE, TEXT, Progress, SteeredText, SteeringResult, _noop
 from analysis.sae_v.userdata import image_from_ref
-from analysis.tasks import tasks_for
-
-GENERIC_CAPTION = "Describe the image."
-
 
 def steer(handle: ModelHandle, params: SteerParams, progress: Progress | None = None) -> SteeringResult:
     """The runner's entry: the unsteered and the steered output of one prompt (with its image on a VLM)."""
     progress = progress or _noop
     params.validate()
-    sae, meta = open_sae(handle, params)
-    pairs = store_for(handle, params).pairs if params.image.startswith("pair:") else None
+    source = locate(handle, params.sae)  # resolved once
+    sae, meta = open_sae(handle, params, source)
+    pairs = store_for(handle, params, source=source).pairs if params.image.startswith("pair:") else None
     image = image_from_ref(params.image, pairs)
     return generate_both(handle, sae, meta, params.features, image=image, prompt=params.prompt, mode=params.mode,
                          max_new_tokens=params.max_new_tokens, positions=params.positions, progress=progress)
@@ -59,11 +58,6 @@ def generate_both(handle: ModelHandle, sae, meta, features: dict[int, float], im
     a.changed, b.changed = _changed(a.tokens, b.tokens)
     return SteeringResult(model=handle.spec.label, layer=meta.layer, features=dict(features), mode=mode,
                           prompt=text, unsteered=a, steered=b, positions=positions)
-
-
-def caption_prompt(handle: ModelHandle) -> str:
-    """The model's captioning prompt: the demo VLM's trained one, else a request through the chat template."""
-    return tasks_for(handle).caption_prompt(handle) or anatomy.image_prompt(handle, GENERIC_CAPTION)
 
 
 def _inputs(handle: ModelHandle, prompt: str, image) -> tuple[str, dict]:
@@ -105,15 +99,16 @@ def _generate(handle: ModelHandle, inputs: dict, new_tokens: int) -> torch.Tenso
 
 
 class _Steer:
-    """The forward hook on the SAE's layer that adds the features' directions to its output."""
+    """The forward hook on the SAE's layer that adds the features' directions to its output: what the SAE's
+    reconstruction of each position changes by (`Codec.steer_delta`, its input normalisation undone per
+    position), divided by the position's modality scale."""
 
     def __init__(self, sae, meta, features: dict[int, float], mode: str, image_mask: torch.Tensor | None,
                  positions: str = "all") -> None:
         keys = sorted(int(k) for k in features)
-        self.keys = torch.tensor(keys)
+        self.keys = keys
         self.strength = torch.tensor([float(features[k]) for k in keys])
-        self.directions = directions(sae, keys)  # (K, d) in the SAE's input space
-        self.sae, self.scales, self.mode = sae, meta.scales, mode
+        self.codec, self.scales, self.mode = as_codec(sae), meta.scales, mode
         self.image_mask = image_mask  # prompt positions that are image tokens (a VLM)
         self.positions = positions  # all | image | text
 
@@ -124,27 +119,16 @@ class _Steer:
         if self.image_mask is not None and n == self.image_mask.numel():  # the prompt's own forward
             modality[self.image_mask.cpu()] = IMAGE
         scale = torch.tensor(self.scales, dtype=torch.float32)[modality][:, None]  # (T, 1)
+        x = hidden[0].detach().float().cpu() * scale  # the SAE's input
         if self.mode == "clamp":
-            with torch.no_grad():
-                x = hidden[0].detach().float().cpu() * scale
-                current = self.sae.encode(x)[:, self.keys]  # (T, K)
-            amount = self.strength[None, :] - current
+            amount = self.strength[None, :] - self.codec.encode(x)[:, self.keys]  # (T, K)
         else:
             amount = self.strength[None, :].expand(n, -1)
-        delta = (amount @ self.directions) / scale  # (T, d) in the raw residual
+        delta = self.codec.steer_delta(x, self.keys, amount) / scale  # (T, d) in the raw residual
         if self.positions != "all":
             delta = delta * (modality == (IMAGE if self.positions == "image" else TEXT)).float()[:, None]
         steered = hidden + delta.to(hidden.dtype).to(hidden.device)[None]
         return (steered,) + tuple(output[1:]) if isinstance(output, tuple) else steered
-
-
-def directions(sae, keys: list[int]) -> torch.Tensor:
-    """What one unit of each feature adds to the SAE's reconstruction: decode(e_k) - decode(0). Not W_dec[k]
-    itself: sae-lens TopK SAEs trained with `rescale_acts_by_decoder_norm` divide by the row's norm."""
-    with torch.no_grad():
-        eye = torch.zeros(len(keys), int(sae.cfg.d_sae))
-        eye[torch.arange(len(keys)), torch.tensor(keys)] = 1.0
-        return (sae.decode(eye) - sae.decode(torch.zeros(1, int(sae.cfg.d_sae)))).float()
 
 
 def _texts(handle: ModelHandle, ids: torch.Tensor) -> SteeredText:

@@ -188,9 +188,9 @@ def build_feature_store(handle: ModelHandle, sae, meta: SaeMeta, acts: Activatio
     active = codes > params.threshold
     where = _Tokens(acts, len(pairs.pairs))
 
-    labels, n_text_top, n_image_top = modality_labels(codes, acts.modality, params.modality_top,
-                                                      params.modality_min, params.threshold)
     rule = params.rule()
+    labels, n_text_top, n_image_top = modality_labels(rule.visible(codes), acts.modality, params.modality_top,
+                                                      params.modality_min, params.threshold)
     omega, has_omega = rule.weights(acts.acts, codes, acts.modality, threshold=params.threshold)
     progress(0.2, "neighbours")
     dec_cos, corr = _neighbour_tables(sae, codes, active)

@@ -9,6 +9,7 @@ from typing import Iterator
 
 import torch
 
+from analysis.sae_v.codec import Codec, as_codec
 from analysis.sae_v.params import TrainParams
 from analysis.sae_v.types import META_FILE, Progress, SaeMeta, _noop
 
@@ -61,16 +62,14 @@ def train_sae(acts: torch.Tensor, params: TrainParams, progress: Progress | None
     return sae.eval()
 
 
-def encode(sae, acts: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.cat([sae.encode(acts[i:i + batch_size].float()) for i in range(0, acts.shape[0], batch_size)])
+def encode(sae, acts: torch.Tensor) -> torch.Tensor:
+    """The codes of residual vectors (N, d_in) under any SAE (a Codec, or a sae-lens SAE made one)."""
+    return as_codec(sae).encode(acts)
 
 
 def reconstruction_metrics(sae, acts: torch.Tensor, threshold: float = 0.0) -> tuple[float, float, int]:
     """(fraction of variance explained, mean L0, features never active) on `acts`."""
-    with torch.no_grad():
-        codes = encode(sae, acts)
-        recon = torch.cat([sae.decode(codes[i:i + 4096]) for i in range(0, codes.shape[0], 4096)])
+    codes, recon = as_codec(sae).reconstruct(acts)
     resid = ((acts - recon) ** 2).sum()
     total = ((acts - acts.mean(0)) ** 2).sum()
     active = codes > threshold
@@ -90,8 +89,8 @@ def save_sae(sae, meta: SaeMeta, folder: str | Path) -> Path:
     return folder
 
 
-def load_sae(folder: str | Path):
-    """(SAE, SaeMeta) from a folder written by `save_sae`."""
+def load_sae(folder: str | Path) -> tuple[Codec, SaeMeta]:
+    """(SAE as a Codec, SaeMeta) from a folder written by `save_sae`."""
     from sae_lens import SAE
 
     folder = Path(folder)
@@ -99,6 +98,6 @@ def load_sae(folder: str | Path):
         raise FileNotFoundError(f"No SAE in '{folder}'.")
     sae = SAE.load_from_disk(folder).eval()
     meta = SaeMeta.from_json((folder / META_FILE).read_text())
-    return sae, meta
+    return as_codec(sae), meta
 
 

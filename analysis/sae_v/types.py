@@ -4,25 +4,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from analysis import paths
+from analysis.progress import Progress, silent as _noop  # noqa: F401  (the package's names for them)
 from analysis.results import Result
 from analysis.sae_v.modality import IMAGE, LABELS, MODALITY_NAMES, TEXT  # noqa: F401  (the records' face)
 from analysis.sae_v.params import StoreParams, TrainParams
-
-Progress = Callable[[float, str], None]
 
 SAE_ROOT = paths.SAE_STORES
 CACHE_ROOT = Path(os.environ.get("MODEL_INSPECTOR_CACHE", Path.home() / ".cache" / "model-inspector")) / "sae"
 STORE_FILE = "feature_store.json.gz"
 META_FILE = "sae_v_meta.json"
-
-
-def _noop(fraction: float, message: str = "") -> None:
-    return None
 
 
 @dataclass
@@ -35,7 +29,7 @@ class Pair(Result):
     corrupted: bool = False
     kind: str = "clean"  # clean | other_scene | swapped | colour_word | unlabelled ...
     image: str = ""
-    row: int = -1  # the row of the user's file it came from (0-based; -1 for generated pairs)
+    row: int = -1  # the line of the user's file it came from (0-based; a table's row; -1 for generated pairs)
 
 
 @dataclass
@@ -46,6 +40,7 @@ class PairSet(Result):
     pairs: list[Pair] = field(default_factory=list)
     source: str = ""  # where a user's pairs live (the data locator); "" for generated ones
     labelled: bool = True  # whether `corrupted` is known (False: no pair is known to be corrupted or clean)
+    notes: list[str] = field(default_factory=list)  # about kept rows of a user's data (an image with several captions)
 
 
 @dataclass
@@ -210,7 +205,7 @@ class PairScore(Result):
 class Skipped(Result):
     """A row of the user's data that was not used, and why (reported, never dropped silently)."""
 
-    row: int  # 0-based row of their file (the line of captions.jsonl, the record of a table)
+    row: int  # 0-based line of their file (where a CSV record starts; a table's row)
     image: str
     reason: str
 
@@ -232,6 +227,9 @@ class Ranking(Result):
     rows_read: int = 0  # rows of the user's data read (used + skipped); 0 for generated pairs
     skipped: list[Skipped] = field(default_factory=list)
     resumed: int = 0  # pairs taken from an interrupted earlier run of the same ranking
+    notes: list[str] = field(default_factory=list)  # about kept rows of the data (userdata.UserData.notes)
+    with_omega: int | None = None  # features with an omega under this ranking's rule (None: not recorded)
+    omega_from_store: bool = True  # the feature store's omega (rules.same_omega), or recomputed for this rule
 
 
 @dataclass

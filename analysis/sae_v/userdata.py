@@ -12,7 +12,15 @@ then are ROC, precision and recall measured.
 
 A row without a caption, without an image, with an image outside the folder, missing or above the size
 limit is reported (`Skipped`: row, image, reason) and left out before the model runs; an image that does
-not decode is reported the same way when its batch is read. Nothing is dropped silently.
+not decode is reported the same way when its batch is read. A blank line is reported as one, and a row
+that repeats an earlier one (the same caption and the same image, compared by content) is reported as a
+duplicate and left out, the first kept; rows that show the same image as an earlier row with another
+caption are kept (several captions per image are normal) and listed in `UserData.notes`. Nothing is
+dropped silently.
+
+Rows are numbered by the file's lines (`row` 0-based, shown from 1: a CSV's header is line 1, its first
+record line 2), so a reported row is the line an editor shows; a Parquet file or `datasets` folder is
+numbered by the table's rows.
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ from pathlib import Path
 
 from analysis import images
 from analysis.errors import SettingsError
+from analysis.sae_v import access
 from analysis.sae_v import types as T
 from analysis.sae_v.datasets import render_pair
 from analysis.sae_v.types import Pair, PairSet, Skipped
@@ -56,8 +65,9 @@ class UserData:
     index: Path  # the file (or folder) the rows come from
     pairs: PairSet
     skipped: list[Skipped] = field(default_factory=list)
-    rows_read: int = 0
+    rows_read: int = 0  # rows of the file (lines, blank ones included; a table's rows)
     columns: dict[str, str] = field(default_factory=dict)  # role (image, text, label) -> column name
+    notes: list[str] = field(default_factory=list)  # kept rows worth knowing about (an image with several captions)
 
     @property
     def has_images(self) -> bool:
@@ -73,26 +83,17 @@ def upload_root() -> Path:
 
 
 def resolve(locator: str) -> Path:
-    """The folder or file a data locator names: `upload:SHA` (an extracted zip) or a path under the allowed
-    roots (MODEL_INSPECTOR_ROOTS, as for local models)."""
-    from analysis.models import allowed_roots
-
+    """The folder or file a data locator names: `upload:SHA` (an extracted zip, where uploads are on) or a
+    path on the server, where this instance reads server paths and under its allowed roots (analysis/sae_v/
+    access.py: the deployment's allow-list; a refusal names the locator as written, nothing of the server)."""
     text = str(locator).strip()
     if text.startswith("upload:"):
+        access.check_uploads()
         path = upload_root() / _hex(text.partition(":")[2])
         if not path.is_dir():
             raise DataError("That upload is no longer on this server; upload the zip again.")
         return path
-    if not text:
-        raise DataError("Enter the path of a data folder.")
-    path = Path(text).expanduser().resolve()
-    roots = allowed_roots()
-    if not any(path == r or r in path.parents for r in roots):
-        raise DataError(f"'{path}' is outside the folders data may be read from ({', '.join(map(str, roots))}). "
-                        "Set MODEL_INSPECTOR_ROOTS to allow another folder.")
-    if not path.exists():
-        raise DataError(f"No such folder or file: '{path}'.")
-    return path
+    return access.server_path(text, "data")
 
 
 def _hex(text: str) -> str:
@@ -181,47 +182,76 @@ def load(locator: str, kind: str = "vlm") -> UserData:
     path = resolve(locator)
     found = _layout(path)
     if found is None:
-        raise DataError(f"'{path.name}' has no captions.jsonl, captions.csv, *.parquet, datasets folder (state.json "
-                        "+ *.arrow), texts.txt or texts.jsonl.")
+        raise DataError(f"'{access.shown(locator)}' has no captions.jsonl, captions.csv, *.parquet, datasets folder "
+                        "(state.json + *.arrow), texts.txt or texts.jsonl.")
     layout, index = found
     root = index.parent if index.is_file() else index
     records = _records(layout, index)
-    columns = _columns(records[:50], layout)
+    columns = _columns([r for _, r in records[:50] if "_blank" not in r], layout)
     if kind == "vlm" and "image" not in columns:
         raise DataError(f"{index.name} has no image column ({', '.join(IMAGE_COLUMNS)}); a vision-language model "
                         "needs an image per caption.")
     pairs, skipped = [], []
-    for row, record in enumerate(records[:MAX_ROWS]):
+    for row, record in records[:MAX_ROWS]:
         pair, why = _pair(row, record, columns, root, layout, kind)
         if why:
             skipped.append(Skipped(row=row, image=str(record.get(columns.get("image", ""), "") or "")[:200],
                                    reason=why))
         else:
             pairs.append(pair)
+    pairs, duplicates, notes = _without_duplicates(pairs, root, index, layout, columns)
     labelled = "label" in columns
-    pair_set = PairSet(dataset=USER, seed=0, image_size=None, pairs=pairs, source=locator, labelled=labelled)
-    return UserData(locator=locator, root=root, layout=layout, index=index, pairs=pair_set, skipped=skipped,
-                    rows_read=len(records), columns=columns)
+    pair_set = PairSet(dataset=USER, seed=0, image_size=None, pairs=pairs, source=locator, labelled=labelled,
+                       notes=notes)
+    return UserData(locator=locator, root=root, layout=layout, index=index, pairs=pair_set,
+                    skipped=sorted(skipped + duplicates, key=lambda s: s.row), rows_read=len(records),
+                    columns=columns, notes=notes)
 
 
-def _records(layout: str, index: Path) -> list[dict]:
+def _records(layout: str, index: Path) -> list[tuple[int, dict]]:
+    """(row, record) of every row: the 0-based file line for text layouts (blank lines included, as
+    `{"_blank": True}`), the table row for Parquet and `datasets` folders."""
     try:
-        if layout == "jsonl":
-            return [_json_line(line, i) for i, line in enumerate(index.read_text(encoding="utf-8").splitlines())
-                    if line.strip()]
+        if layout in ("jsonl", "txt"):
+            lines = index.read_text(encoding="utf-8").splitlines()
+            parse = _json_line if layout == "jsonl" else (lambda line, i: {"text": line})
+            return [(i, parse(line, i) if line.strip() else {"_blank": True}) for i, line in enumerate(lines)]
         if layout == "csv":
-            with open(index, newline="", encoding="utf-8") as fh:
-                return list(csv.DictReader(fh))
-        if layout == "txt":
-            return [{"text": line} for line in index.read_text(encoding="utf-8").splitlines() if line.strip()]
+            return csv_records(index)
         table = _table(str(index), index.stat().st_mtime_ns)
         blobs = [c for c in table.column_names if c in IMAGE_COLUMNS and _is_blob(table, c)]
         records = table.drop_columns(blobs).to_pylist()  # images stay in the mapped file until asked for
         for record in records:
             record.update(dict.fromkeys(blobs))
-        return records
+        return list(enumerate(records))
     except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
-        raise DataError(f"{index.name} cannot be read: {exc}") from None
+        raise DataError(f"{index.name} cannot be read: {_first(exc)}") from None
+
+
+def csv_records(index: Path) -> list[tuple[int, dict]]:
+    """(0-based line where the record starts, record) of a CSV file; the header is line 0."""
+    out = []
+    with open(index, newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None) or []
+        while True:
+            start = reader.line_num  # lines read so far = the next record's first line (0-based)
+            row = next(reader, None)
+            if row is None:
+                return out
+            if not row:
+                out.append((start, {"_blank": True}))
+                continue
+            record = dict(zip(header, row + [None] * (len(header) - len(row))))
+            out.append((start, record))
+
+
+def _first(exc: BaseException) -> str:
+    """One line of why, without server paths (an OSError's own text names the file's full path)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc).strip().splitlines()
+    return access.without_paths(text[0] if text else type(exc).__name__)[:200]
 
 
 def _json_line(line: str, i: int) -> dict:
@@ -259,6 +289,8 @@ def _label(value) -> bool | None:
 
 def _pair(row: int, record: dict, columns: dict, root: Path, layout: str, kind: str) -> tuple[Pair | None, str]:
     """(pair, "") or (None, why the row cannot be used)."""
+    if "_blank" in record:
+        return None, "blank line"
     if "_error" in record:
         return None, record["_error"]
     text = str(record.get(columns.get("text", ""), "") or "").strip()
@@ -294,6 +326,57 @@ def _image_ref(row: int, record: dict, columns: dict, root: Path, layout: str) -
     if path.stat().st_size > images.MAX_IMAGE_BYTES:
         return "", f"image '{name}' is {path.stat().st_size / 2**20:.1f} MB (limit {images.MAX_IMAGE_BYTES / 2**20:g} MB)"
     return name, ""
+
+
+def _without_duplicates(pairs: list[Pair], root: Path, index: Path, layout: str,
+                        columns: dict) -> tuple[list[Pair], list[Skipped], list[str]]:
+    """(pairs with every repeat of an earlier row left out, the repeats as Skipped, notes on rows that show
+    an earlier row's image with another caption). Images are compared by content."""
+    image_key = _image_keys(pairs, root, index, layout, columns)
+    kept, repeats, first_of_pair, first_of_image, same_image = [], [], {}, {}, {}
+    for pair in pairs:
+        image = image_key.get(pair.row, "")
+        earlier = first_of_pair.setdefault((pair.text, image), pair.row)
+        if earlier != pair.row:
+            what = "the same caption and image" if image else "the same text"
+            repeats.append(Skipped(row=pair.row, image=pair.image, reason=f"duplicate of row {earlier + 1} ({what})"))
+            continue
+        kept.append(pair)
+        if image:
+            first = first_of_image.setdefault(image, pair.row)
+            if first != pair.row:
+                same_image.setdefault(first, []).append(pair.row)
+    notes = [f"Rows {', '.join(str(r + 1) for r in rows)} show the same image as row {first + 1} with other captions "
+             "(kept: several captions per image are normal)." for first, rows in sorted(same_image.items())]
+    return kept, repeats, notes
+
+
+def _image_keys(pairs: list[Pair], root: Path, index: Path, layout: str, columns: dict) -> dict[int, str]:
+    """{row: a key of the row's image content}: files of equal size are hashed (others cannot be equal);
+    images stored in a table are hashed from the table's bytes."""
+    if not any(p.image for p in pairs):
+        return {}
+    keys: dict[int, str] = {}
+    by_size: dict[int, list[tuple[int, Path]]] = {}
+    for p in pairs:
+        if p.image.startswith("row:"):
+            keys[p.row] = _blob_key(index, columns, int(p.image[4:]))
+        elif p.image:
+            path = (root / p.image).resolve()
+            by_size.setdefault(path.stat().st_size, []).append((p.row, path))
+    for group in by_size.values():
+        for row, path in group:
+            keys[row] = hashlib.sha256(path.read_bytes()).hexdigest() if len(group) > 1 else f"file:{path}"
+    return keys
+
+
+def _blob_key(index: Path, columns: dict, row: int) -> str:
+    value = _table(str(index), index.stat().st_mtime_ns).column(columns["image"])[row].as_py()
+    if isinstance(value, dict):
+        value = value.get("bytes") or (f"path:{value.get('path')}" if value.get("path") else None)
+    if isinstance(value, (bytes, bytearray)):
+        return hashlib.sha256(bytes(value)).hexdigest()
+    return f"{value}" if value else f"row:{row}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,8 +480,8 @@ def image_from_ref(ref: str, pairs: PairSet | None = None):
             raise SettingsError("That uploaded image is no longer on this server; upload it again.")
         return images.open_image(path.read_bytes(), name="The uploaded image")
     if kind == "file":
-        path = resolve(value)
+        path = access.server_path(value, "an image")
         if not path.is_file():
-            raise SettingsError(f"'{value}' is not an image file.")
+            raise SettingsError(f"'{access.shown(value)}' is not an image file.")
         return images.open_image(path.read_bytes(), name=f"'{path.name}'")
-    raise SettingsError(f"An image is named pair:I, sha:HEX or file:PATH, got '{ref}'.")
+    raise SettingsError(f"An image is named pair:I, sha:HEX or file:PATH, got '{access.shown(ref)}'.")

@@ -4,8 +4,8 @@ Reproduces "Softmax is not enough (for sharp size generalisation)" (Veličković
 loaded model. Read in this order:
 - `rules.py`: the temperature rules (softmax, fixed θ, the paper's adaptive θ), each a small class owning
   its settings, registered in `RULES`; `Temperature`, the choice of a rule that travels in params/results;
-- `attention.py`: the attention function that applies a rule and records the answer row, and the patch
-  that switches it on inside `handle.patch()`;
+- `attention.py`: the attention function that applies a rule and records the answer row, sent as the
+  attention rule of a backend request (`analysis/backends`: hooks or nnsight, here or on NDIF);
 - `lemma.py`: the lemma without a model;
 - `heads.py`: per layer/head statistics of the recorded row;
 - `prompt.py`: one prompt of the user's own;
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from analysis.panels import Analysis, Run
 from analysis.sharpness.attention import (
-    ATTENTION_NAME, Recorder, register_attention, temperature_attention, temperature_patch, tempered_logits,
+    Recorder, attention_rule, temperature_patch, tempered_attention, tempered_logits,
 )
 from analysis.sharpness.cli import cli
 from analysis.sharpness.cost import TEMPERATURE_OVERHEAD, prompt_work, sweep_work
@@ -50,7 +50,7 @@ ANALYSIS = Analysis(
 )
 
 __all__ = [
-    "ANALYSIS", "ATTENTION_NAME", "Recorder", "register_attention", "temperature_attention", "temperature_patch",
+    "ANALYSIS", "Recorder", "attention_rule", "tempered_attention", "temperature_patch",
     "tempered_logits", "cli", "TEMPERATURE_OVERHEAD", "prompt_work", "sweep_work", "SharpnessError", "HeadStats",
     "head_stats", "mean_stats", "row_stats", "LemmaCurve", "LemmaParams", "LemmaResult", "lemma_demo", "DEFAULT_NS",
     "DEFAULT_THETAS", "LARGE_MODEL_NS", "LARGE_MODEL_SAMPLES", "LARGE_MODEL_THETAS", "SweepParams",

@@ -1,25 +1,25 @@
-"""The attention function that applies a temperature rule, and the patch that switches it on.
+"""The attention function that applies a temperature rule, and the request that switches it on.
 
-One attention function, registered once with transformers' `AttentionInterface` under
-`ATTENTION_NAME`, computes eager attention with a temperature rule and records one query row (the
-answer position) of every layer. It is switched on only inside `handle.patch()` (config
-`_attn_implementation` swapped and restored), and its settings travel in a `ContextVar`, so two
-sessions never see each other's temperature.
+`tempered_attention` computes eager attention with a temperature rule and records one query row (the
+answer position) of every layer. It runs as the attention rule of a backend request
+(`analysis/backends`): the local backend switches it on through transformers' attention interface
+inside `handle.patch()`, the nnsight backend replaces each layer's attention call with it in the trace
+(locally or on NDIF). Either way the rule travels with the request, so two sessions never see each
+other's temperature.
 """
 from __future__ import annotations
 
 import contextlib
-import contextvars
+import functools
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 
+from analysis import backends
 from analysis.models import ModelHandle
 from analysis.sharpness.errors import SharpnessError
-from analysis.sharpness.rules import SOFTMAX, Temperature, row_entropy, rule_beta, tempered_softmax
-
-ATTENTION_NAME = "model_inspector_temperature"
+from analysis.sharpness.rules import Temperature, row_entropy, rule_beta, tempered_softmax
 
 
 @dataclass
@@ -38,15 +38,6 @@ class Recorder:
         self.calls = 0
 
 
-@dataclass
-class _Active:
-    rule: Temperature
-    recorder: Recorder | None
-
-
-_ACTIVE: contextvars.ContextVar[_Active | None] = contextvars.ContextVar("sharpness_active", default=None)
-
-
 def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     """(B, H_kv, T, d) -> (B, H_kv * groups, T, d), each KV head serving `groups` query heads."""
     if groups == 1:
@@ -55,69 +46,55 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
 
 
-def _record(recorder: Recorder, module, rule: Temperature, row_scores: torch.Tensor, probs: torch.Tensor) -> None:
-    layer = getattr(module, "layer_idx", None)
-    layer = recorder.calls if layer is None else int(layer)
-    recorder.calls += 1
-    raw_entropy = row_entropy(row_scores)
-    recorder.scores[layer] = row_scores
-    recorder.probs[layer] = probs[:, :, recorder.row, :].float().detach()
-    recorder.raw_entropy[layer] = raw_entropy
-    recorder.beta[layer] = rule_beta(rule, raw_entropy)
+def tempered_attention(rule: Temperature, row: int, record: bool, layer: int, query, key, value, attention_mask,
+                       scaling=None, softcap=None):
+    """Eager attention with `rule` in layer `layer` (dropout never applied: analysis runs in eval mode).
 
-
-def temperature_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Eager attention with a temperature rule; signature of transformers' attention functions.
-
-    Dropout is never applied (analysis runs in eval mode). Returns (output, probabilities used).
-    """
-    active = _ACTIVE.get()
-    rule = active.rule.in_layer(getattr(module, "layer_idx", None)) if active is not None else SOFTMAX
+    Returns (output (B, T, H, d), probabilities used, record of query row `row`: its logits s, the
+    probabilities, the entropy of plain softmax(s) and the β applied), the signature of a backend's
+    `AttentionRule`."""
+    rule = rule.in_layer(layer)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     groups = query.shape[1] // key.shape[1]
     key = _repeat_kv(key, groups)
     value = _repeat_kv(value, groups)
     scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
-    softcap = kwargs.get("softcap")
     if softcap:  # Gemma 2: the logits as used are soft-capped, cap * tanh(s / cap), before the mask
         scores = torch.tanh(scores / softcap).mul_(softcap)
     if attention_mask is not None:
         scores.add_(attention_mask[:, :, :, : key.shape[-2]])
-    recorder = active.recorder if active is not None else None
-    row_scores = scores[:, :, recorder.row, :].float().clone() if recorder is not None else None
+    row_scores = scores[:, :, row, :].float().clone() if record else None
     probs, _, _ = tempered_softmax(scores, rule, inplace=True)  # scores is ours: overwrite it
     probs = probs.to(value.dtype)
     output = torch.matmul(probs, value).transpose(1, 2).contiguous()
-    if recorder is not None:
-        _record(recorder, module, rule, row_scores, probs)
-    return output, probs
+    kept = {}
+    if record:
+        raw_entropy = row_entropy(row_scores)
+        kept = dict(scores=row_scores, probs=probs[:, :, row, :].float(), raw_entropy=raw_entropy,
+                    beta=rule_beta(rule, raw_entropy))
+    return output, probs, kept
 
 
-def register_attention() -> None:
-    """Register the attention function (and the eager mask it needs) under `ATTENTION_NAME`.
-
-    Registering only adds a name; nothing uses it until a patch switches a model's config to it.
-    """
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    AttentionInterface.register(ATTENTION_NAME, temperature_attention)
-    # Without a mask entry transformers treats an unknown implementation as mask-free.
-    AttentionMaskInterface.register(ATTENTION_NAME, eager_mask)
+def attention_rule(rule: Temperature, recorder: Recorder | None = None) -> backends.AttentionRule:
+    row = recorder.row if recorder is not None else -1
+    return backends.AttentionRule(functools.partial(tempered_attention, rule, row, recorder is not None))
 
 
 @contextlib.contextmanager
 def temperature_patch(handle: ModelHandle, rule: Temperature, recorder: Recorder | None = None,
                       model: torch.nn.Module | None = None) -> Iterator[torch.nn.Module]:
-    """Inside: `model` (default: the handle's language model) attends with `rule`; restored after."""
-    register_attention()
+    """Inside: `model` (default: the handle's language model) attends with `rule` when called directly
+    (tests and references; analyses send a request through `tempered_logits`); restored after."""
+    from analysis.backends import native
+
     model = handle.language_model if model is None else model
+    records: dict = {}
     with handle.patch() as p, torch.no_grad():
-        p.attn_implementation(model, ATTENTION_NAME)
-        token = _ACTIVE.set(_Active(rule, recorder))
-        p.call_on_exit(lambda: _ACTIVE.reset(token))
+        native.use_rule(p, model, attention_rule(rule, recorder), records)
         yield model
+    if recorder is not None:
+        _fill(recorder, records)
 
 
 def tempered_logits(handle: ModelHandle, input_ids: torch.Tensor, rule: Temperature,
@@ -126,18 +103,28 @@ def tempered_logits(handle: ModelHandle, input_ids: torch.Tensor, rule: Temperat
     """Next-token logits (B, T, V) of the language model with `rule` applied in every head; with `keep` > 0
     only the last `keep` positions' (the output layer over every position is a large share of a real
     model's forward). `attention_mask` may be a 4-D additive mask (with `position_ids`)."""
-    extra = {"logits_to_keep": keep} if keep else {}
+    inputs = {"input_ids": input_ids, "use_cache": False}
     if attention_mask is not None:
-        extra["attention_mask"] = attention_mask.to(handle.device)
+        inputs["attention_mask"] = attention_mask
     if position_ids is not None:
-        extra["position_ids"] = position_ids.to(handle.device)
-    with temperature_patch(handle, rule, recorder) as lm:
-        if recorder is not None:
-            recorder.clear()
-        logits = lm(input_ids=input_ids.to(handle.device), use_cache=False, **extra).logits
+        inputs["position_ids"] = position_ids
+    request = backends.Request(inputs=inputs, logits=keep, rule=attention_rule(rule, recorder),
+                               root="language_model")
+    got = backends.run(handle, request)
     if recorder is not None:
+        recorder.clear()
+        _fill(recorder, got.records)
         _check_recorded(handle, recorder)
-    return logits.float()
+    return got.logits.float()
+
+
+def _fill(recorder: Recorder, records: dict[int, dict[str, torch.Tensor]]) -> None:
+    for layer, kept in sorted(records.items()):
+        recorder.scores[layer] = kept["scores"]
+        recorder.probs[layer] = kept["probs"]
+        recorder.raw_entropy[layer] = kept["raw_entropy"]
+        recorder.beta[layer] = kept["beta"]
+    recorder.calls = len(records)
 
 
 def _check_recorded(handle: ModelHandle, recorder: Recorder) -> None:

@@ -46,7 +46,7 @@ class SweepParams(Result):
 
 
 def default_params(handle) -> SweepParams:
-    """The page's first view of this model (what `components/warm.py` precomputes for the zoo)."""
+    """The page's first view of this model (what `scripts/warm.py` precomputes for the zoo)."""
     from analysis.cost import default_for
 
     return SweepParams(ns=list(default_for(handle, DEFAULT_NS, LARGE_MODEL_NS)),

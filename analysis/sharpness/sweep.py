@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Callable
 
 from analysis.models import ModelHandle, require_kind
+from analysis.progress import Progress
 from analysis.sharpness.attention import Recorder
 from analysis.sharpness.errors import SharpnessError
 from analysis.sharpness.heads import head_stats, mean_stats
@@ -13,8 +14,6 @@ from analysis.sharpness.rules import Temperature
 from analysis.sharpness.scoring import score_chunk
 from analysis.tasks.records import TaskError
 from analysis.tasks.retrieval import RetrievalPrompt
-
-ProgressFn = Callable[[float, str], None]
 
 
 def prompt_builder(tokenizer) -> Callable[[int, int], RetrievalPrompt]:
@@ -68,7 +67,7 @@ def _tree_size(prompt: RetrievalPrompt) -> int:
 
 
 def size_sweep(handle: ModelHandle, params: SweepParams | None = None,
-               progress: ProgressFn | None = None) -> SweepResult:
+               progress: Progress | None = None) -> SweepResult:
     """Softmax, adaptive θ and each fixed θ at every n: head statistics, accuracy, answer probability."""
     params = params or SweepParams()
     require_kind(handle, "causal_lm", "vlm", panel="attention sharpness")

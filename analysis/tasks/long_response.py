@@ -49,7 +49,7 @@ class Item(Result):
 
 def shapes_decomposition(tokenizer, seed: int, max_new: int) -> LongTask:
     """The `seed`-th four-object test scene's caption, to be decomposed into its claims."""
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     scenes = (s for s in sw.split_seeds("test", 100_000) if len(sw.generate_scene(s).objects) == sw.MAX_OBJECTS)
     scene = sw.generate_scene(next(s for i, s in enumerate(scenes) if i == seed))

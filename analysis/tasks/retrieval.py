@@ -276,7 +276,7 @@ def generic_builder(tokenizer) -> Callable[[int, int], RetrievalPrompt]:
 def shapes_world_builder(tokenizer) -> Callable[[int, int], RetrievalPrompt] | None:
     """The Shapes World training format ("<s> max : 12 7 93 41 =" -> "93") for the zoo's tokenizer."""
     try:
-        from analysis.zoo import shapes_world as sw
+        from analysis.world import shapes_world as sw
     except ImportError:
         return None
     vocab = tokenizer.get_vocab()

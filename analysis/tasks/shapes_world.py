@@ -13,9 +13,9 @@ SHAPES_PROMPT = "there is a large red circle at the top left . there is a small 
 
 
 def world():
-    """analysis.zoo.shapes_world, or None where the zoo is not installed (real models work without it)."""
+    """analysis.world.shapes_world, or None where the zoo is not installed (real models work without it)."""
     try:
-        from analysis.zoo import shapes_world
+        from analysis.world import shapes_world
     except ImportError:
         return None
     return shapes_world

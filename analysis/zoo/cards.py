@@ -16,9 +16,9 @@ from typing import Callable
 
 import torch
 
-from analysis.zoo import shapes_world as sw
+from analysis.progress import Progress
+from analysis.world import shapes_world as sw
 
-Progress = Callable[[float, str], None]
 MAX_NS = (4, 8, 16, 32, 64, 128)
 NEEDLE_LENGTHS = (64, 128, 256, 512, 1024)
 NEEDLE_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -267,7 +267,7 @@ def write_card(card: Card, folder: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Real trained models (analysis/zoo/real.py): what they are and how fast they run here. Their
+# Real trained models (analysis/real_models.py): what they are and how fast they run here. Their
 # panel metrics (what each panel's task gives on them) go under metrics["panels"], measured by the
 # panels' own commands; this card starts with none.
 
@@ -341,11 +341,11 @@ def evaluate_real(name: str, machine: dict, root: Path | None = None, progress: 
     from transformers import LlamaForCausalLM  # noqa: F401  (imported before the timed loads)
 
     from analysis.models import ModelSpec, allowed_roots, load_model
-    from analysis.zoo import real
+    from analysis import real_models
 
-    folder = real.ensure(name, progress, root)
+    folder = real_models.ensure(name, progress, root)
     spec = ModelSpec("zoo", name)
-    if root is not None and folder != real.folder(name):  # another root: load it as the local folder it is
+    if root is not None and folder != real_models.folder(name):  # another root: load it as the local folder it is
         os.environ["MODEL_INSPECTOR_ROOTS"] = os.pathsep.join([str(r) for r in allowed_roots()] + [str(folder)])
         spec = ModelSpec("local", str(folder))
     load_at_start = round(os.getloadavg()[0], 2)  # other processes on the machine slow every timing below
@@ -366,7 +366,7 @@ def evaluate_real(name: str, machine: dict, root: Path | None = None, progress: 
     rss_used = proc.memory_info().rss - rss_before  # after the forwards: every weight page touched
     if progress:
         progress(1.0, f"one-token forward {speed['one_token_forward']}")
-    record = json.loads((folder / real.MARKER).read_text())
+    record = json.loads((folder / real_models.MARKER).read_text())
     weights = sum(p.numel() * p.element_size() for p in handle.model.parameters())
     metrics = {
         "speed": dict({k: v for k, v in speed.items() if k != "example"},

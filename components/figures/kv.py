@@ -7,6 +7,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from analysis.kv import POLICIES, KvResult, PolicyRun, SweepResult
+from analysis.kv.metrics import metric as metric_named
+from analysis.kv.metrics import table_metrics
 from components.figures.memo import shared_figure
 
 # Labels and colours come from the policy classes (analysis/kv/policies.py): POLICIES.label / .colour.
@@ -101,30 +103,10 @@ def retained_heatmap(result: KvResult, layer_index: int, head: int) -> go.Figure
 
 
 def summary_rows(result: KvResult, variants: bool = False) -> list[dict]:
-    """One row per policy at the chosen budget: the main comparison (equal entries), or the variants."""
-    rows = []
-    for r in result.runs:
-        if is_variant(r.policy) != variants:
-            continue
-        mean_dnll = sum(r.dnll) / max(1, len(r.dnll))
-        rows.append({
-            "policy": r.label,
-            "key-value accuracy": None if r.accuracy is None else round(r.accuracy, 3),
-            "mean KL (nats)": round(r.mean_kl, 4),
-            "top-1 agreement": round(r.agreement, 3),
-            "mean ΔNLL (nats)": round(mean_dnll, 4),
-            "attention recall": round(r.mean_recall, 3),
-            "needle survival": _mean_matrix(r.needle_survival),
-            "cache entries per head (last step, mean over layers)": round(r.cache_len[-1], 1) if r.cache_len else None,
-            "cache KiB (last step)": round(r.cache_bytes[-1] / 1024, 1) if r.cache_bytes else None,
-            "ms / decode step": round(sum(r.step_ms) / max(1, len(r.step_ms)), 2),
-        })
-    return rows
-
-
-def _mean_matrix(m: list[list[float]]) -> float | None:
-    flat = [x for row in m for x in row]
-    return round(sum(flat) / len(flat), 3) if flat else None
+    """One row per policy at the chosen budget (the main comparison, or the variants): a column per table
+    metric (analysis/kv/metrics.py)."""
+    return [{"policy": r.label, **{m.header: m.value(r) for m in table_metrics()}}
+            for r in result.runs if is_variant(r.policy) == variants]
 
 
 @shared_figure
@@ -172,25 +154,21 @@ def memory_figure(result: KvResult) -> go.Figure:
 
 @shared_figure
 def sweep_figure(sweep: SweepResult, metric: str = "accuracy") -> go.Figure:
-    """Budget sweep: one curve per policy, budget as a share of the context on x."""
-    titles = {"accuracy": ("Key-value recall accuracy", "accuracy (share of answers)"),
-              "mean_kl": ("Mean KL(full ‖ policy)", "KL divergence (nats)"),
-              "recall": ("Attention recall", "share of full-cache attention kept"),
-              "agreement": ("Top-1 agreement with the full cache", "share of steps"),
-              "cache": ("Cache actually held at the last token", "entries per KV head (mean over layers)")}
-    title, ytitle = titles[metric]
+    """Budget sweep: one curve per policy of a sweep metric (analysis/kv/metrics.py), budget as a share of
+    the context on x."""
+    m = metric_named(metric)
     fig = go.Figure()
     for name in dict.fromkeys(p.policy for p in sweep.points):
         pts = sorted((p for p in sweep.points if p.policy == name), key=lambda p: p.share)
-        fig.add_trace(go.Scatter(x=[100 * p.share for p in pts], y=[getattr(p, metric) for p in pts],
+        fig.add_trace(go.Scatter(x=[100 * p.share for p in pts], y=[p.values.get(m.name) for p in pts],
                                  mode="lines+markers", name=POLICIES.label(name),
                                  line=dict(color=POLICIES.colour(name), dash="dot" if is_variant(name) else "solid"),
                                  hovertext=[f"budget {p.budget} entries" for p in pts]))
-    if metric == "accuracy" and sweep.full_accuracy is not None:
+    if m.name == "accuracy" and sweep.full_accuracy is not None:
         fig.add_hline(y=sweep.full_accuracy, line_dash="dash", line_color=POLICIES.colour("full"),
                       annotation_text="full cache", annotation_position="bottom right")
-    fig.update_layout(title=f"{title} vs cache budget (context {sweep.context} tokens)",
-                      xaxis_title="budget (% of the context)", yaxis_title=ytitle, height=360)
+    fig.update_layout(title=f"{m.title or m.label} vs cache budget (context {sweep.context} tokens)",
+                      xaxis_title="budget (% of the context)", yaxis_title=m.axis or m.header, height=360)
     return fig
 
 

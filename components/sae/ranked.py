@@ -15,12 +15,16 @@ def _fmt(v) -> str:
     return "—" if v is None else f"{v:.3f}"
 
 
-def overview(ranking: sae_v.Ranking, store: sae_v.FeatureStore, same_omega: bool) -> None:
+def overview(ranking: sae_v.Ranking, store: sae_v.FeatureStore | None = None) -> None:
+    """The ranking's headline numbers. Which features have an ω is the ranking's own (analysis decides
+    whether the store's ω applies: `sae_v.same_omega`)."""
     row = metric_row()
     if ranking.labelled:
         row.metric("ROC AUC (s_i)", _fmt(ranking.roc_auc))
         row.metric("ROC AUC (weighted)", _fmt(ranking.roc_auc_weighted))
-    row.metric("Features with ω", sum(f.omega != 0 for f in store.features) if same_omega else "—")
+    row.metric("Features with ω", "—" if ranking.with_omega is None else ranking.with_omega,
+               help="The feature store's ω" if ranking.omega_from_store else
+               "ω computed again under this rule on the feature store's pairs")
     row.metric("Pairs with s_i > 0", f"{sum(r.score != 0 for r in ranking.rows)} / {len(ranking.rows)}")
     if ranking.source:
         row.metric("Rows used / read", f"{len(ranking.rows)} / {ranking.rows_read}")
@@ -39,6 +43,8 @@ def overview(ranking: sae_v.Ranking, store: sae_v.FeatureStore, same_omega: bool
 
 
 def skipped(ranking: sae_v.Ranking) -> None:
+    for note in ranking.notes:
+        st.caption(note)
     if not ranking.skipped:
         return
     st.warning(f"{len(ranking.skipped)} of {ranking.rows_read} rows were left out (reported below, never used): "
@@ -46,7 +52,9 @@ def skipped(ranking: sae_v.Ranking) -> None:
     with st.expander(f"Rows left out ({len(ranking.skipped)})"):
         st.dataframe([{"row": s.row + 1, "image": s.image, "why": s.reason} for s in ranking.skipped],
                      hide_index=True, key="sae_rank_skipped")
-        explain("Row numbers count the records of your file from 1 (blank lines not counted).")
+        explain("Row numbers are your file's line numbers (blank lines counted; a CSV's header is line 1); for a "
+                "Parquet file or a datasets folder, the table's row from 1. A row that repeats an earlier one (the "
+                "same caption and the same image, by content) is left out as a duplicate, the first kept.")
     if ranking.resumed:
         st.caption(f"{ranking.resumed} pairs came from an earlier, stopped run of this ranking (resumed).")
 

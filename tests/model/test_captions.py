@@ -12,7 +12,7 @@ from analysis import captions as C
 from analysis import tiny_models
 from analysis.images import ImageError, open_image
 from analysis.models import ModelSpec, load_model, zoo_models
-from analysis.zoo import shapes_world as W
+from analysis.world import shapes_world as W
 
 
 @pytest.fixture(scope="module")

@@ -244,7 +244,7 @@ def test_generated_text_stops_at_end_of_text():
     handle = load_model(ModelSpec("zoo", "shapes-lm"))
     params = kv.KvParams(policy="h2o", budget=64, context=128, pairs=2, new_tokens=6)
     task = kv.build_task(handle, params)
-    texts = kv.generate_texts(handle, params, task, ["full", "h2o"])
+    texts = kv.generate_texts(handle, params, task, [kv.make_policy(params, n) for n in ("full", "h2o")])
     assert [t.policy for t in texts] == ["full", "h2o"]
     full = texts[0]
     assert 1 <= len(full.tokens) < 6  # the demo model answers, then ends: the rest is not shown
@@ -283,5 +283,37 @@ def test_every_row_of_the_quality_table_holds_the_entries_it_claims(tiny_llama):
     task = kv.build_task(tiny_llama, params)
     read = len(task.tokens) - 1
     for pt in sweep.points:
-        assert pt.cache == pt.claimed, (pt.policy, pt.share, pt.cache, pt.claimed)
-        assert pt.cache >= min(pt.budget, read), (pt.policy, pt.share, pt.cache, pt.budget)
+        cache, claimed = pt.values["cache"], pt.values["claimed"]
+        assert cache == claimed, (pt.policy, pt.share, cache, claimed)
+        assert cache >= min(pt.budget, read), (pt.policy, pt.share, cache, pt.budget)
+
+
+def test_an_analysis_builds_each_policy_and_its_task_once(tiny_llama, monkeypatch):
+    """`analyze` builds every registered policy once (validated as it is built) and its task once, and hands
+    them down; the sweep builds each policy once per budget it runs at, and one task per prompt averaged.
+    Before: analyze built 29 policies, the 2-prompt sweep 86."""
+    from analysis.kv import analysis as kv_analysis
+    from analysis.registry import Method
+
+    built = {"policies": 0, "tasks": 0}
+    post_init, build_task = Method.__post_init__, kv_analysis.build_task
+
+    def counted_post_init(self):
+        built["policies"] += isinstance(self, kv.Policy)
+        post_init(self)
+
+    def counted_build_task(*args, **kwargs):
+        built["tasks"] += 1
+        return build_task(*args, **kwargs)
+
+    monkeypatch.setattr(Method, "__post_init__", counted_post_init)
+    monkeypatch.setattr(kv_analysis, "build_task", counted_build_task)
+    params = _params("h2o", budget=20, context=48, pairs=3, new_tokens=6)
+    kv.analyze(tiny_llama, params)
+    assert built == {"policies": len(kv.POLICIES), "tasks": 1}
+
+    built.update(policies=0, tasks=0)
+    sweep = dataclasses.replace(params, examples=2, sweep=[0.25, 0.5, 0.75])
+    names = [n for n in kv.main_policies() if n != "full"]
+    kv.budget_sweep(tiny_llama, sweep, names=kv.main_policies())
+    assert built == {"policies": len(kv.POLICIES) + 3 * len(names), "tasks": 2}

@@ -10,7 +10,8 @@ import torch
 from analysis import cost, kv
 from analysis.models import ModelSpec, load_model, zoo_models
 from analysis.tasks.long_response import LongTask, answer_items, recalled
-from analysis.tiny_models import default_words, make_word_tokenizer
+from analysis.tiny_models import default_words
+from analysis.world.tokenizer import make_word_tokenizer
 
 SMALL = dict(budget=12, response=10, policies=kv.policy_settings(snap_window=4, morph_window=4, sinks=2))
 

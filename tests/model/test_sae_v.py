@@ -173,6 +173,23 @@ def test_official_omega_matches_the_official_script_on_random_codes(seed):
         assert float(omega[f]) == pytest.approx(ref.get(f, 0.0), abs=1e-5)
 
 
+@pytest.mark.parametrize("seed,cut", [(0, 1), (1, 1), (2, 2), (3, 1)])
+def test_the_per_token_cut_matches_the_official_top_k_lists(seed, cut):
+    """With fewer features per token kept than fire (the official cut is 50; here 1-2 of 5 active), omega and
+    which features have one follow the official per-token lists; the official 50 leaves 5-active codes whole."""
+    acts, codes, modality, _, _ = random_sparse(seed)
+    ref = official_omega_reference(acts, codes, modality, per_token=cut)
+    omega, has = sae_v.score_rule("official", token_top=cut).weights(acts, codes, modality)
+    assert {f for f in range(codes.shape[1]) if has[f]} == set(ref)
+    for f in range(codes.shape[1]):
+        assert float(omega[f]) == pytest.approx(ref.get(f, 0.0), abs=1e-5)
+    whole = sae_v.score_rule("official", token_top=0).weights(acts, codes, modality)
+    official = sae_v.score_rule("official").weights(acts, codes, modality)  # token_top = 50 by default
+    assert sae_v.score_rule("official").token_top == 50
+    assert torch.equal(whole[0], official[0]) and torch.equal(whole[1], official[1])
+    assert ref != official_omega_reference(acts, codes, modality)  # the cut changes something on these codes
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_official_pair_scores_match_the_official_scripts_on_random_codes(seed):
     acts, codes, modality, pair, n_pairs = random_sparse(seed)
@@ -438,13 +455,15 @@ def test_activations_are_the_layer_outputs_at_text_and_image_positions(tiny_llav
     # brute force: one unbatched forward with all hidden states (the last one is after the final norm,
     # so compare layer 0's output, hidden_states[1])
     p = 4
-    enc = tiny_llava.processor(images=[sae_v.render_pair(llava_pairs, p)], text=[f"<image> {llava_pairs.pairs[p].text}"],
-                               return_tensors="pt")
+    prompt = sae_v.pair_prompt(tiny_llava, llava_pairs.pairs[p].text)  # the model's caption prompt, then the text
+    assert prompt.startswith("<image>") and prompt.endswith(llava_pairs.pairs[p].text)
+    enc = tiny_llava.processor(images=[sae_v.render_pair(llava_pairs, p)], text=[prompt], return_tensors="pt")
     with tiny_llava.session():
         hidden = tiny_llava.model(**enc, output_hidden_states=True).hidden_states[1][0]
     img_id = tiny_llava.model.config.image_token_id
     image_pos = (enc["input_ids"][0] == img_id).nonzero().squeeze(1)
-    text_pos = (enc["input_ids"][0] != img_id).nonzero().squeeze(1)
+    special = torch.tensor(tiny_llava.tokenizer.all_special_ids)
+    text_pos = ((enc["input_ids"][0] != img_id) & ~torch.isin(enc["input_ids"][0], special)).nonzero().squeeze(1)
     mine = acts.acts[acts.pair == p]
     mod = acts.modality[acts.pair == p]
     assert torch.allclose(mine[mod == IMAGE], hidden[image_pos], atol=1e-4)
@@ -599,7 +618,7 @@ def test_caption_words_carry_the_attributes_stated_so_far():
 
 
 def test_patches_carry_the_attributes_of_the_object_under_them():
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     seed = next(s for s in range(1000) if any(o.size == "large" for o in sw.generate_scene(s).objects))
     scene = sw.generate_scene(seed)
@@ -616,7 +635,7 @@ def test_patches_carry_the_attributes_of_the_object_under_them():
 
 
 def test_on_a_three_by_three_grid_each_patch_is_its_cells_object():
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     for seed in range(40):
         scene = sw.generate_scene(seed)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from analysis import sharpness as S
-from analysis.sharpness import attention
-from analysis.tiny_models import make_word_tokenizer
+from analysis.backends import native
+from analysis.world.tokenizer import make_word_tokenizer
 
 COEFFS = [-0.037, 0.481, -2.3, 4.917, -1.791]  # the paper's polynomial, written out independently
 
@@ -154,7 +154,7 @@ def test_model_is_restored_after_patch_even_on_error(tiny_llama):
         after = tiny_llama.model(input_ids=x).logits
     assert torch.equal(before, after)
     assert tiny_llama.model.config._attn_implementation == "eager"
-    assert attention._ACTIVE.get() is None
+    assert native._ACTIVE.get() is None
 
 
 def test_adaptive_temperature_works_on_vlm_language_model(tiny_llava):
@@ -250,7 +250,7 @@ def test_lemma_demo_follows_closed_form_and_bounds():
 
 
 def test_zoo_prompt_is_exactly_the_shapes_world_training_format():
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     tok = make_word_tokenizer(list(sw.VOCAB))
     pr = S.build_prompt(tok, 20, seed=5)

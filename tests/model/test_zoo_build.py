@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from analysis.models import ModelSpec, load_model
-from analysis.zoo import shapes_world as sw
+from analysis.world import shapes_world as sw
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 
 from analysis.models import ZOO_DIR, ModelSpec, load_model
 from analysis.zoo import cards
-from analysis.zoo import shapes_world as sw
+from analysis.world import shapes_world as sw
 
 FULL = cards.FULL
 

@@ -9,7 +9,7 @@ from conftest import app_with_model
 
 from analysis import tiny_models
 from analysis.models import ModelSpec, zoo_models
-from analysis.zoo import shapes_world as W
+from analysis.world import shapes_world as W
 
 PAGE = "views/caption_correction.py"
 

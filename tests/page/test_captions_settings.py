@@ -13,7 +13,7 @@ from analysis import tiny_models
 from analysis.__main__ import main
 from analysis.models import ModelSpec, load_model, zoo_models
 from analysis.registry import SettingsError
-from analysis.zoo import shapes_world as W
+from analysis.world import shapes_world as W
 
 PAGE = "views/caption_correction.py"
 

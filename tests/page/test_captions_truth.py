@@ -12,7 +12,7 @@ from analysis import captions as C
 from analysis import tiny_models
 from analysis.__main__ import main
 from analysis.models import ModelSpec, load_model
-from analysis.zoo import shapes_world as W
+from analysis.world import shapes_world as W
 
 PAGE = "views/caption_correction.py"
 CHAT = ("{% for m in messages %}<s> USER: {{ m['content'] }}{% endfor %}"

@@ -19,7 +19,8 @@ from analysis.inversion import cost as C
 from analysis import kv
 from analysis import sharpness as S
 from analysis.models import ModelHandle, ModelSpec, describe, load_model, zoo_models
-from analysis.tiny_models import default_words, make_word_tokenizer
+from analysis.tiny_models import default_words
+from analysis.world.tokenizer import make_word_tokenizer
 
 KV_SMALL = kv.KvParams(context=48, budget=16, new_tokens=4, policies=kv.policy_settings(snap_window=4, morph_window=4))
 JOBS = [
@@ -185,7 +186,7 @@ def caption_vlms(model_root):
     """Two tiny random LLaVAs: one whose vocabulary is Shapes World's (the demo's prompts and verifier)
     and one with the family's chat template (the generic caption prompt and yes/no question)."""
     from analysis import tiny_models
-    from analysis.zoo import shapes_world as W
+    from analysis.world import shapes_world as W
 
     shapes = tiny_models.save_tiny_llava(model_root / "tiny-llava-shapes-cost", words=list(W.VOCAB))
     chat = tiny_models.save_tiny("llava", model_root / "tiny-llava-chat-cost")
@@ -214,7 +215,7 @@ class DecoderCounter(CallCounter):
 @pytest.mark.parametrize("which", ["shapes", "chat"])
 def test_caption_estimate_is_the_processor_prompt_the_tower_and_max_new_tokens(which, caption_vlms, monkeypatch):
     from analysis import captions as C
-    from analysis.zoo import shapes_world as W
+    from analysis.world import shapes_world as W
 
     handle = caption_vlms[which]
     image = W.render(W.generate_scene(20000003))
@@ -237,7 +238,7 @@ def test_verification_estimate_counts_each_row_its_padding_and_the_grounding(whi
     """Each claim is one row (the image and its question, left-padded to the batch's longest); grounding
     adds an Integrated-Gradients batch of ig_steps rows per claim, forward and (input-gradient) backward."""
     from analysis import captions as C
-    from analysis.zoo import shapes_world as W
+    from analysis.world import shapes_world as W
 
     handle = caption_vlms[which]
     scene = W.generate_scene(20000003)
@@ -276,7 +277,7 @@ def test_decomposer_and_rewriter_are_priced_on_their_own_model(caption_vlms, dem
     """The demo LM's decomposition and rewrite are as long as the grammar's answers it was trained to
     give; their time is the LM's own (its calibration), carried into the VLM's estimate as seconds."""
     from analysis import captions as C
-    from analysis.zoo import shapes_world as W
+    from analysis.world import shapes_world as W
 
     vlm = caption_vlms["shapes"]
     scene = W.generate_scene(20000003)

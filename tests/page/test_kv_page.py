@@ -139,7 +139,7 @@ def test_long_response_view_renders_its_heatmap_tables_and_charts(demo_spec):
     summary = next(df.value for df in at.dataframe if "identical for (tokens)" in df.value.columns)
     assert list(summary["policy"]) == [kv.POLICIES.label(n) for n in kv.main_policies()]
     assert at.query_params["task"] in ("long-response", ["long-response"])
-    at.radio(key="kv_long_metric").set_value("kl").run(timeout=600)
+    at.radio(key="kv_position_metric").set_value("kl").run(timeout=600)
     assert not at.exception and "KL(full" in at.get("plotly_chart")[1].proto.spec
 
 

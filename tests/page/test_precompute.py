@@ -96,7 +96,7 @@ def test_a_result_that_also_uses_a_helper_model_is_keyed_by_the_helper_s_weights
 
 
 def test_storing_the_same_result_again_keeps_the_file_when_only_timings_differ(tiny_llama_dir, tmp_path):
-    """`python -m analysis warm` re-stores every result; a rerun must not rewrite committed files
+    """`python scripts/warm.py` re-stores every result; a rerun must not rewrite committed files
     whose only change is a wall-clock field, but must rewrite real changes."""
     import dataclasses
 
@@ -120,10 +120,10 @@ def test_an_entry_cannot_name_code_outside_the_package(tmp_path, tiny_llama_dir)
 
 def _converted(model: str) -> bool:
     """A demo model, or a real zoo model that is converted here (the suite never converts one)."""
-    from analysis.zoo import real
+    from analysis import real_models
 
     name = model.split(":", 1)[-1]
-    return name not in real.REAL_MODELS or real.is_built(name)
+    return name not in real_models.REAL_MODELS or real_models.is_built(name)
 
 
 def _committed() -> list[tuple]:
@@ -147,7 +147,7 @@ def test_stored_result_equals_a_fresh_computation(path, entry):
     torch.manual_seed(0)
     handle = load_model(ModelSpec.parse(entry.model))
     assert entry.fingerprint == precompute.weights_fingerprint(handle.path), (
-        f"{path.name} was computed on other weights: run `python -m analysis warm --prune`")
+        f"{path.name} was computed on other weights: run `python scripts/warm.py --prune`")
     fresh = precompute.recompute(entry, handle)
     assert_close(precompute.without_timings(fresh.to_dict()), precompute.without_timings(entry.result))
 
@@ -184,7 +184,7 @@ def _lm_views() -> list[tuple[str, str, dict]]:
 def test_default_view_and_presets_are_served_from_the_store(name, page, query):
     """What a new user's first view (or a preset's first click) computes was precomputed, on-demand
     sections included: no "Run it" gate, no Run button, nothing computed (else: run
-    `python -m analysis warm --panels ... --extras`)."""
+    `python scripts/warm.py --panels ... --extras`)."""
     from components import runs
 
     if not zoo_model_ready(query["model"]):
@@ -201,7 +201,7 @@ def test_default_view_and_presets_are_served_from_the_store(name, page, query):
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     assert precompute.stats["hits"] > before
-    assert not computed, f"{name} computed {computed} on page load; run `python -m analysis warm`"
+    assert not computed, f"{name} computed {computed} on page load; run `python scripts/warm.py`"
     gates = [b.label for b in at.button if b.label.startswith("Run")]
     assert not gates, f"{name} asks before showing its result: {gates}"
     assert not [i.value for i in at.info if "not started on its own" in i.value]

@@ -7,10 +7,12 @@ import re
 
 import pytest
 
+from analysis import panels
 from analysis import presets as P
 from analysis.models import ModelSpec, zoo_models
 from analysis.settings import labelled, url_name
 from components.registry import PANELS, ROOT
+from components.view import params_fields, url_fields
 from conftest import app_with_model, zoo_model_ready
 
 PAGE_OF = {p.url_path: f"views/{p.page}" for p in PANELS}
@@ -27,8 +29,15 @@ def _resolve(dotted: str):
     return obj
 
 
-def _url_names(page: str) -> set[str]:
-    source = (ROOT / page).read_text()
+ANALYSIS_OF = {a.url_path: a for a in panels.analyses()}
+
+
+def _url_names(panel: str) -> set[str]:
+    """The URL names the panel's page reads: its fields' (Params and view state)."""
+    analysis = ANALYSIS_OF[panel]
+    if analysis.params is not None:
+        return set(url_fields(analysis))
+    source = (ROOT / PAGE_OF[panel]).read_text()  # a page not yet declared through components/view.py
     names = set(re.findall(r"(?:url_param|url_list|checked)\(\s*\"(\w+)\"", source))
     # controls drawn from settings fields (components/params_form.py): their URL names are the fields'
     for dotted in re.findall(r"fields_of\(([\w.]+)", source):
@@ -48,10 +57,21 @@ def test_every_analysis_panel_offers_two_to_four_presets():
 
 def test_preset_values_are_controls_their_page_reads_from_the_url():
     for preset in P.PRESETS:
-        names = _url_names(PAGE_OF[preset.panel])
-        unknown = set(preset.params) - names
+        names = _url_names(preset.panel)
+        unknown = set(preset.values()) - names
         assert not unknown, f"{preset.panel}/{preset.name}: the page does not read {sorted(unknown)}"
         assert preset.model.startswith("zoo:")
+
+
+def test_a_preset_link_sets_every_setting_of_its_panel():
+    """Presets are Params values: the link holds every setting the page reads, so a setting added to the
+    Params later is pinned by every preset (at its default) with no edit to the preset."""
+    for preset in P.PRESETS:
+        analysis = ANALYSIS_OF[preset.panel]
+        if analysis.params is None:
+            continue
+        settings = {url_name(f) for f, _ in params_fields(analysis) if url_name(f)}
+        assert settings <= set(preset.values()) <= set(url_fields(analysis)), preset.name
 
 
 def _frame(at, column: str):

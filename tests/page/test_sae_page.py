@@ -165,21 +165,33 @@ def test_a_new_score_rule_is_one_class_and_appears_in_the_ranking_view(tiny_llav
         sae_v.SCORE_RULES.unregister("toy-half")
 
 
-def test_ranking_view_shows_the_filtering_experiment_or_says_it_has_not_run(tiny_llava_dir, tiny_sae):
+def test_ranking_view_shows_the_committed_filtering_experiment(tiny_llava_dir, tiny_sae):
+    """The committed benchmarks/results/sae_v_filtering.json is shown (its table, and the variant's AUC when it
+    has one); a missing or broken file fails here instead of the page quietly saying it has not been run."""
+    from analysis import paths
     from components.figures import sae as figs
 
+    assert figs.FILTERING_RESULTS == paths.result_file("sae_v_filtering.json")
+    results, why = figs.filtering_results(figs.FILTERING_RESULTS)
+    assert results is not None, f"the committed filtering result {paths.relative(figs.FILTERING_RESULTS)} is {why}"
     at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "ranking"})
     assert not at.exception, at.exception
-    results, _ = figs.filtering_results(figs.FILTERING_RESULTS)
-    if results is None:
-        assert any("has not been run" in i.value for i in at.info)
-    else:
-        table = _frame(at, "condition")
-        assert "top share by s_i (SAE-V)" in set(table["condition"])
-        if "top_half_by_normalised_s_i" in results["conditions"]:  # the labelled variant's row and AUC
-            assert "top share by normalised s_i (variant)" in set(table["condition"])
-            auc = results["pool"]["normalised_s_i"]["roc_auc_clean_vs_corrupted"]
-            assert any(f"normalised variant with {auc:.3f}" in c.value for c in at.caption)
+    assert not any("has not been run" in i.value for i in at.info)
+    table = _frame(at, "condition")
+    assert "top share by s_i (SAE-V)" in set(table["condition"])
+    if "top_half_by_normalised_s_i" in results["conditions"]:  # the labelled variant's row and AUC
+        assert "top share by normalised s_i (variant)" in set(table["condition"])
+        auc = results["pool"]["normalised_s_i"]["roc_auc_clean_vs_corrupted"]
+        assert any(f"normalised variant with {auc:.3f}" in c.value for c in at.caption)
+
+
+def test_ranking_view_says_when_the_filtering_experiment_is_absent(tiny_llava_dir, tiny_sae, tmp_path, monkeypatch):
+    from components.figures import sae as figs
+
+    monkeypatch.setattr(figs, "FILTERING_RESULTS", tmp_path / "sae_v_filtering.json")
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "ranking"})
+    assert not at.exception, at.exception
+    assert any("has not been run" in i.value for i in at.info)
 
 
 def test_text_only_model_on_image_view_gives_a_clear_message(tiny_llama_dir):

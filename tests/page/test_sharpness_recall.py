@@ -231,10 +231,10 @@ REAL_LM = "smollm2-135m-instruct"
 
 def _real_lm_built() -> bool:
     try:
-        from analysis.zoo import real
+        from analysis import real_models
     except ImportError:
         return False
-    return real.is_built(REAL_LM)
+    return real_models.is_built(REAL_LM)
 
 
 @pytest.mark.skipif(not _real_lm_built(), reason=f"zoo:{REAL_LM} is not converted here (python -m analysis.zoo "

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from analysis.models import ModelLoadError, ModelSpec, all_zoo_models, load_model, zoo_models
-from analysis.zoo import real
+from analysis import real_models
 
 NAME = "smollm2-135m-instruct"
 from analysis.paths import ROOT
@@ -35,7 +35,7 @@ def handle():
 def gguf():
     from gguf_reference import GGUFFile
 
-    return GGUFFile(real.checked_gguf(NAME))
+    return GGUFFile(real_models.checked_gguf(NAME))
 
 
 def test_the_zoo_offers_it_beside_the_demo_models_but_not_as_one():
@@ -55,7 +55,7 @@ def test_info_command_prints_the_real_architecture(handle, capsys):
 
 def test_loaded_like_any_local_folder_safetensors_float32(handle):
     folder = Path(handle.path)
-    assert folder == real.folder(NAME) and (folder / real.MARKER).is_file()
+    assert folder == real_models.folder(NAME) and (folder / real_models.MARKER).is_file()
     assert list(folder.glob("*.safetensors")) and not [p for p in folder.iterdir() if p.suffix in (".bin", ".gguf")]
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config and config["architectures"] == ["LlamaForCausalLM"]
@@ -122,17 +122,17 @@ def test_tokenizer_and_chat_template_are_the_files_own(handle, gguf):
 
 
 def test_a_gguf_with_another_sha256_is_refused_before_anything_is_written(tmp_path, monkeypatch):
-    wrong = dataclasses.replace(real.REAL_MODELS[NAME], sha256="0" * 64)
-    monkeypatch.setitem(real.REAL_MODELS, NAME, wrong)
-    with pytest.raises(real.RealModelError, match="not the pinned"):
-        real.ensure(NAME, root=tmp_path)
-    assert not real.folder(NAME, tmp_path).exists() and not list(tmp_path.glob(f".{NAME}.tmp-*"))
+    wrong = dataclasses.replace(real_models.REAL_MODELS[NAME], sha256="0" * 64)
+    monkeypatch.setitem(real_models.REAL_MODELS, NAME, wrong)
+    with pytest.raises(real_models.RealModelError, match="not the pinned"):
+        real_models.ensure(NAME, root=tmp_path)
+    assert not real_models.folder(NAME, tmp_path).exists() and not list(tmp_path.glob(f".{NAME}.tmp-*"))
 
 
 def test_a_missing_package_is_one_clear_load_error(monkeypatch, tmp_path):
-    missing = dataclasses.replace(real.REAL_MODELS[NAME], package="no-such-package-here")
-    monkeypatch.setitem(real.REAL_MODELS, NAME, missing)
-    monkeypatch.setattr(real, "REAL_DIR", tmp_path)  # not converted here either
+    missing = dataclasses.replace(real_models.REAL_MODELS[NAME], package="no-such-package-here")
+    monkeypatch.setitem(real_models.REAL_MODELS, NAME, missing)
+    monkeypatch.setattr(real_models, "REAL_DIR", tmp_path)  # not converted here either
     with pytest.raises(ModelLoadError, match="pip install -r requirements.txt"):
         load_model(ModelSpec("zoo", NAME))
     assert NAME not in all_zoo_models()
@@ -144,7 +144,7 @@ def test_a_missing_package_is_one_clear_load_error(monkeypatch, tmp_path):
 FAKE = '''
 import json, os, sys, time
 from pathlib import Path
-from analysis.zoo import real
+from analysis import real_models
 
 def fake_convert(name, out, progress=None):
     with open(sys.argv[2], "a") as log:
@@ -152,13 +152,13 @@ def fake_convert(name, out, progress=None):
     (out / "config.json").write_text("{}")
     time.sleep(float(sys.argv[3]))  # a slow conversion: the others must wait, not start their own
     (out / "model.safetensors").write_bytes(b"x" * 1000)
-    (out / real.MARKER).write_text(json.dumps({"pid": os.getpid()}))
+    (out / real_models.MARKER).write_text(json.dumps({"pid": os.getpid()}))
     return {"pid": os.getpid()}
 
-real.convert = fake_convert
+real_models.convert = fake_convert
 if __name__ == "__main__":
-    folder = real.ensure("smollm2-135m-instruct", root=Path(sys.argv[1]))
-    print(json.loads((folder / real.MARKER).read_text())["pid"], len((folder / "model.safetensors").read_bytes()))
+    folder = real_models.ensure("smollm2-135m-instruct", root=Path(sys.argv[1]))
+    print(json.loads((folder / real_models.MARKER).read_text())["pid"], len((folder / "model.safetensors").read_bytes()))
 '''
 
 
@@ -168,27 +168,27 @@ def _fake_convert(log: Path, seconds: float):
             f.write(f"{threading.get_ident()}\n")
         (out / "config.json").write_text("{}")
         time.sleep(seconds)
-        (out / real.MARKER).write_text("{}")
+        (out / real_models.MARKER).write_text("{}")
         return {}
     return convert
 
 
 def test_threads_asking_at_once_get_one_conversion(tmp_path, monkeypatch):
     log = tmp_path / "log"
-    monkeypatch.setattr(real, "convert", _fake_convert(log, 0.3))
+    monkeypatch.setattr(real_models, "convert", _fake_convert(log, 0.3))
     root = tmp_path / "zoo"
     seen_half, stop = [], threading.Event()
 
     def watch():  # the final folder must never exist without its marker
-        final = real.folder(NAME, root)
+        final = real_models.folder(NAME, root)
         while not stop.is_set():
-            if final.exists() and not (final / real.MARKER).exists():
+            if final.exists() and not (final / real_models.MARKER).exists():
                 seen_half.append(True)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
     results: list[Path] = []
-    workers = [threading.Thread(target=lambda: results.append(real.ensure(NAME, root=root))) for _ in range(4)]
+    workers = [threading.Thread(target=lambda: results.append(real_models.ensure(NAME, root=root))) for _ in range(4)]
     for w in workers:
         w.start()
     for w in workers:
@@ -196,7 +196,7 @@ def test_threads_asking_at_once_get_one_conversion(tmp_path, monkeypatch):
     stop.set()
     watcher.join()
     assert len(log.read_text().split()) == 1 and len(results) == 4 and len(set(results)) == 1
-    assert not seen_half and real.is_built(NAME, root) and not list(root.glob(f".{NAME}.tmp-*"))
+    assert not seen_half and real_models.is_built(NAME, root) and not list(root.glob(f".{NAME}.tmp-*"))
 
 
 def test_processes_asking_at_once_get_one_conversion(tmp_path):
@@ -216,13 +216,13 @@ def test_processes_asking_at_once_get_one_conversion(tmp_path):
 
 def test_rebuild_replaces_the_folder_whole(tmp_path, monkeypatch):
     log = tmp_path / "log"
-    monkeypatch.setattr(real, "convert", _fake_convert(log, 0.0))
+    monkeypatch.setattr(real_models, "convert", _fake_convert(log, 0.0))
     root = tmp_path / "zoo"
-    real.ensure(NAME, root=root)
-    (real.folder(NAME, root) / "stale.txt").write_text("from the first conversion")
-    real.build(NAME, root=root)
-    assert len(log.read_text().split()) == 2 and real.is_built(NAME, root)
-    assert not (real.folder(NAME, root) / "stale.txt").exists() and not list(root.glob(f".{NAME}.*tmp*"))
+    real_models.ensure(NAME, root=root)
+    (real_models.folder(NAME, root) / "stale.txt").write_text("from the first conversion")
+    real_models.build(NAME, root=root)
+    assert len(log.read_text().split()) == 2 and real_models.is_built(NAME, root)
+    assert not (real_models.folder(NAME, root) / "stale.txt").exists() and not list(root.glob(f".{NAME}.*tmp*"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,10 +232,10 @@ def test_rebuild_replaces_the_folder_whole(tmp_path, monkeypatch):
 def test_the_committed_card_describes_this_model(handle):
     from analysis.zoo import cards
 
-    json_path, md_path = cards.real_card_paths(NAME, real.REAL_DIR)
+    json_path, md_path = cards.real_card_paths(NAME, real_models.REAL_DIR)
     card = json.loads(json_path.read_text())
     assert card["parameters"] == handle.info.parameters and card["architecture"] == "LlamaForCausalLM"
-    assert card["training"]["model"] == dataclasses.asdict(real.REAL_MODELS[NAME])
+    assert card["training"]["model"] == dataclasses.asdict(real_models.REAL_MODELS[NAME])
     speed = card["metrics"]["speed"]
     assert speed["one_token_forward"]["cpu_ms"] > 0 and speed["load"]["wall_s"] > 0 and speed["threads"] >= 1
     assert "Paris" in card["metrics"]["example"]["answer"]

@@ -1,4 +1,4 @@
-"""benchmarks/sae_v_ceiling.py and the ground-truth codes it scores (analysis.zoo.concepts)."""
+"""benchmarks/sae_v_ceiling.py and the ground-truth codes it scores (analysis.world.concepts)."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from analysis.zoo import concepts
-from analysis.zoo import shapes_world as sw
+from analysis.world import concepts
+from analysis.world import shapes_world as sw
 
 from analysis.paths import ROOT
 SENTENCE = re.compile(r"there is a (\w+) (\w+) (\w+) at the ([a-z ]+?) \.")

@@ -202,7 +202,8 @@ def test_task_provider_gives_shapes_world_tasks_only_to_its_tokenizers():
 
     from analysis import tasks
     from analysis.models import ZOO_DIR
-    from analysis.tiny_models import family_words, make_word_tokenizer, qwen2_char_tokenizer
+    from analysis.tiny_models import family_words, qwen2_char_tokenizer
+    from analysis.world.tokenizer import make_word_tokenizer
 
     zoo = AutoTokenizer.from_pretrained(ZOO_DIR / "shapes-lm")
     assert tasks.tasks_for(zoo).name == "shapes-world" and tasks.tasks_for(zoo).sae_dataset == "shapes"

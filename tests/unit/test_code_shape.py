@@ -6,8 +6,12 @@ must go as soon as its file is split, and the list must end empty."""
 from __future__ import annotations
 
 import ast
+import re
+
+import pytest
 
 from analysis.paths import ROOT
+
 TOPS = ("analysis", "components", "views")
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80
@@ -46,3 +50,30 @@ def test_readme_is_a_landing_page():
     assert len(text.splitlines()) <= 250, f"README.md has {len(text.splitlines())} lines: move detail to docs/"
     assert "bash scripts/run_app.sh" in text and "bash scripts/test.sh" in text
     assert "docs/models.md#support-matrix" in text
+
+
+# One rule, one copy: a rule that several modules need is written in one place and imported.
+ONE_COPY = {
+    # what a progress callback is: analysis/progress.py
+    "Progress": (re.compile(r"^\w+\s*=\s*Callable\[\[float,\s*str\],\s*None\]", re.M), {"analysis/progress.py"}),
+    # query heads per key-value head (GQA): anatomy's HeadLayout.groups
+    "head groups": (re.compile(r"heads\s*//\s*[\w.]*kv_heads|//\s*self\.n_kv\b"), {"analysis/anatomy.py"}),
+}
+
+
+def copies(pattern: re.Pattern) -> set[str]:
+    return {str(path.relative_to(ROOT)) for top in TOPS for path in (ROOT / top).rglob("*.py")
+            if pattern.search(path.read_text())}
+
+
+@pytest.mark.parametrize("rule", sorted(ONE_COPY))
+def test_a_shared_rule_is_written_once(rule):
+    pattern, home = ONE_COPY[rule]
+    assert copies(pattern) == home, f"{rule}: import it from {sorted(home)} instead of writing it again"
+
+
+def test_the_one_copy_check_finds_a_copy(tmp_path):
+    pattern = ONE_COPY["Progress"][0]
+    assert pattern.search("Progress = Callable[[float, str], None]\n")
+    assert pattern.search("ProgressFn = Callable[[float, str], None] | None\n")
+    assert ONE_COPY["head groups"][0].search("groups = handle.info.heads // handle.info.kv_heads")

@@ -1,8 +1,17 @@
-"""The import graph of analysis/, components/ and views/ has no circles (read from the source with ast).
+"""The project's import graph, read from the source with ast: no circles between modules, and none between
+rooms, so every import runs downward.
+
+A room is a top-level file or folder of the layout: `analysis/zoo/`, `analysis/models.py`, `components/`,
+`views/`, `scripts/`, `benchmarks/`, `app.py`. Two rooms that import each other (through any files) are one
+concern cut in two, or a lower floor reaching up: the room graph must be acyclic.
 
 Every import counts, also one inside a function: a lazy import hides a circle from Python's loader, not
 from the reader who has to hold both modules in mind. Importing a package runs its `__init__`, so
-`from analysis.kv import runner` is an edge to `analysis.kv` and to `analysis.kv.runner`.
+`from analysis.kv import runner` is an edge to `analysis.kv` and to `analysis.kv.runner`. A string import
+with a literal name (`importlib.import_module("x.y")`, `__import__("x.y")`) counts as an import. The panel
+table (analysis/panels.py) names the panel packages by string on purpose (a plugin table: each package
+imports `panels`, never the other way), so only literal call arguments count as imports; but analysis/
+must not name a module of the app's upper floors at all, not even in a string.
 """
 from __future__ import annotations
 
@@ -10,7 +19,10 @@ import ast
 from pathlib import Path
 
 from analysis.paths import ROOT
-TOPS = ("analysis", "components", "views")
+
+TOPS = ("analysis", "components", "views", "scripts", "benchmarks", "app.py")
+UPPER = ("components", "views", "scripts", "benchmarks", "app")  # what analysis/ never reaches
+STRING_IMPORTERS = {"import_module", "__import__"}
 
 
 def module_name(path: Path) -> str:
@@ -21,14 +33,38 @@ def module_name(path: Path) -> str:
 
 
 def our_modules() -> dict[str, Path]:
-    return {module_name(p): p for top in TOPS for p in sorted((ROOT / top).rglob("*.py"))}
+    out = {}
+    for top in TOPS:
+        paths = [ROOT / top] if top.endswith(".py") else sorted((ROOT / top).rglob("*.py"))
+        out.update({module_name(p): p for p in paths})
+    return out
+
+
+def room(module: str) -> str:
+    """`analysis.zoo.train.lm` -> `analysis.zoo`; `analysis.models` -> itself; `components.x.y` -> `components`."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "analysis" else parts[0]
+
+
+def string_imports(tree: ast.AST) -> set[str]:
+    """Literal names given to `importlib.import_module(...)` or `__import__(...)`."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
+            arg = node.args[0]
+            if name in STRING_IMPORTERS and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                out.add(arg.value)
+    return out
 
 
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     """The project modules `name` imports (any depth in the file), each with its parent packages."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    targets: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    targets: set[str] = string_imports(tree)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -55,8 +91,16 @@ def graph() -> dict[str, set[str]]:
     return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
 
 
+def room_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for source, targets in edges.items():
+        mine = rooms.setdefault(room(source), set())
+        mine.update(room(t) for t in targets if room(t) != room(source) and t != "analysis")
+    return rooms
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    """Strongly connected components of more than one node (Tarjan), each sorted."""
     index, low, stack, on, out = {}, {}, [], set(), []
     counter = [0]
 
@@ -88,6 +132,13 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def links(edges: dict[str, set[str]], rooms: list[str]) -> list[str]:
+    """The module imports that tie a circle of rooms, for the failure message."""
+    inside = set(rooms)
+    return sorted(f"{s} -> {t}" for s, ts in edges.items() for t in ts
+                  if room(s) in inside and room(t) in inside and room(s) != room(t) and t != "analysis")
+
+
 def test_cycle_finder_finds_a_planted_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
@@ -102,16 +153,43 @@ def test_package_import_counts_its_init(tmp_path):
         "analysis.kv", "analysis.kv.runner"}
 
 
-# Modules still in a circle while the panels move into packages (issue 30): each leaves this set when its
-# panel is split, and the set must end empty.
-TRANSITIONAL: set[str] = set()
+def test_a_string_import_with_a_literal_name_counts(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import importlib\n\ndef f(name):\n    importlib.import_module('components.warm')\n"
+                 "    __import__('analysis.kv')\n    importlib.import_module(name)\n")
+    assert imports_of("analysis.x", f, {"components", "components.warm", "analysis.kv"}) == {
+        "components", "components.warm", "analysis.kv"}
+
+
+def test_rooms_are_a_top_file_or_folder():
+    assert room("analysis.zoo.train.lm") == "analysis.zoo"
+    assert room("analysis.models") == "analysis.models"
+    assert room("components.figures.kv") == "components"
+    assert cycles(room_graph({"analysis.zoo.cards": {"analysis.models"}, "analysis.models": {"analysis.zoo.real"},
+                              "analysis.zoo.real": set()})) == [["analysis.models", "analysis.zoo"]]
 
 
 def test_no_import_circles():
-    found = [c for c in cycles(graph()) if not set(c) <= TRANSITIONAL]
+    found = cycles(graph())
     assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
-def test_the_transitional_set_holds_only_modules_in_circles():
-    still = {m for c in cycles(graph()) for m in c}
-    assert not TRANSITIONAL - still, f"no longer in a circle, so remove: {sorted(TRANSITIONAL - still)}"
+def test_no_circles_between_rooms():
+    edges = graph()
+    found = cycles(room_graph(edges))
+    assert not found, "rooms that import each other (an import that runs back up): " + "; ".join(
+        f"{' <-> '.join(c)} via {links(edges, c)}" for c in found)
+
+
+def test_analysis_never_names_the_app_above_it():
+    """analysis/ computes; the pages, scripts and benchmarks sit above it. Not even a string names them."""
+    known = set(our_modules())
+    upper = {m for m in known if m.split(".")[0] in UPPER}
+    found = []
+    for path in sorted((ROOT / "analysis").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        named = {s for s in strings if s in upper} | {
+            t for t in imports_of(module_name(path), path, known) if t in upper}
+        found += [f"{path.relative_to(ROOT)} -> {m}" for m in sorted(named)]
+    assert not found, f"analysis/ reaches up into the app: {found}"

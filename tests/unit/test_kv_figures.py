@@ -56,7 +56,8 @@ def test_retained_heatmap_sends_the_kept_cells_once_and_each_token_once(result):
 
 def test_figures_have_titles_and_axis_titles(result):
     sweep = kv.SweepResult(model="m", context=48, full_accuracy=0.5, points=[
-        kv.SweepPoint(policy="h2o", share=s, budget=int(48 * s), accuracy=s, mean_kl=1 - s, agreement=s, recall=s)
+        kv.SweepPoint(policy="h2o", share=s, budget=int(48 * s),
+                      values={"accuracy": s, "mean_kl": 1 - s, "agreement": s, "recall": s})
         for s in (0.25, 0.5, 0.75)])
     figs = [F.retained_heatmap(result, 0, 1), F.step_metric_figure(result, "kl"), F.step_metric_figure(result, "dnll"),
             F.memory_figure(result), F.sweep_figure(sweep, "accuracy"), F.sweep_figure(sweep, "mean_kl"),

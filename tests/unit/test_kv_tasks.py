@@ -10,14 +10,14 @@ import pytest
 from analysis import kv
 from analysis.tasks.kv_recall import recall_task, speaks_english
 from analysis.tasks.long_response import generic_list
-from analysis.zoo import real
+from analysis import real_models
 
 
 def _real_tokenizer():
     """SmolLM2-135M-Instruct's tokenizer (its chat template included), from the zoo or MODEL_INSPECTOR_REAL_LM."""
     from transformers import AutoTokenizer
 
-    for folder in (os.environ.get("MODEL_INSPECTOR_REAL_LM"), real.folder("smollm2-135m-instruct")):
+    for folder in (os.environ.get("MODEL_INSPECTOR_REAL_LM"), real_models.folder("smollm2-135m-instruct")):
         if folder and (Path(folder) / "tokenizer.json").is_file():
             return AutoTokenizer.from_pretrained(str(folder))
     pytest.skip("needs SmolLM2-135M-Instruct's tokenizer (zoo:smollm2-135m-instruct or MODEL_INSPECTOR_REAL_LM)")

@@ -8,7 +8,7 @@ same machine reproduces the committed weights up to floating-point summation ord
 from __future__ import annotations
 
 from analysis.zoo.train.common import (  # noqa: F401
-    collate, encode, IMAGE_TOKEN, lm_tokenizer, LMConfig, lr_schedule, needle_training_example, Progress,
+    collate, encode, IMAGE_TOKEN, lm_tokenizer, LMConfig, lr_schedule, needle_training_example,
     shifted_loss, SMOKE_LM, SMOKE_VLM, vlm_tokenizer, VLMConfig,
 )
 from analysis.zoo.train.lm import (  # noqa: F401

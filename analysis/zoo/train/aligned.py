@@ -9,10 +9,11 @@ from pathlib import Path
 
 import torch
 
-from analysis.tiny_models import make_word_tokenizer
-from analysis.zoo import shapes_world as sw
+from analysis.progress import Progress
+from analysis.world import shapes_world as sw
+from analysis.world.tokenizer import make_word_tokenizer
 from analysis.zoo.train.common import (
-    IMAGE_TOKEN, SMOKE_VLM, Progress, VLMConfig, lr_schedule, shifted_loss, vlm_tokenizer,
+    IMAGE_TOKEN, SMOKE_VLM, VLMConfig, lr_schedule, shifted_loss, vlm_tokenizer,
 )
 from analysis.zoo.train.vlm import (
     VLMPhase2, VLMRows, continue_vlm, make_processor, pretrain_vision, save_vlm, set_attention, vlm_batch,

@@ -4,15 +4,13 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from analysis.tiny_models import make_word_tokenizer
-from analysis.zoo import shapes_world as sw
+from analysis.world import shapes_world as sw
+from analysis.world.tokenizer import make_word_tokenizer
 
-Progress = Callable[[float, str], None]
 IMAGE_TOKEN = "<image>"
 
 

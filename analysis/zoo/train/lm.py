@@ -9,9 +9,10 @@ from pathlib import Path
 
 import torch
 
-from analysis.zoo import shapes_world as sw
+from analysis.progress import Progress
+from analysis.world import shapes_world as sw
 from analysis.zoo.train.common import (
-    LMConfig, Progress, collate, lm_tokenizer, lr_schedule, needle_training_example, shifted_loss,
+    LMConfig, collate, lm_tokenizer, lr_schedule, needle_training_example, shifted_loss,
 )
 
 # ---------------------------------------------------------------------------------------------

@@ -11,9 +11,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from analysis.zoo import shapes_world as sw
+from analysis.progress import Progress
+from analysis.world import shapes_world as sw
 from analysis.zoo.train.common import (
-    IMAGE_TOKEN, Progress, VLMConfig, collate, encode, lr_schedule, shifted_loss, vlm_tokenizer,
+    IMAGE_TOKEN, VLMConfig, collate, encode, lr_schedule, shifted_loss, vlm_tokenizer,
 )
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from analysis.zoo import shapes_world as sw
+from analysis.world import shapes_world as sw
 
 SEEDS = range(300)
 

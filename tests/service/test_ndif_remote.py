@@ -1,0 +1,170 @@
+"""Remote models through a local stand-in for NDIF (tests/service/fake_ndif.py): the same numbers as a
+local run, the API key only in the request's header, nothing sent but the request, and one-line errors
+for a missing or refused key, a model the server does not host and a server that cannot be reached."""
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+
+from analysis import backends
+from analysis import sharpness as S
+from analysis.backends import ndif
+from analysis.errors import ModelLoadError
+from analysis.inversion import observed_states
+from analysis.model_lock import activity
+from analysis.models import ZOO_DIR, ModelSpec, load_model
+from tests.service.fake_ndif import FakeNdif
+
+KEY = "ndif-test-key-3f9c2a71"
+REPO = "acme/shapes-lm"
+SPEC = ModelSpec("ndif", REPO)
+
+
+@pytest.fixture(scope="module")
+def local():
+    return load_model(ModelSpec.parse("zoo:shapes-lm"))
+
+
+@pytest.fixture(scope="module")
+def server(local):
+    served = load_model(ModelSpec.parse("zoo:shapes-lm")).model  # the server's own copy of the weights
+    with FakeNdif(KEY, {ndif.model_key(REPO, None, "causal_lm"): served}) as fake:
+        yield fake
+
+
+@pytest.fixture
+def configured(server, tmp_path, monkeypatch):
+    """A deployment whose [backend] runs REPO on the stand-in; the key in the environment."""
+    cfg = tmp_path / "mi.toml"
+    cfg.write_text(f'[backend]\nkind = "ndif"\nndif_host = "{server.host}"\nremote_models = ["{REPO}"]\n'
+                   "poll_s = 0.01\n")
+    monkeypatch.setenv("MODEL_INSPECTOR_CONFIG", str(cfg))
+    monkeypatch.setenv("NDIF_API_KEY", KEY)
+    monkeypatch.chdir(tmp_path)  # no .streamlit/secrets.toml here
+    server.log.clear()
+    return server
+
+
+@pytest.fixture
+def remote(configured):
+    return ndif.load_remote(SPEC, folder=ZOO_DIR / "shapes-lm")
+
+
+def test_remote_captures_equal_the_local_run(remote, local):
+    ids = local.tokenizer("there is a red circle and a blue square")["input_ids"]
+    assert backends.name_for(remote) == "ndif" and str(remote.model.device) == "meta"
+    for layer in (0, 2, 4):
+        assert torch.equal(observed_states(remote, ids, layer), observed_states(local, ids, layer))
+
+
+def test_an_attention_rule_runs_remotely_with_the_same_statistics(remote, local):
+    params = S.PromptParams(text="there is a red circle and a blue square . where is the red circle",
+                            target="red circle", rule=S.Temperature.adaptive())
+    there, here = S.analyse_prompt(remote, params), S.analyse_prompt(local, params)
+    assert there.to_dict() == here.to_dict()
+    assert KEY not in json.dumps(there.to_dict()) and KEY not in json.dumps(remote.spec.to_dict())
+
+
+def test_the_key_travels_only_in_the_request_header_and_nothing_else_is_sent(remote, configured):
+    ids = remote.tokenizer("a blue square")["input_ids"]
+    observed_states(remote, ids, 2)
+    log = configured.log
+    paths = [(r.method, r.path.split("/")[1]) for r in log]
+    assert paths[0] == ("POST", "request") and paths[-1] == ("GET", "result")
+    assert set(paths[1:-1]) == {("GET", "response")}
+    for r in log:
+        assert KEY not in r.path
+        expected = None if r.path.startswith("/result") else KEY
+        assert r.headers.get("ndif-api-key") == expected
+    post = log[0]
+    assert set(post.fields) == {"data", "blob"}
+    envelope = json.loads(post.fields["data"])
+    assert envelope["model_key"] == ndif.model_key(REPO, None, "causal_lm")
+    assert KEY.encode() not in post.body
+    # The payload is the trace: its source and the few plain names it reads (no module of ours by value).
+    import zstandard
+
+    raw = zstandard.ZstdDecompressor().decompress(post.fields["blob"])
+    assert KEY.encode() not in raw and b"analysis.backends" not in raw.replace(b"analysis/backends", b"")
+    tracer_part, (source, used_globals, used_locals) = _load_payload(raw, configured, envelope)
+    assert set(used_locals) == {"results", "program", "rule", "keep", "model", "metric", "tracer", "nnsight"}
+    assert used_globals == {} and used_locals["rule"] is None and used_locals["results"] == {}
+    assert "tracer.stop()" in source
+
+
+def _load_payload(raw: bytes, server, envelope):
+    from nnsight.intervention.serialization import loads
+
+    return loads(raw, server.models[envelope["model_key"]])
+
+
+def test_waiting_is_reported_to_the_page_and_a_stop_ends_it(remote):
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def on_wait(status):
+        seen.append(status.message())
+        raise Stop
+
+    ids = remote.tokenizer("a blue square")["input_ids"]
+    with activity("test", on_wait), pytest.raises(Stop):
+        observed_states(remote, ids, 1)
+    assert seen and seen[0].startswith("Running on NDIF: running")
+
+
+def test_missing_key_is_one_line_and_nothing_is_sent(remote, configured, monkeypatch):
+    monkeypatch.delenv("NDIF_API_KEY")
+    with pytest.raises(ndif.RemoteError, match="No NDIF API key on this server: set NDIF_API_KEY") as err:
+        observed_states(remote, [1, 2, 3], 1)
+    assert "\n" not in str(err.value)
+    assert configured.log == []
+
+
+def test_key_from_streamlit_secrets(configured, monkeypatch, tmp_path):
+    monkeypatch.delenv("NDIF_API_KEY")
+    (tmp_path / ".streamlit").mkdir()
+    (tmp_path / ".streamlit" / "secrets.toml").write_text(f'[ndif]\napi_key = "{KEY}"\n')
+    assert ndif.api_key() == KEY
+
+
+def test_refused_key_is_one_line_without_the_key(remote, monkeypatch):
+    monkeypatch.setenv("NDIF_API_KEY", "wrong-key-0000")
+    with pytest.raises(ndif.RemoteError) as err:
+        observed_states(remote, [1, 2, 3], 1)
+    assert str(err.value) == "NDIF refused this server's API key (HTTP 401): check NDIF_API_KEY."
+
+
+def test_a_model_the_server_does_not_host(configured, tmp_path, monkeypatch):
+    cfg = tmp_path / "mi.toml"
+    cfg.write_text(f'[backend]\nkind = "ndif"\nndif_host = "{configured.host}"\nremote_models = ["acme/other"]\n')
+    handle = ndif.load_remote(ModelSpec("ndif", "acme/other"), folder=ZOO_DIR / "shapes-lm")
+    with pytest.raises(ndif.RemoteError, match="NDIF does not host 'acme/other' right now") as err:
+        observed_states(handle, [1, 2, 3], 1)
+    assert "\n" not in str(err.value) and KEY not in str(err.value)
+
+
+def test_an_unreachable_server(configured, tmp_path):
+    cfg = tmp_path / "mi.toml"
+    cfg.write_text(f'[backend]\nkind = "ndif"\nndif_host = "http://127.0.0.1:9"\nremote_models = ["{REPO}"]\n')
+    handle = ndif.load_remote(SPEC, folder=ZOO_DIR / "shapes-lm")
+    with pytest.raises(ndif.RemoteError, match=r"NDIF at http://127.0.0.1:9 cannot be reached \(ConnectError\)"):
+        observed_states(handle, [1, 2, 3], 1)
+
+
+def test_models_outside_the_allowed_list_are_refused_before_anything_is_read(configured):
+    with pytest.raises(ModelLoadError, match="'acme/secret' is not among the models this instance runs on NDIF"):
+        backends.load(ModelSpec.parse("ndif:acme/secret"))
+
+
+def test_local_only_panels_say_so_for_a_remote_model(remote, local):
+    assert backends.local_only(local, "KV-cache eviction") is None
+    assert "stays local" in backends.local_only(remote, "KV-cache eviction")
+
+
+def test_nothing_of_the_handle_pickles_the_key(remote):
+    assert KEY.encode() not in pickle.dumps(remote.spec) and KEY not in repr(remote.remote)
