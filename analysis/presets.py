@@ -138,16 +138,9 @@ INVERSION_BASE = {"prompt": "there is a large red circle at the top left . there
 REAL_FINDING = ("SmolLM2-135M-Instruct, a real trained model: from its layer-15 states (of 30) all 14 tokens of the "
                 "prompt come back exactly, each certified, after scoring 1,728 candidates instead of "
                 "exhaustive search's 688,128 (14 positions × 49,152 tokens): 398× fewer.")
-REAL_CAPITAL = ("SmolLM2-135M-Instruct, 'The capital of France is' vs '... Italy is': patching the residual "
-                "stream restores ' Paris' only at ' France' through layer 23 (1.00) and only at the last token "
-                "from layer 24 on: layer 23 moves the fact, and its head H4 alone restores 0.93. Attribution "
-                "patching agrees on the residual stream (r = 0.99).")
 CAPTION_BASE = {"src": "scene", "seed": "20000003", "cap": "weak", "lm": "zoo:shapes-lm", "dec": "auto",
                 "ver": "auto", "rew": "auto", "pi": "1.0", "prob": PROB, "ground": "0"}
 SAE_BASE = {"sae": "layer1", "view": "list", "sort": "omega", "by": "sum", "thr": "0.0"}
-RESIDUAL_BASE = {"pair": "", "answer": "", "foil": "", "lens": "logit", "top_k": "5", "components": "heads,mlp,residual",
-                 "methods": "attribution,exact", "side": "corrupt", "other_model": "zoo:shapes-vlm", "view": "lens",
-                 "colour": "target_prob"}
 
 def _legacy(panel: str, name: str, title: str, finding: str, model: str, urls: dict) -> Preset:
     return Preset(name, title, finding, model, urls=urls, panel=panel)
@@ -208,23 +201,6 @@ LEGACY: list[Preset] = [  # panels whose presets are not yet Params values in th
            "At π = 0 only claims the verifier is certain of survive: factuality stays high but coverage falls "
            "— the trade-off the threshold sweep shows.",
            "zoo:shapes-vlm", {**CAPTION_BASE, "seed": "20000003", "pi": "0.0"}),
-    # --- Residual stream: lenses and activation patching ---------------------------------------------------
-    Preset("residual-stream", "needle-found", "Patching finds the needle",
-           "shapes-lm's needle prompt with the asked value 84 swapped for 92: patching the residual stream "
-           "restores the answer only at token 15 (the needle's value, 1.00) in the embeddings, and only at the "
-           "last token from layer 1 on; head L0H3 alone restores 0.73 of it.",
-           "zoo:shapes-lm", {**RESIDUAL_BASE, "pair": "needle-0", "components": "heads,residual",
-                             "view": "patching"}),
-    Preset("residual-stream", "tuned-colour", "Tuned lens: a colour where the logit lens reads noise",
-           "Decomposing a caption, shapes-lm must write the first object's colour, 'yellow'. After layer 2 the "
-           "logit lens reads 'circle' and ranks 'yellow' 80th (7.6 nats from the final distribution); the tuned "
-           "lens already reads a colour ('red'), with 'yellow' 3rd (1.5 nats). After layer 3 the tuned lens has "
-           "'yellow' on top (P = 0.86) while the logit lens still shows 'blue'.",
-           "zoo:shapes-lm", {**RESIDUAL_BASE, "pair": "colour-1", "lens": "tuned"}),
-    *([Preset("residual-stream", "real-capital", "A real model recalls a capital",
-              REAL_CAPITAL, f"zoo:{REAL_MODEL}",
-              {**RESIDUAL_BASE, "pair": "capital-france", "components": "heads,residual", "other_model": "zoo:shapes-lm",
-               "view": "patching"})] if real_model_in_zoo() else []),
     # --- SAE-V --------------------------------------------------------------------------------------------
     _legacy("sae-features", "cross-modal-list", "How many features are cross-modal",
            "The feature list sorted by cross-modal weight ω: on the demo SAE a few dozen features fire on "

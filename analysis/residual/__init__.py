@@ -10,7 +10,8 @@ Read in this order:
   (`METHODS`: exact, attribution);
 - `pairs.py`: prompt pairs with known answers; `prompts.py`: tokens and scored tokens;
 - `params.py`, `records.py`, `analysis.py`: settings, typed results, the run functions;
-- `cost.py`: their work counts; `cli.py`: `python -m analysis residual`; `presets.py`: live-talk settings.
+- `cost.py`: their work counts; `cli.py`: `python -m analysis residual`; `presets.py`: live-talk settings
+  (the page: components/views/residual.py).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from analysis.residual.cost import inspect_work, patch_work, side_work, sweep_wo
 from analysis.residual.errors import ResidualError
 from analysis.residual.lenses import LENSES, readout
 from analysis.residual.pairs import OWN, Pair, pairs_for
-from analysis.residual.params import ResidualParams, validate_params
+from analysis.residual.params import ResidualParams, ResidualState, validate_params
+from analysis.residual.presets import PRESETS
 from analysis.residual.patching import COMPONENTS, METHODS
 from analysis.residual.records import Dla, Inspection, LensGrid, PairSweep, PatchGrid, Patching, SideBySide
 
@@ -32,12 +34,12 @@ ANALYSIS = Analysis(
     paper="Tuned lens (Belrose et al. 2023); activation patching (Meng et al. 2022)", kinds=("causal_lm", "vlm"),
     runs=(Run(inspect, inspect_work), Run(patch, patch_work), Run(side_by_side, side_work),
           Run(pair_sweep, sweep_work)),
-    cli=cli,
+    cli=cli, params=ResidualParams, view_state=ResidualState, presets=PRESETS,
 )
 
 __all__ = [
     "ANALYSIS", "inspect", "pair_sweep", "patch", "side_by_side", "cli", "inspect_work", "patch_work", "side_work",
     "sweep_work", "ResidualError", "LENSES", "readout", "OWN", "Pair", "pairs_for", "ResidualParams",
-    "validate_params", "COMPONENTS", "METHODS", "Dla", "Inspection", "LensGrid", "PairSweep", "PatchGrid",
+    "ResidualState", "validate_params", "COMPONENTS", "METHODS", "Dla", "Inspection", "LensGrid", "PairSweep", "PatchGrid",
     "Patching", "SideBySide",
 ]

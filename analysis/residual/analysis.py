@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
 
 import torch
 
 from analysis import anatomy
+from analysis.progress import Progress
 from analysis.models import ModelHandle, require_kind
 from analysis.residual.dla import attribute
 from analysis.residual.errors import ResidualError
 from analysis.residual.hooks import SITES, trace
 from analysis.residual.lenses import LENSES, readout
-from analysis.residual.pairs import OWN, Pair, pairs_for
+from analysis.residual.pairs import Pair, pairs_for
 from analysis.residual.params import ResidualParams, validate_params
 from analysis.residual.patching import COMPONENTS, METHODS, Geometry, Problem
 from analysis.residual.prompts import chosen_pair, encoded, scored, show
@@ -23,7 +23,6 @@ from analysis.residual.records import (
     Inspection, LensGrid, PairRun, PairSweep, PatchGrid, Patching, SideBySide,
 )
 
-ProgressFn = Callable[[float, str], None]
 MAX_TOKENS = 128  # positions a lens grid or a patching grid shows
 
 
@@ -92,7 +91,7 @@ def _inspect(handle: ModelHandle, params: ResidualParams, text: str, target_text
                       heads=heads, lens=grid, dla=dla)
 
 
-def inspect(handle: ModelHandle, params: ResidualParams, progress: ProgressFn | None = None) -> Inspection:
+def inspect(handle: ModelHandle, params: ResidualParams, progress: Progress | None = None) -> Inspection:
     """The clean prompt of the chosen pair through the chosen lens, and its direct logit attribution."""
     _check(handle, params)
     pair = chosen_pair(handle, params)
@@ -135,7 +134,7 @@ def _pearson(a: list[float], b: list[float]) -> float:
 
 
 def patch_problem(handle: ModelHandle, problem: Problem, components: list[str], methods: list[str], batch: int,
-                  progress: ProgressFn | None = None) -> tuple[float, float, dict, dict]:
+                  progress: Progress | None = None) -> tuple[float, float, dict, dict]:
     """(m_clean, m_corrupt, {(component, method): share tensor}, {method: seconds}) of one problem."""
     lm = handle.language_model
     comps = [COMPONENTS.create(n) for n in components]
@@ -158,7 +157,7 @@ def patch_problem(handle: ModelHandle, problem: Problem, components: list[str], 
     return m_clean, m_corrupt, shares, seconds
 
 
-def patch(handle: ModelHandle, params: ResidualParams, progress: ProgressFn | None = None) -> Patching:
+def patch(handle: ModelHandle, params: ResidualParams, progress: Progress | None = None) -> Patching:
     """The chosen pair patched by every chosen method at every cell of every chosen component."""
     _check(handle, params)
     pair = chosen_pair(handle, params)
@@ -190,7 +189,7 @@ def patch(handle: ModelHandle, params: ResidualParams, progress: ProgressFn | No
 # Side by side
 
 
-def side_by_side(handle: ModelHandle, params: ResidualParams, progress: ProgressFn | None = None,
+def side_by_side(handle: ModelHandle, params: ResidualParams, progress: Progress | None = None,
                  other: ModelHandle | None = None) -> SideBySide:
     """The clean prompt beside the corrupted one (same model), or beside itself on `other` (same settings,
     same scored tokens); their differences per state at the last position."""
@@ -232,7 +231,7 @@ def _same_vocabulary(a: ModelHandle, b: ModelHandle) -> None:
 # Every offered pair
 
 
-def pair_sweep(handle: ModelHandle, params: ResidualParams, progress: ProgressFn | None = None) -> PairSweep:
+def pair_sweep(handle: ModelHandle, params: ResidualParams, progress: Progress | None = None) -> PairSweep:
     """Residual-stream patching (exact and attribution) over every pair offered for this model."""
     _check(handle, params)
     runs, skipped, cells_exact, cells_attr = [], [], [], []

@@ -68,7 +68,7 @@ ZOO_SEEDS = 3  # pairs of each kind offered
 
 
 def _world():
-    from analysis.zoo import shapes_world
+    from analysis.world import shapes_world
 
     return shapes_world
 
@@ -85,8 +85,8 @@ def needle_pair(seed: int) -> Pair:
 
 
 def max_pair(seed: int) -> Pair:
-    """A max-retrieval prompt whose largest number is lowered below the runner-up: the answer changes."""
-    sw = _world()
+    """A max-retrieval prompt whose largest number is lowered below the runner-up: the answer changes (the
+    world's max-retrieval format, `<s> max : ... =`)."""
     rng = random.Random(seed)
     items = rng.sample(range(10, 100), 6)
     top = max(items)

@@ -13,6 +13,10 @@ from analysis.results import Result
 from analysis.settings import check_settings, setting
 
 SIDES = ["corrupt", "model"]
+SIDE_LABELS = {"corrupt": "the corrupted prompt", "model": "another model"}
+SECTIONS = {"lens": "Lens & logit attribution", "patching": "Activation patching", "side": "Side by side",
+            "pairs": "All offered pairs"}
+COLOURS = {"target_prob": "P(target)", "kl": "KL to the final layer", "top_prob": "P(top token)"}
 
 
 def _pair_choices() -> list[str]:
@@ -21,35 +25,49 @@ def _pair_choices() -> list[str]:
 
 @dataclass
 class ResidualParams(Result):
-    pair: str = setting("", label="Prompt pair", choices=_pair_choices, widget="select",
+    pair: str = setting("", label="Prompt pair", choices=_pair_choices, widget="select", group="pair", span=5,
                         help="A clean prompt and a corrupted one with known answers (empty: the first offered "
                              "for this model); 'own' uses the two prompts typed below.")
-    prompt: str = setting("", label="Clean prompt (own pair)", high=4_000, widget="area",
+    lens: str = setting("logit", label="Lens", choices=LENSES.names, labels=LENSES.label, widget="pills",
+                        group="pair", span=3)
+    prompt: str = setting("", label="Clean prompt (own pair)", high=4_000, widget="area", group="own",
                           help="The prompt the lens reads and whose activations are patched in.")
-    corrupt: str = setting("", label="Corrupted prompt (own pair)", high=4_000, widget="area",
+    corrupt: str = setting("", label="Corrupted prompt (own pair)", high=4_000, widget="area", group="own",
                            help="Same number of tokens as the clean prompt; the run that gets patched.")
-    answer: str = setting("", label="Target token", high=200,
+    answer: str = setting("", label="Target token", high=200, group="tokens",
                           help="Scored token of the clean answer (empty: the pair's answer, or the model's "
                                "top prediction on the clean prompt).")
-    foil: str = setting("", label="Foil token", high=200,
+    foil: str = setting("", label="Foil token", high=200, group="tokens",
                         help="The corrupted answer (empty: the pair's, or the model's top prediction on the "
                              "corrupted prompt). The metric is logit(target) - logit(foil).")
-    lens: str = setting("logit", label="Lens", choices=LENSES.names, widget="pills")
-    top_k: int = setting(5, label="Top tokens per cell", low=1, high=10)
-    components: list[str] = setting(label="Patched components", item=str, choices=COMPONENTS.names, min_items=1,
+    top_k: int = setting(5, label="Top tokens per cell", low=1, high=10, group="tokens")
+    components: list[str] = setting(label="Patched components", item=str, choices=COMPONENTS.names,
+                                    labels=COMPONENTS.label, min_items=1, group="patching",
                                     default_factory=lambda: ["residual", "heads", "mlp"],
                                     help="Residual stream at every (layer, position); each head's output; "
                                          "each layer's attention or MLP output.")
-    methods: list[str] = setting(label="Patching methods", item=str, choices=METHODS.names, min_items=1,
-                                 default_factory=lambda: ["exact", "attribution"],
+    methods: list[str] = setting(label="Patching methods", item=str, choices=METHODS.names, labels=METHODS.label,
+                                 min_items=1, group="patching", default_factory=lambda: ["exact", "attribution"],
                                  help="Exact: one forward per cell. Attribution: a gradient estimate of "
                                       "every cell from 2 forwards and 1 backward.")
-    side: str = setting("corrupt", label="Side by side", choices=SIDES, widget="pills",
-                        help="Beside the clean prompt: the corrupted prompt on this model, or the clean prompt "
-                             "on another model.")
-    other_model: str = setting("", label="Other model", high=300, cli="other-model",
+    side: str = setting("corrupt", label="Side by side", choices=SIDES, labels=SIDE_LABELS, widget="pills",
+                        group="side", help="Beside the clean prompt: the corrupted prompt on this model, or the "
+                                           "clean prompt on another model.")
+    other_model: str = setting("", label="Other model", high=300, cli="other-model", group="side", width=260,
                                help="zoo:NAME, hub:ID or local:PATH; its tokenizer must match this model's.")
     batch: int = field(default=32)  # patched rows per forward
+
+
+@dataclass
+class ResidualState:
+    """The page's own controls: which section it shows and how the lens grid is coloured (never passed to
+    the analysis)."""
+
+    view: str = setting("lens", label="View", choices=list(SECTIONS), labels=SECTIONS, widget="radio",
+                        help="Each section runs its own analysis; the lens opens at once, patching takes one "
+                             "forward per cell.")
+    colour: str = setting("target_prob", label="Colour", choices=list(COLOURS), labels=COLOURS, widget="radio",
+                          help="What the lens grid's colour shows.")
 
 
 def validate_params(params: ResidualParams) -> None:

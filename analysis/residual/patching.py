@@ -16,15 +16,15 @@ output at every position; a layer's attention output; a layer's MLP output. Meth
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch
 
+from analysis.progress import Progress
 from analysis.models import ModelHandle
 from analysis.registry import Method, Registry
 from analysis.residual.hooks import Edit, Trace, trace
 
-ProgressFn = Callable[[float, str], None]
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ class MethodRun:
 
 class PatchMethod(Method):
     def run(self, handle: ModelHandle, problem: Problem, components: list[Component], g: Geometry,
-            progress: ProgressFn | None) -> MethodRun:
+            progress: Progress | None) -> MethodRun:
         raise NotImplementedError
 
 

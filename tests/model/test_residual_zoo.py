@@ -48,7 +48,7 @@ def mean_kl(handle, sequences, translators=None) -> list[float]:
 
 
 def test_tuned_lens_beats_the_logit_lens_at_every_layer_of_shapes_lm(shapes_lm):
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     seeds = sw.split_seeds("test", sw.SPLIT_SIZE)[5000:5030]  # scenes the lens never saw
     texts = [" ".join(sw.decompose_example(sw.generate_scene(s))) for s in seeds]

@@ -45,8 +45,7 @@ PAGES = {
                                     "dec_tokens", "rew_tokens", "rew_checked", "batch"],
     "views/sae_features.py": ["sae", "view", "sort", "labels", "feature", "by", "thr", "rule", "keep", "data", "slayer",
                               "spair", "img", "steer", "mode", "at", "tokens", "sprompt"],
-    "views/residual_stream.py": ["pair", "prompt", "corrupt", "answer", "foil", "lens", "top_k", "components",
-                                 "methods", "side", "other_model", "view", "colour"],
+    "views/residual_stream.py": [],
     "views/overview.py": [],
 }
 PAGES.update({page: names for page in PAGES if (names := _fields_of(page)) is not None})

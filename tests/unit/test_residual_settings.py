@@ -45,7 +45,7 @@ def test_offered_pairs_have_known_answers_and_one_changed_word():
 
 
 def test_shapes_pairs_answer_as_the_world_says():
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     for p in shapes_pairs():
         words = p.clean.split()

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from analysis import anatomy, paths
+from analysis import paths
 from analysis.residual.hooks import trace
 from analysis.residual.lenses import readout
 from analysis.residual.translators import LENS_ROOT, Translators, probe
@@ -70,7 +70,7 @@ STDLIB = ["textwrap", "argparse", "json", "csv", "logging", "unittest", "heapq",
 
 def shapes_corpus(tokenizer, split: str, n: int, seed: int) -> list[list[int]]:
     """Shapes World examples in shapes-lm's training formats (prompt and answer), from one split's scenes."""
-    from analysis.zoo import shapes_world as sw
+    from analysis.world import shapes_world as sw
 
     rng = random.Random(seed)
     seeds = iter(sw.split_seeds(split, sw.SPLIT_SIZE))
