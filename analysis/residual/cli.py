@@ -35,10 +35,11 @@ def print_inspection(r) -> None:
     print(f"{r.model}: {r.prompt!r} -> {r.prediction!r}; target {r.target!r}" + (f", foil {r.foil!r}" if r.foil else ""))
     print(f"{r.lens.lens} lens at the last state vs the model's logits: max |difference| {r.lens.last_gap:.2e}\n")
     lens = r.lens
-    _table([[i, lens.top_tokens[i][-1][0], lens.target_prob[i][-1], lens.target_rank[i][-1], lens.kl[i][-1],
+    _table([[i, lens.top_tokens[i][-1][0], lens.target_prob[i][-1], lens.target_rank[i][-1] + 1, lens.kl[i][-1],
              r.dla.attn[i - 1] if i else r.dla.embed, r.dla.mlp[i - 1] if i else 0.0]
             for i in range(len(lens.kl))],
-           ["state", "top token", "P(target)", "rank", "KL to final (nats)", "DLA attention (embed)", "DLA MLP"])
+           ["state", "top token", "P(target)", "rank (1 = top)", "KL to final (nats)", "DLA of the layer's attention "
+            "(state 0: embeddings)", "DLA of its MLP"])
     print(f"\nDLA total {r.dla.total:.4f} (the model's own: {r.dla.model_value:.4f})")
 
 

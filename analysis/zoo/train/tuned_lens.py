@@ -250,9 +250,10 @@ def stored_bytes(trans: Translators) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+REAL = "smollm2-135m-instruct"
 RECIPES = {  # model -> (corpus kind, steps, batch, lr, rank or None)
     "shapes-lm": ("shapes", 400, 256, 1e-3, None),
-    "smollm2-135m-instruct": ("samples", 100, 24, 1e-3, 96),
+    REAL: ("samples", 100, 24, 1e-3, 96),
 }
 
 
