@@ -8,7 +8,7 @@ import streamlit as st
 
 from analysis import residual
 from analysis.models import ModelSpec, all_zoo_models, load_model
-from components.common import analysis_errors, explain, metric_row
+from components.common import analysis_errors, explain, metric_row, stays_local
 from components.figures import residual as F
 from components.share import share_bar
 from components.view import Page, Section, View
@@ -44,6 +44,10 @@ class ResidualView(View):
         Section("patching"),
         Section("side"),
     )
+
+    def check_model(self, page: Page) -> None:
+        # its patches are per batch row, copied within one forward (analysis/residual/hooks.py): not yet on NDIF
+        stays_local(page.handle, "Residual stream")
 
     def controls(self, page: Page) -> residual.ResidualParams:
         """The pair's choices and the other model's are this model's: offered here, not in the field."""
