@@ -36,3 +36,11 @@ def test_tuned_lens_numbers_come_from_the_stored_measurements():
         assert m["layers where the tuned lens is not lower"] == []
         for state in (0, 1, 2):
             assert f"{m['logit'][state]:.2f} → {m['tuned'][state]:.2f}" in DOC, (key, state)
+
+
+def test_the_step_size_comparison_on_the_real_model_comes_from_its_run():
+    real = _result("residual_tuned_lens.json")["smollm2_steps"]["kl_nats"]
+    logit, sgd, adam = real["logit lens"], real["repo: zero start, SGD lr 0.1"], real["stored: zero start, Adam lr 1e-3"]
+    assert all(sgd[i] > logit[i] for i in range(1, 30)) and all(adam[i] < logit[i] for i in range(30))
+    for state in (0, 1, 10, 20, 25, 28, 29):
+        assert f"| {state} | {logit[state]:.2f} | {sgd[state]:.2f} | {adam[state]:.2f} |" in DOC, state
