@@ -10,6 +10,12 @@ REAL_CAPITAL = ("SmolLM2-135M-Instruct, 'The capital of France is' vs '... Italy
                 "from layer 24 on: layer 23 moves the fact, and its head H4 alone restores 0.93. Attribution "
                 "patching agrees on the residual stream (r = 0.99).")
 
+REAL_TUNED = ("SmolLM2-135M-Instruct, 'The capital of France is': the tuned lens first has ' Paris' on top after "
+              "layer 28 (2nd after 29), where the logit lens has it on top only at the output (layer 30), and reads "
+              "' capital' after layer 26 where "
+              "the logit lens reads a space. Its translators were trained briefly: in the middle layers it ranks "
+              "' Paris' far lower than the logit lens does (after layer 10: 11,448th vs 3,384th).")
+
 PRESETS = (
     Preset("needle-found", "Patching finds the needle",
            "shapes-lm's needle prompt with the asked value 84 swapped for 92: patching the residual stream "
@@ -26,5 +32,8 @@ PRESETS = (
            {"view": "lens"}),
     *([Preset("real-capital", "A real model recalls a capital", REAL_CAPITAL, f"zoo:{REAL_MODEL}",
               ResidualParams(pair="capital-france", components=["heads", "residual"], other_model="zoo:shapes-lm"),
-              {"view": "patching"})] if real_model_in_zoo() else []),
+              {"view": "patching"}),
+       Preset("real-tuned", "A real model's tuned lens: Paris two layers early", REAL_TUNED, f"zoo:{REAL_MODEL}",
+              ResidualParams(pair="capital-france", lens="tuned", components=["heads", "residual"],
+                             other_model="zoo:shapes-lm"), {"view": "lens"})] if real_model_in_zoo() else []),
 )

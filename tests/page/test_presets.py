@@ -267,6 +267,18 @@ def _real_capital(at):  # ' France' through layer 23, the last token from 24, L2
     assert "r = 0.99" in str(at.get("plotly_chart")[1].proto.spec)  # the residual figure (after the heads')
 
 
+def _real_tuned(at):  # tuned: Paris on top from layer 28, ' capital' at 26, rank 11,448 at 10; logit: 30, ' ', 3,384
+    from analysis.models import ModelSpec, load_model
+    from analysis.residual import ResidualParams, inspect
+
+    rows = _frame(at, "target rank (1 = top)").to_dict("records")
+    assert _metric(at, "Target first on top").value == "28" and rows[26]["top token"] == " capital"
+    assert rows[10]["target rank (1 = top)"] == 11448
+    logit = inspect(load_model(ModelSpec.parse("zoo:smollm2-135m-instruct")), ResidualParams(pair="capital-france")).lens
+    assert next(i for i, r in enumerate(logit.target_rank) if r[-1] == 0) == 30
+    assert logit.top_tokens[26][-1][0] == " " and logit.target_rank[10][-1] + 1 == 3384
+
+
 CHECKS = {
     ("attention-sharpness", "dispersion"): _dispersion,
     ("attention-sharpness", "adaptive-temperature"): _adaptive,
@@ -285,7 +297,8 @@ CHECKS = {
     ("caption-correction", "strict-threshold"): _strict,
     ("residual-stream", "needle-found"): _needle_found,
     ("residual-stream", "tuned-colour"): _tuned_colour,
-    **({("residual-stream", "real-capital"): _real_capital} if P.real_model_in_zoo() else {}),
+    **({("residual-stream", "real-capital"): _real_capital, ("residual-stream", "real-tuned"): _real_tuned}
+       if P.real_model_in_zoo() else {}),
     ("sae-features", "cross-modal-list"): _cross_modal_list,
     ("sae-features", "cross-modal-feature"): _cross_modal_feature,
     ("sae-features", "ranking-other-scene"): _ranking_other_scene,
