@@ -418,16 +418,22 @@ PASS_THROUGH: tuple[type[BaseException], ...] = (ModelLoadError, StopForward, Ke
 @contextlib.contextmanager
 def model_step(obj: Any, step: str) -> Iterator[None]:
     """Turn an error raised by the model while doing `step` into one `ModelRunError` line that names
-    the model and the step (errors meant for the user already pass through unchanged)."""
+    the model and the step (errors meant for the user already pass through unchanged). Steps nest: a
+    panel's step ("collecting layer-0 activations") runs the backend's ("running the model"), and the
+    message names the outermost, the one the user asked for."""
     from analysis.registry import SettingsError
 
     try:
         yield
+    except ModelRunError as exc:
+        if exc.detail is None:
+            raise
+        raise ModelRunError(f"{_name(obj)} failed while {step}: {exc.detail}", exc.detail) from exc.__cause__
     except (*PASS_THROUGH, SettingsError):
         raise
     except Exception as exc:
         detail = " ".join(str(exc).split()) or type(exc).__name__
-        raise ModelRunError(f"{_name(obj)} failed while {step}: {detail}") from exc
+        raise ModelRunError(f"{_name(obj)} failed while {step}: {detail}", detail) from exc
 
 
 def require_processor(handle, panel: str) -> Any:

@@ -53,15 +53,26 @@ class Models:
 @dataclass(frozen=True)
 class Uploads:
     enabled: bool = True
-    max_mb: float = 20.0  # also Streamlit's server.maxUploadSize when started by scripts/serve.py
+    max_mb: float = 20.0  # one file (an image or a data zip); also Streamlit's server.maxUploadSize (scripts/serve.py)
     max_pixels: int = 0  # refused above this from the header, before decoding; 0: the pages' own limits only
+    files: int = 0  # files one visitor may keep on the server at once (and one session hold in memory); 0: no limit
+    visitor_mb: int = 0  # what one visitor's uploads may take, on disk (a zip unpacked) and held in memory; 0: no limit
+    total_mb: int = 0  # what every visitor's uploads together may take on disk (and in memory); 0: no limit
+    keep_seconds: int = 0  # an upload is deleted this long after it arrived; 0: kept
+
+
+TRAINING = ("everyone", "signed-in", "nobody")
 
 
 @dataclass(frozen=True)
 class Limits:
     max_prompt_chars: int = 0  # the longest text an analysis accepts; 0: no limit
     concurrent_runs: int = 0  # heavy analyses running at once on this server; 0: no limit
-    runs_per_minute: int = 0  # heavy analyses one visitor may start per minute; 0: no limit
+    runs_per_minute: int = 0  # views with heavy analyses one visitor may start per minute; 0: no limit
+    visitor_runs: int = 0  # of the concurrent runs, how many one visitor may hold at once; 0: no share
+    max_run_seconds: int = 0  # the longest run (estimated on this machine) that is started at all; 0: no limit
+    training: str = "everyone"  # who may train (an SAE: written where every visitor sees it): everyone | signed-in | nobody
+    saves_per_minute: int = 0  # analyses one visitor may save per minute; 0: no limit
 
 
 @dataclass(frozen=True)
@@ -141,7 +152,13 @@ class Config:
     auth: Auth = field(default_factory=Auth)
     backend: Backend = field(default_factory=Backend)
     store: str = ""  # SQLite path or postgresql:// URL; "": .model_inspector/analyses.db
-    trust_proxy: bool = False  # behind a reverse proxy: the visitor is X-Forwarded-For's first address
+    # Proxies in front of the server that append the address they saw to X-Forwarded-For (nginx's
+    # $proxy_add_x_forwarded_for, Spaces): the visitor is the entry this many places from the right. 0: the
+    # connection's own address (a server visitors reach directly: the header is theirs to forge).
+    proxy_hops: int = 0
+    # Visitors are strangers: no tracebacks, no operator instructions and no server paths in what a page
+    # shows (scripts/serve.py also turns Streamlit's client.showErrorDetails off).
+    public: bool = False
     name: str = "local"  # shown to the admin only (the command line, the server log)
     path: str = ""  # the file it came from ("" : the defaults)
 
@@ -174,6 +191,18 @@ class Config:
             return None
         base = Path(self.path).parent if self.path else Path.cwd()
         return [(base / Path(p).expanduser()).resolve() for p in self.models.local_folders]
+
+    def read_only(self) -> bool:
+        """Visitors change nothing every other visitor sees: no saves, no trained SAEs."""
+        return not self.gallery.writable
+
+    def training_refusal(self, signed_in: bool) -> str | None:
+        """Why this visitor may not train here (training writes a model every visitor then sees); None if they may."""
+        if self.read_only() or self.limits.training == "nobody":
+            return "Training is turned off on this instance (what is trained here would be shown to every visitor)."
+        if self.limits.training == "signed-in" and not signed_in:
+            return "Training is for signed-in visitors on this instance."
+        return None
 
     def panel_shown(self, url_path: str) -> bool:
         return url_path not in self.panels.hidden
@@ -217,7 +246,10 @@ def upload_problem(data: bytes, name: str, uploads: Uploads) -> str | None:
 
 _SECTIONS = {"models": Models, "uploads": Uploads, "limits": Limits, "gallery": Gallery, "panels": Panels,
              "embeds": Embeds, "auth": Auth, "backend": Backend}
-_TOP = {"name", "store", "trust_proxy"}
+_TOP = {"name": str, "store": str, "proxy_hops": int, "public": bool}
+_RENAMED = {"trust_proxy": "trust_proxy was replaced by proxy_hops (the number of proxies in front of the server that "
+                           "append to X-Forwarded-For: 1 behind one nginx or on Hugging Face Spaces, 0 when visitors "
+                           "reach the server directly)"}
 
 
 def config_path() -> Path | None:
@@ -237,19 +269,22 @@ def parse(text: str, path: str = "") -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"the configuration{where} is not valid TOML: {exc}") from None
-    unknown = set(raw) - set(_SECTIONS) - _TOP
+    renamed = sorted(set(raw) & set(_RENAMED))
+    if renamed:
+        raise ConfigError(f"{_RENAMED[renamed[0]]}{where}")
+    unknown = set(raw) - set(_SECTIONS) - set(_TOP)
     if unknown:
         raise ConfigError(f"unknown setting{where}: {', '.join(sorted(unknown))} "
-                          f"(known: {', '.join(sorted(set(_SECTIONS) | _TOP))})")
+                          f"(known: {', '.join(sorted(set(_SECTIONS) | set(_TOP)))})")
     parts: dict[str, Any] = {}
     for section, cls in _SECTIONS.items():
         values = raw.get(section, {})
         if not isinstance(values, dict):
             raise ConfigError(f"[{section}]{where} must be a table of settings")
         parts[section] = _section(section, cls, values, where)
-    for key in _TOP:
+    for key, kind in _TOP.items():
         if key in raw:
-            parts[key] = _value(key, raw[key], bool if key == "trust_proxy" else str, where)
+            parts[key] = _value(key, raw[key], kind, where)
     config = Config(**parts, path=path)
     _check(config, where)
     return config
@@ -308,6 +343,8 @@ def _check(config: Config, where: str) -> None:
     if config.auth.signed_out not in SIGNED_OUT:
         raise ConfigError(f"auth.signed_out{where} must be one of {', '.join(SIGNED_OUT)}, got "
                           f"'{config.auth.signed_out}'")
+    if config.limits.training not in TRAINING:
+        raise ConfigError(f"limits.training{where} must be one of {', '.join(TRAINING)}, got '{config.limits.training}'")
     _check_backend(config.backend, where)
     if config.auth.mode == "token" and not os.environ.get(TOKEN_ENV):
         raise ConfigError(f"auth.mode is 'token'{where} but {TOKEN_ENV} is not set (the token is a secret: "
@@ -358,6 +395,44 @@ def _with_env(config: Config) -> Config:
             raise ConfigError(f"MODEL_INSPECTOR_MAX_PARAMS must be a number, got '{raw}'") from None
         config = dataclasses.replace(config, models=dataclasses.replace(config.models, max_params=limit))
     return config
+
+
+OIDC_KEYS = ("client_id", "client_secret", "server_metadata_url")
+
+
+def read_secrets(files: list[str | Path]) -> dict:
+    """Streamlit's secrets files merged as Streamlit merges them (a later file's top-level keys win);
+    a file that is absent is skipped, one that does not parse is an error."""
+    merged: dict = {}
+    for f in files:
+        path = Path(f).expanduser()
+        if not path.is_file():
+            continue
+        try:
+            merged.update(tomllib.loads(path.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"the secrets file {path} cannot be read: {exc}") from None
+    return merged
+
+
+def oidc_problem(config: Config, secrets: dict) -> str | None:
+    """With auth.mode "oidc": what the [auth] secrets lack for Streamlit's sign-in (None when complete).
+    scripts/serve.py refuses to start on it: an instance whose sign-in cannot work must not report healthy."""
+    if config.auth.mode != "oidc":
+        return None
+    auth = secrets.get("auth")
+    if not isinstance(auth, dict):
+        return ("auth.mode is 'oidc' but the secrets have no [auth] section (.streamlit/secrets.toml, or the "
+                "host's secrets settings); see docs/deploy.md")
+    name = config.auth.provider
+    provider = auth.get(name) if name else auth
+    if not isinstance(provider, dict):
+        return f"auth.provider is '{name}' but the secrets have no [auth.{name}] section"
+    missing = [k for k in ("redirect_uri", "cookie_secret") if not auth.get(k)]
+    missing += [k for k in OIDC_KEYS if not provider.get(k)]
+    if missing:
+        return f"the [auth{'.' + name if name else ''}] secrets lack {', '.join(missing)} (auth.mode is 'oidc')"
+    return None
 
 
 def access_token() -> str:

@@ -30,7 +30,12 @@ class AnatomyError(ModelLoadError, ValueError):
 
 
 class ModelRunError(ModelLoadError):
-    """The model itself raised while running a step; the message names the model and the step."""
+    """The model itself raised while running a step; the message names the model and the step.
+    `detail`: what the model said (`anatomy.model_step` names the caller's step with it)."""
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 class MissingEstimator(LookupError):

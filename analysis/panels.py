@@ -28,6 +28,9 @@ class Run:
 
     fn: Callable[..., Any]
     estimate: Callable[..., Any]
+    # It trains a model and writes it where every visitor then sees it (an SAE): a deployment may keep it
+    # from anonymous visitors, and a read-only instance from everyone (components/limits.py).
+    trains: bool = False
 
     @property
     def qualname(self) -> str:

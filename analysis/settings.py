@@ -23,7 +23,8 @@ values), `min_items`, `allow_empty` (a list field the user may empty: the link t
 
 Page hints (read by components/params_form.py and components/view.py, ignored elsewhere): `widget`
 ("slider", "select", "pills", "toggle", "text", "area", "number"), `labels` (how each choice reads: a
-dict or a function of the choice), `group` (the page section the control sits in; a page draws the
+dict or a function of the choice), `offer` (the choices the page offers where the CLI takes any value
+in range), `group` (the page section the control sits in; a page draws the
 fields of no declared group in its last section, so a new field appears with no page edit), `width`
 (px, or "stretch"), `span` (the field's share of a row of columns).
 
@@ -59,6 +60,15 @@ def setting(default: Any = MISSING, *, label: str, help: str = "", low: Any = No
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def like(owner: Any, name: str, **changes: Any) -> Any:
+    """A new field described as `owner`'s field `name` (its default, label, range, ...), with `changes`:
+    one description for two places, e.g. a page's control of a setting that another run's Params owns."""
+    f = next(f for f in dataclasses.fields(owner) if f.name == name)
+    meta = {**f.metadata, **changes}
+    kw = {"default_factory": f.default_factory} if f.default_factory is not MISSING else {"default": f.default}
+    return dataclasses.field(**kw, metadata=meta)  # type: ignore[arg-type]
 
 
 def labelled(cls_or_obj: Any) -> list[Field]:
@@ -224,10 +234,13 @@ def url_values(obj: Any, fields: Iterable[tuple[Field, Any]] | None = None) -> d
     """{URL name: text} of every field with a URL name: a preset's or a page's link. `obj` is a `Flat`
     value or a dataclass of settings; `fields` (default: its own) may hold fields `obj` lacks (a class
     grown since): those give their default."""
-    values = obj.flat() if isinstance(obj, Flat) else {f.name: getattr(obj, f.name) for f in labelled(obj)}
     if fields is None:
         fields = type(obj).flat_fields() if isinstance(obj, Flat) else [(f, type(obj)) for f in labelled(obj)]
-    return {url_name(f): field_text(f, values.get(f.name, field_default(f))) for f, _ in fields if url_name(f)}
+    if isinstance(obj, Flat):
+        values = {url_name(f): obj.value_of(f, owner) for f, owner in fields if url_name(f)}
+        return {name: field_text(f, values[name]) for f, _ in fields if (name := url_name(f))
+                and values[name] is not _UNSET}
+    return {url_name(f): field_text(f, getattr(obj, f.name, field_default(f))) for f, _ in fields if url_name(f)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,23 +249,26 @@ def url_values(obj: Any, fields: Iterable[tuple[Field, Any]] | None = None) -> d
 
 class Flat:
     """A Params dataclass whose settings travel flat: its own labelled fields, then every labelled setting
-    of each method family it holds as `{method name: {setting: value}}` (`METHODS`: attribute -> registry,
-    e.g. {"policies": POLICIES}). A setting two methods share (SnapKV's and PyramidKV's window) is one.
+    of each method family it holds as `{method name: {setting: value}}` (`METHODS`: (attribute, registry)
+    pairs, e.g. (("policies", POLICIES),); two families may share one attribute). A setting two methods
+    share (SnapKV's and PyramidKV's window) is one.
 
         values = KvParams.from_flat({"budget": 32, "snap_window": 4}).flat()
     """
 
-    METHODS: ClassVar[dict[str, Any]] = {}
+    METHODS: ClassVar[tuple[tuple[str, Any], ...]] = ()
 
     @classmethod
     def flat_fields(cls) -> list[tuple[Field, Any]]:
-        """(field, owner class) of every flat setting, in order: the Params' own, then each family's."""
+        """(field, owner class) of every flat setting, in order: the Params' own, then each family's (two
+        families' settings of one field name are two settings when their URL names differ: a decomposer's
+        and a rewriter's token counts)."""
         out = [(f, cls) for f in labelled(cls)]
-        seen = {f.name for f, _ in out}
-        for registry in cls.METHODS.values():
+        seen = {url_name(f) or f.name for f, _ in out}
+        for _, registry in cls.METHODS:
             for f, owner in registry.settings():
-                if f.name not in seen:
-                    seen.add(f.name)
+                if (url_name(f) or f.name) not in seen:
+                    seen.add(url_name(f) or f.name)
                     out.append((f, owner))
         return out
 
@@ -260,16 +276,33 @@ class Flat:
     def from_flat(cls, values: dict[str, Any], **others: Any) -> Any:
         """The Params of these flat values (absent ones: defaults); `others`: fields that are not settings."""
         own = {f.name for f in labelled(cls)}
-        nested = {}
-        for attr, registry in cls.METHODS.items():
+        nested: dict[str, dict] = {}
+        for attr, registry in cls.METHODS:
             declared = {f.name for f, _ in registry.settings()}
-            nested[attr] = registry.split_settings(**{k: v for k, v in values.items() if k in declared and k not in own})
+            nested.setdefault(attr, {}).update(
+                registry.split_settings(**{k: v for k, v in values.items() if k in declared and k not in own}))
         return cls(**{k: v for k, v in values.items() if k in own}, **nested, **others)
+
+    def value_of(self, f: Field, owner: Any) -> Any:
+        """The value of one flat setting: a method's as held for its family (else its default, or, where the
+        family's methods default differently, e.g. each decomposer its own token count, no value: the method
+        that runs uses its own); the Params' own as the instance has it (a field it lacks, declared by a
+        subclass: its default)."""
+        for attr, registry in self.METHODS:
+            if registry.get(owner.name) is owner if getattr(owner, "name", None) in registry else False:
+                held = getattr(self, attr) or {}
+                given = [v[f.name] for name, v in held.items() if name in registry and f.name in v]
+                if given:
+                    return given[0]
+                defaults = {repr(field_default(g)) for cls in registry.values() for g in labelled(cls)
+                            if g.name == f.name and url_name(g) == url_name(f)}
+                return field_default(f) if len(defaults) == 1 else _UNSET
+        return getattr(self, f.name, field_default(f))
 
     def flat(self) -> dict[str, Any]:
         """{field name: value} of every flat setting (a method's setting not given: its default)."""
         out = {f.name: getattr(self, f.name) for f in labelled(self)}
-        for attr, registry in self.METHODS.items():
+        for attr, registry in self.METHODS:
             held = getattr(self, attr) or {}
             for f, owner in registry.settings():
                 if f.name in out:

@@ -9,6 +9,12 @@ model label, the params, the typed result (JSON), the figures (plotly JSON) and 
 rendered, and who saved it. Every backend commits one save in one transaction and returns its id
 only after the commit, so an id a visitor was shown survives the server being killed right after.
 
+A save may carry a token (the share bar's: a hash of who saves what): saving again with the same token
+returns the first save's id instead of a second copy, so a retry after a lost confirmation never
+duplicates. Each row records its owner (a hash of the visitor's id): `delete(id, owner=...)` deletes
+only the owner's. Text with a NUL character is refused by every backend alike (PostgreSQL cannot store
+it; SQLite would), before anything is written.
+
 - `SQLiteStore` (alias `AnalysisStore`): one file, WAL, versioned schema in `PRAGMA user_version`;
   short-lived connections, safe from many threads and processes on one machine.
 - `PostgresStore`: a `postgresql://` URL (psycopg 3). Schema versions in `model_inspector_schema`,
@@ -30,10 +36,10 @@ from typing import Any, Iterator
 
 from analysis.results import Result, to_jsonable
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_PATH = Path(".model_inspector") / "analyses.db"
 COLUMNS = ("id", "created", "title", "note", "panel", "model", "params", "result", "figures", "tables", "url",
-           "saved_by")
+           "saved_by", "owner", "token")
 SUMMARY_COLUMNS = ("id", "created", "title", "note", "panel", "model", "url", "saved_by")
 TITLE_MAX, NOTE_MAX, SAVED_BY_MAX = 200, 5000, 200
 
@@ -60,6 +66,11 @@ MIGRATIONS = [
     """
     ALTER TABLE analyses ADD COLUMN saved_by TEXT NOT NULL DEFAULT '';
     """,
+    """
+    ALTER TABLE analyses ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+    ALTER TABLE analyses ADD COLUMN token TEXT;
+    CREATE UNIQUE INDEX analyses_token ON analyses(token);
+    """,
 ]
 # PostgreSQL: the same steps, with timestamps as DOUBLE PRECISION (REAL is 4 bytes there: seconds lost).
 PG_MIGRATIONS = [m.replace("created REAL", "created DOUBLE PRECISION") for m in MIGRATIONS]
@@ -68,6 +79,10 @@ PG_LOCK_ID = 0x4D_49_53_54  # "MIST": the advisory lock migrations are run under
 
 class StoreError(RuntimeError):
     """The store cannot be opened or used; the message is for the person running the server."""
+
+
+class RefusedAnalysis(StoreError, ValueError):
+    """An analysis no backend stores as given (a NUL character); the message is for the visitor."""
 
 
 @dataclass
@@ -82,6 +97,8 @@ class SavedAnalysis(Result):
     tables: dict = field(default_factory=dict)  # name -> list of row dicts
     url: str = ""  # the query string that reproduces the live view
     saved_by: str = ""  # who saved it (signed-in name or e-mail; "" when nobody signs in)
+    owner: str = ""  # a hash of the visitor's id: who may delete it (never shown)
+    token: str = ""  # the saver's idempotency token: a second save with it returns the first's id
     id: str = ""
     created: float = 0.0
 
@@ -107,7 +124,20 @@ def open_store(location: str | Path | None = None) -> "Store":
     return PostgresStore(location) if is_postgres(location) else SQLiteStore(location)
 
 
+_TEXT_FIELDS = {"title": "title", "note": "note", "panel": "panel", "model": "model", "url": "link",
+                "saved_by": "name", "owner": "owner", "token": "token"}
+
+
+def _refuse_nul(analysis: SavedAnalysis) -> None:
+    """PostgreSQL cannot store NUL in text; SQLite could. Both refuse it, the same way, before writing."""
+    for name, words in _TEXT_FIELDS.items():
+        if "\x00" in str(getattr(analysis, name)):
+            raise RefusedAnalysis(f"The {words} contains a NUL character (\\0), which cannot be saved; remove it "
+                                  "and save again.")
+
+
 def _row_values(analysis: SavedAnalysis) -> tuple:
+    _refuse_nul(analysis)
     analysis_id = analysis.id or secrets.token_urlsafe(8)
     return (
         analysis_id, analysis.created or time.time(),
@@ -115,12 +145,15 @@ def _row_values(analysis: SavedAnalysis) -> tuple:
         analysis.panel, analysis.model, json.dumps(to_jsonable(analysis.params)),
         json.dumps(to_jsonable(analysis.result)), json.dumps(to_jsonable(analysis.figures)),
         json.dumps(to_jsonable(analysis.tables)), analysis.url, analysis.saved_by.strip()[:SAVED_BY_MAX],
+        analysis.owner, analysis.token or None,
     )
 
 
 def _from_mapping(row: Any, columns: tuple[str, ...] = COLUMNS) -> SavedAnalysis:
     get = (lambda k: row[k]) if not isinstance(row, tuple) else dict(zip(columns, row)).__getitem__
     values = {k: get(k) for k in columns}
+    if "token" in values:
+        values["token"] = values["token"] or ""
     for key in ("params", "result", "figures", "tables"):
         if key in values:
             values[key] = json.loads(values[key])
@@ -134,6 +167,7 @@ class Store:
     location: str
 
     def save(self, analysis: SavedAnalysis) -> str:
+        """Store a new analysis in one transaction and return its id (the earlier id for a token seen before)."""
         raise NotImplementedError
 
     def get(self, analysis_id: str) -> SavedAnalysis | None:
@@ -150,7 +184,8 @@ class Store:
     def count(self) -> int:
         raise NotImplementedError
 
-    def delete(self, analysis_id: str) -> bool:
+    def delete(self, analysis_id: str, owner: str | None = None) -> bool:
+        """Delete one analysis; with `owner`, only if it is theirs. Whether one was deleted."""
         raise NotImplementedError
 
     def schema_version(self) -> int:
@@ -210,13 +245,15 @@ class SQLiteStore(Store):
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute(f"INSERT INTO analyses ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-                             row)
+                conn.execute(f"INSERT INTO analyses ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))}) "
+                             "ON CONFLICT (token) DO NOTHING", row)
+                saved = row[0] if not analysis.token else \
+                    conn.execute("SELECT id FROM analyses WHERE token = ?", (analysis.token,)).fetchone()[0]
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-        return row[0]
+        return saved
 
     def get(self, analysis_id: str) -> SavedAnalysis | None:
         with self._connect() as conn:
@@ -245,10 +282,13 @@ class SQLiteStore(Store):
         with self._connect() as conn:
             return conn.execute("SELECT COUNT(*) FROM analyses").fetchone()[0]
 
-    def delete(self, analysis_id: str) -> bool:
+    def delete(self, analysis_id: str, owner: str | None = None) -> bool:
+        query, args = "DELETE FROM analyses WHERE id = ?", (str(analysis_id),)
+        if owner is not None:
+            query, args = query + " AND owner = ?", args + (owner,)
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
-            cur = conn.execute("DELETE FROM analyses WHERE id = ?", (str(analysis_id),))
+            cur = conn.execute(query, args)
             conn.execute("COMMIT")
         return cur.rowcount > 0
 
@@ -354,9 +394,17 @@ class PostgresStore(Store):
         import psycopg
 
         row = _row_values(analysis)
-        sql = f"INSERT INTO analyses ({', '.join(COLUMNS)}) VALUES ({', '.join(['%s'] * len(COLUMNS))})"
+        sql = (f"INSERT INTO analyses ({', '.join(COLUMNS)}) VALUES ({', '.join(['%s'] * len(COLUMNS))}) "
+               "ON CONFLICT (token) DO NOTHING")
+
+        def insert(c):
+            c.execute(sql, row)
+            if not analysis.token:
+                return row[0]
+            return c.execute("SELECT id FROM analyses WHERE token = %s", (analysis.token,)).fetchone()[0]
+
         try:
-            self._run(lambda c: c.execute(sql, row))  # returns after COMMIT
+            return self._run(insert)  # returns after COMMIT
         except psycopg.errors.UniqueViolation:
             # the first attempt committed but its connection died before saying so: the retry finds it
             if analysis.id or self.get(row[0]) is None:
@@ -384,5 +432,8 @@ class PostgresStore(Store):
     def count(self) -> int:
         return self._run(lambda c: c.execute("SELECT COUNT(*) FROM analyses").fetchone()[0])
 
-    def delete(self, analysis_id: str) -> bool:
-        return self._run(lambda c: c.execute("DELETE FROM analyses WHERE id = %s", (str(analysis_id),)).rowcount > 0)
+    def delete(self, analysis_id: str, owner: str | None = None) -> bool:
+        query, args = "DELETE FROM analyses WHERE id = %s", (str(analysis_id),)
+        if owner is not None:
+            query, args = query + " AND owner = %s", args + (owner,)
+        return self._run(lambda c: c.execute(query, args).rowcount > 0)

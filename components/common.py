@@ -1,8 +1,7 @@
-"""Small UI helpers every page uses: model gate, progress adapter, bounded URL params, error messages, notes."""
+"""Small UI helpers every page uses: model gate, progress adapter, URL writing, error messages, notes."""
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any, Callable, Iterator
 
 import streamlit as st
@@ -91,80 +90,7 @@ def progress(label: str) -> Iterator[Callable[[float, str], None]]:
         bar.empty()
 
 
-URL_TEXT_MAX = 2000  # longest text a link may carry into a control
-
-
-def _cast(raw: str, cast: Callable[[str], Any]) -> Any:
-    if cast is bool:
-        text = raw.strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(raw)
-    if cast is int:
-        try:
-            return int(raw.strip())
-        except ValueError:
-            number = float(raw)  # "3.0", "1e3"
-            if not math.isfinite(number) or number != int(number):
-                raise
-            return int(number)
-    value = cast(raw)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(raw)
-    return value
-
-
-def url_param(name: str, default: Any, cast: Callable[[str], Any] | None = None,
-              choices: list | None = None, lo: Any = None, hi: Any = None,
-              max_len: int = URL_TEXT_MAX) -> Any:
-    """A control's initial value from the URL; never raises.
-
-    Absent, unparsable (wrong type, NaN, script text in a number) or not among `choices`: `default`.
-    Numbers are clamped into [lo, hi]; text is cut to `max_len` characters (it is shown through
-    widgets, which escape it).
-    """
-    raw = st.query_params.get(name)
-    value = default
-    if raw is not None:
-        try:
-            value = _cast(str(raw), cast or (type(default) if default is not None else str))
-        except (TypeError, ValueError, OverflowError):
-            value = default
-    if isinstance(value, str):
-        value = value[:max_len]
-    if choices is not None and value not in choices:
-        value = default
-    if isinstance(value, (int, float)) and not isinstance(value, bool):  # the default too: ranges shrink
-        if lo is not None and value < lo:
-            value = lo
-        if hi is not None and value > hi:
-            value = hi
-    return value
-
-
-EMPTY_LIST = "none"  # the URL value of a list control the user emptied (an empty value means "default")
-
-
-def url_list(name: str, default: list, choices: list, cast: Callable[[str], Any] = int,
-             allow_empty: bool = False) -> list:
-    """A comma-separated list from the URL, keeping only valid choices (default when none is). With
-    `allow_empty`, EMPTY_LIST stands for a list the user emptied on purpose: []."""
-    raw = st.query_params.get(name)
-    if raw is None:
-        return list(default)
-    if allow_empty and raw == EMPTY_LIST:
-        return []
-    values = []
-    for part in str(raw).split(",")[:len(choices) + 1]:
-        try:
-            value = _cast(part, cast)
-        except (TypeError, ValueError, OverflowError):
-            continue
-        if value in choices and value not in values:
-            values.append(value)
-    return values or list(default)
+URL_TEXT_MAX = 2000  # longest text a link may carry into a control (components/params_form.url_value reads links)
 
 
 # Errors whose message is meant for the user: every panel's error is one (analysis/errors.py).
@@ -178,7 +104,10 @@ def one_line(exc: BaseException) -> str:
 
 
 def show_error(exc: BaseException, prefix: str = "") -> None:
-    st.error(f"{prefix}{one_line(exc)}", icon=":material/error:")
+    """An error as one line: its message is shown as plain text (it may carry what a link or a visitor typed:
+    no Markdown, links or images of theirs), and on a public instance without operator instructions or
+    server paths (hosting.visible). `prefix` is the page's own words."""
+    st.error(f"{prefix}{hosting.visible_markdown(one_line(exc))}", icon=":material/error:")
 
 
 @contextlib.contextmanager

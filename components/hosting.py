@@ -1,29 +1,38 @@
 """What a hosted instance adds to the pages: the configuration in force, sign-in, embeds, upload checks,
-and the limits on heavy work (how many run at once, how many one visitor may start per minute).
+who the visitor is, and what a visitor may be shown.
 
 All of it is driven by the deployment configuration (`analysis/config.py`, docs/deploy.md); with no
 configuration file every function here leaves the app exactly as a local run always was.
 
 - `settings()`: the configuration, or a clear message and a stopped page when the file is bad.
-- `sign_in_gate()`: app.py calls it first; with `auth.mode` "token" or "oidc" it shows the sign-in
-  form and stops the page for a signed-out visitor unless `auth.signed_out = "read-only"`.
+- `sign_in_gate()`: app.py calls it first in every script run (it marks the run: one view's runs count
+  once against the per-minute limit); with `auth.mode` "token" or "oidc" it shows the sign-in form and
+  stops the page for a signed-out visitor unless `auth.signed_out = "read-only"`.
 - `is_embedded()` / `embed_page()`: `?embed=true` shows the view only (no sidebar, controls or share bar).
+- `visitor_id()`: whom a limit counts against: the signed-in user, else the visitor's address (the entry
+  the trusted proxies added to X-Forwarded-For, else the connection's own), never the browser session.
 - `file_uploader(...)`: `st.file_uploader` that refuses what the configuration refuses (off, size,
-  not an image, pixels, decompression bombs) with one line, before the page decodes anything.
-- `check_run(key, handle, params)` (a guard of components/runs.py, before the estimate) and
-  `run_slot(label)` (around the computation itself): the longest prompt, the per-visitor rate and the
-  concurrency limit.
+  not an image or not a zip, pixels, decompression bombs) with one line, before the page decodes anything.
+- `visible(text)` / `escape_markdown(text)`: user and error text as a visitor may see it (plain text; on a
+  public instance without operator instructions and server paths).
+
+The limits on heavy work (runs per minute, slots, the largest run, training) are components/limits.py;
+the limits Streamlit's own server must apply (uploads held in memory, the sign-in error page) are
+components/server_guards.py, installed by scripts/serve.py.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import hmac
 import html
+import ipaddress
 import re
+import secrets
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import streamlit as st
 
@@ -37,15 +46,70 @@ def settings() -> cfg.Config:
     try:
         return cfg.current()
     except cfg.ConfigError as exc:
-        st.error(f"This server's configuration is invalid: {exc}", icon=":material/error:")
+        st.error(f"This server's configuration is invalid: {visible_markdown(str(exc))}", icon=":material/error:")
         st.stop()
         raise  # st.stop raises; this keeps type checkers quiet
 
 
+# Streamlit's Markdown (GFM) turns bare URLs, www. names and e-mail addresses into links even where every
+# character is backslash-escaped: a word joiner (U+2060, invisible) after the scheme's ':', after 'www'
+# and after '@' keeps them text.
+_AUTOLINKS = [(re.compile(r"(?i)\b(https?|ftp|mailto|javascript|data|file):"), "\\1:\u2060"),
+              (re.compile(r"(?i)\b(www)\."), "\\1\u2060."), (re.compile("@"), "@\u2060")]
+
+
 def escape_markdown(text: str) -> str:
-    """User text shown through Markdown as plain text: no links, emphasis, HTML or directives."""
+    """User text shown through Markdown as plain text: no links (bare URLs and addresses included),
+    emphasis, images, HTML or directives."""
     text = html.escape(str(text).replace("\n", " "), quote=False)
-    return re.sub(r"([\\`*_{}\[\]()#+\-.!|~:$<>])", r"\\\1", text)
+    for pattern, repl in _AUTOLINKS:
+        text = pattern.sub(repl, text)
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|~:$<>@=?/%])", r"\\\1", text)
+
+
+# What only the person running the server can act on: said to them (the log, the command line), never
+# to a visitor of a public instance.
+_OPERATOR_HINTS = re.compile(r"MODEL_INSPECTOR_\w+|pip install|python -m |requirements\.txt|\.streamlit/|"
+                             r"docs/deploy\.md|secrets\.toml|HF_HUB_OFFLINE", re.I)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+@functools.lru_cache(maxsize=1)
+def _server_prefixes() -> tuple[str, ...]:
+    """Folders whose names tell a visitor how this server is laid out (the checkout, home, caches, temp)."""
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from analysis.paths import ROOT
+
+    found = {str(ROOT), str(Path.home()), tempfile.gettempdir(), sys.prefix, sys.base_prefix,
+             os.environ.get("MODEL_INSPECTOR_CACHE", ""), "/usr/", "/opt/", "/srv/", "/var/", "/proc/", "/home/"}
+    return tuple(sorted((p.rstrip("/") for p in found if p and p != "/"), key=len, reverse=True))
+
+
+def visible(text: str) -> str:
+    """A message as a visitor may read it. On a public instance (`public = true`) the sentences that are
+    instructions for the operator (environment variables, pip, config files) are left out and server
+    paths are replaced; elsewhere it is unchanged (the person at the keyboard runs the server)."""
+    text = str(text)
+    try:
+        public = cfg.current().public
+    except cfg.ConfigError:
+        public = True  # a broken configuration: say as little as possible
+    if not public:
+        return text
+    kept = [part for part in _SENTENCE_END.split(text) if part.strip() and not _OPERATOR_HINTS.search(part)]
+    text = " ".join(kept).strip() or "This cannot be used on this instance."
+    for prefix in _server_prefixes():
+        text = re.sub(re.escape(prefix) + r"(?![\w.-])(?:/[^\s'\",;)]*)?", "[a server folder]", text)
+    return text
+
+
+def visible_markdown(text: str) -> str:
+    """`visible(text)` escaped for Markdown: what every error line built from an exception or user input shows."""
+    return escape_markdown(visible(text))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,7 +155,12 @@ def may_save() -> tuple[bool, str]:
 
 def sign_in_gate() -> None:
     """Before any page: a visitor who must sign in sees the sign-in form and nothing else."""
+    _new_script_run()
     config = settings()
+    if config.public:  # however the server was started (scripts/serve.py passes it too): no traceback shown
+        with contextlib.suppress(Exception):
+            if st.get_option("client.showErrorDetails") not in ("none", False, "false"):
+                st.set_option("client.showErrorDetails", "none")
     if config.auth.mode == "none" or signed_in_user():
         return
     if config.auth.signed_out == "read-only":
@@ -107,8 +176,12 @@ def sign_in_form(main: bool = False) -> None:
     config = settings()
     if config.auth.mode == "oidc":
         if not _oidc_configured():
-            st.error("Sign-in is set to OIDC but the server has no [auth] section in .streamlit/secrets.toml; "
-                     "see docs/deploy.md.", icon=":material/error:")
+            st.error(visible_markdown("Sign-in is not set up on this server. The server has no [auth] section in "
+                                      ".streamlit/secrets.toml; see docs/deploy.md."), icon=":material/error:")
+            return
+        if not _issuer_reachable(_issuer_url(config.auth.provider)):
+            st.warning("Sign-in is not available right now: the sign-in provider cannot be reached. Every page "
+                       "still opens; try signing in again in a minute.", icon=":material/cloud_off:")
             return
         if st.button("Sign in", key="mi_login", type="primary", icon=":material/login:"):
             st.login(config.auth.provider or None)
@@ -123,6 +196,40 @@ def sign_in_form(main: bool = False) -> None:
     problem = st.session_state.pop("_mi_sign_in_problem", None)
     if problem:
         st.error(problem, icon=":material/error:")
+
+
+def _issuer_url(provider: str) -> str:
+    try:
+        auth = st.secrets["auth"]
+        section = auth[provider] if provider else auth
+        return str(section.get("server_metadata_url", ""))
+    except Exception:  # no secrets, no such provider
+        return ""
+
+
+ISSUER_CHECK_S = 30.0
+_issuer_checks: dict[str, tuple[float, bool]] = {}
+
+
+def _issuer_reachable(url: str) -> bool:
+    """Whether the provider's metadata answers (checked at most every 30 s per URL): a visitor is sent to
+    sign in only when the server can complete it; otherwise Streamlit answers a bare 'Authentication
+    error' page (components/server_guards.py gives that page a way back, for the race)."""
+    if not url:
+        return True  # Streamlit reports a missing URL itself
+    now = time.monotonic()
+    hit = _issuer_checks.get(url)
+    if hit is not None and now - hit[0] < ISSUER_CHECK_S:
+        return hit[1]
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=3) as response:
+            ok = response.status < 400
+    except Exception:  # unreachable, refused, TLS, a 4xx/5xx
+        ok = False
+    _issuer_checks[url] = (now, ok)
+    return ok
 
 
 SIGN_IN_ATTEMPTS_PER_MINUTE = 5
@@ -210,30 +317,73 @@ def embed_snippet(url: str, title: str, height: int = 640) -> str:
 # ---------------------------------------------------------------------------------------------
 # Uploads
 
+# What each kind of upload is: the extensions the browser offers, what the content must be.
+UPLOAD_KINDS = {"image": ("png", "jpg", "jpeg", "gif", "bmp", "webp"), "zip": ("zip",)}
 
-def file_uploader(label: str, key: str, **kwargs) -> Any:
+
+def upload_limit_mb(kind: str = "image") -> float:
+    """The largest file of this kind this instance takes (what the uploader's label says)."""
+    limit = settings().uploads.max_mb
+    if kind == "zip":
+        from analysis.sae_v.userdata import zip_limit_bytes
+
+        limit = zip_limit_bytes() / 2**20
+    return limit
+
+
+def file_uploader(label: str, key: str, kind: str = "image", where: Any = None, **kwargs) -> Any:
     """`st.file_uploader` under the configuration: None (with one line saying why) when uploads are
-    off or this file is refused; the pages' own checks still run after this one."""
+    off or this file is refused (too large, not of its kind, too many pixels, a decompression bomb);
+    the pages' own checks still run after this one. The label gets the instance's real size limit.
+
+    The accepted extensions are given to the browser as MIME types as well, so Streamlit does not check
+    a file's name itself (it raises, and the visitor would see a traceback for a renamed file); the
+    content is checked here instead. `where`: a column or container to draw into."""
     config = settings()
+    where = st if where is None else where
     if not config.uploads.enabled:
-        st.info("Uploads are turned off on this instance.", icon=":material/block:")
+        where.info("Uploads are turned off on this instance.", icon=":material/block:")
         return None
-    upload = st.file_uploader(label, key=key, **kwargs)
+    extensions = UPLOAD_KINDS[kind]
+    kwargs.pop("type", None)
+    accept = [f".{e}" for e in extensions] + (["application/zip"] if kind == "zip" else
+                                              [f"image/{e}" for e in extensions])
+    label = f"{label} (up to {upload_limit_mb(kind):g} MB)"
+    upload = where.file_uploader(label, key=key, type=accept, **kwargs)
     if upload is None:
         return None
-    problem = config.upload_problem(upload.getvalue(), upload.name)
+    problem = upload_problem(upload.getvalue(), upload.name, kind)
     if problem:
-        st.error(escape_markdown(problem), icon=":material/error:")
+        where.error(visible_markdown(problem), icon=":material/error:")
         return None
     return upload
 
 
+def upload_problem(data: bytes, name: str, kind: str = "image") -> str | None:
+    """Why this file is refused as an upload of `kind`, or None."""
+    config = settings()
+    if kind == "image":
+        return config.upload_problem(data, name)
+    limit = upload_limit_mb(kind)
+    if len(data) > limit * 2**20:
+        return f"'{name[:60]}' is {len(data) / 2**20:.1f} MB; files up to {limit:g} MB are accepted here."
+    if kind == "zip" and not data.startswith(b"PK"):
+        return f"'{name[:60]}' is not a zip file."
+    return None
+
+
+def upload_owner() -> str:
+    """Whose upload this is, for the upload area's per-visitor limits (analysis/uploads.py)."""
+    return visitor_id()
+
+
 # ---------------------------------------------------------------------------------------------
-# Limits on heavy work
+# Who the visitor is
 
 
 class RateLimiter:
-    """Start times per visitor over the last minute (one server; each replica counts its own)."""
+    """Events per visitor over the last minute (one server; each replica counts its own). An event may
+    carry a token: events with the same token count once (one view's several runs)."""
 
     WINDOW_S = 60.0
     MAX_VISITORS = 10_000
@@ -242,21 +392,25 @@ class RateLimiter:
         self._lock = threading.Lock()
         self._starts: dict[str, collections.deque] = {}
 
-    def wait_s(self, visitor: str, per_minute: int, record: bool = False, now: float | None = None) -> float:
-        """Seconds until `visitor` may start another (0: now); with `record`, a start now is counted."""
+    def wait_s(self, visitor: str, per_minute: int, record: bool = False, now: float | None = None,
+               token: str | None = None) -> float:
+        """Seconds until `visitor` may start another (0: now); with `record`, a start now is counted
+        (once per `token`: a start with a token already counted is free)."""
         if per_minute <= 0:
             return 0.0
         now = time.monotonic() if now is None else now
         with self._lock:
             starts = self._starts.setdefault(visitor, collections.deque())
-            while starts and now - starts[0] >= self.WINDOW_S:
+            while starts and now - starts[0][0] >= self.WINDOW_S:
                 starts.popleft()
+            if token is not None and any(t == token for _, t in starts):
+                return 0.0
             if len(starts) >= per_minute:
-                return max(0.1, self.WINDOW_S - (now - starts[0]))
+                return max(0.1, self.WINDOW_S - (now - starts[0][0]))
             if record:
-                starts.append(now)
+                starts.append((now, token))
             if len(self._starts) > self.MAX_VISITORS:  # forget idle visitors
-                for name in [v for v, d in self._starts.items() if not d or now - d[-1] >= self.WINDOW_S]:
+                for name in [v for v, d in self._starts.items() if not d or now - d[-1][0] >= self.WINDOW_S]:
                     del self._starts[name]
             return 0.0
 
@@ -265,83 +419,71 @@ class RateLimiter:
             self._starts.clear()
 
 
-class Slots:
-    """At most `n` heavy computations at once in this server (0: no limit); reentrant per thread."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self.running = 0
-        self.peak = 0
-        self._held = threading.local()
-
-    def acquire(self, n: int, timeout: float) -> bool:
-        if getattr(self._held, "depth", 0):
-            self._held.depth += 1
-            return True
-        with self._cond:
-            if n > 0 and self.running >= n:
-                self._cond.wait(timeout)
-                if self.running >= n:
-                    return False
-            self.running += 1
-            self.peak = max(self.peak, self.running)
-        self._held.depth = 1
-        return True
-
-    def release(self) -> None:
-        self._held.depth -= 1
-        if self._held.depth:
-            return
-        with self._cond:
-            self.running -= 1
-            self._cond.notify()
+_LIMITER = RateLimiter()  # sign-in attempts; components/limits.py keeps the runs' and saves' own
+RUN_TOKEN = "_mi_run"
 
 
-_LIMITER = RateLimiter()
-SLOTS = Slots()
+def _new_script_run() -> None:
+    """Marks this script run: the heavy runs one view starts count once against the per-minute limit."""
+    with contextlib.suppress(Exception):
+        st.session_state[RUN_TOKEN] = secrets.token_hex(8)
 
 
-def visitor_id() -> str:
-    """Whom a limit counts against: the signed-in user, else the visitor's address (X-Forwarded-For's
-    first one behind a trusted proxy), else the browser session (loopback visitors have no address)."""
-    user = signed_in_user()
-    if user:
-        return f"user:{user}"
-    address = None
-    if settings().trust_proxy:
-        with contextlib.suppress(Exception):
-            forwarded = st.context.headers.get("X-Forwarded-For", "")
-            address = forwarded.split(",")[0].strip() if isinstance(forwarded, str) else None
-    if address is None:
-        with contextlib.suppress(Exception):
-            address = st.context.ip_address
-    if isinstance(address, str) and address:
-        return f"ip:{address}"
+def script_run_token() -> str | None:
+    """This script run's mark (None where app.py did not run: a page on its own counts each run)."""
+    try:
+        return st.session_state.get(RUN_TOKEN)
+    except Exception:
+        return None
+
+
+def _peer() -> str | None:
+    """The address of the connection this session's websocket came in on (the TCP peer, loopback
+    included; scripts/serve.py keeps uvicorn from replacing it with a header's)."""
+    from streamlit import runtime
     from streamlit.runtime.scriptrunner import get_script_run_ctx
 
     ctx = get_script_run_ctx()
-    return f"session:{ctx.session_id if ctx is not None else 'none'}"
+    if ctx is None or not runtime.exists():
+        return None
+    client = runtime.get_instance().get_client(ctx.session_id)
+    address = getattr(getattr(client, "client_context", None), "remote_ip", None)
+    return address if isinstance(address, str) and address else None
 
 
-def _texts(value: Any, out: list[str], depth: int = 0) -> list[str]:
-    """Every string in a settings object (dataclass fields, lists, dicts), for the prompt limit."""
-    import dataclasses
+def forwarded_chain() -> list[str]:
+    """Every X-Forwarded-For entry of this session's websocket request, left to right."""
+    try:
+        values = st.context.headers.get_all("X-Forwarded-For")
+    except Exception:  # no browser context
+        return []
+    return [part.strip() for value in values for part in str(value).split(",") if part.strip()]
 
-    if depth > 6:
-        return out
-    if isinstance(value, str):
-        out.append(value)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            _texts(getattr(value, f.name), out, depth + 1)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _texts(v, out, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _texts(v, out, depth + 1)
-    return out
+
+def client_address(peer: str | None, chain: list[str], hops: int) -> str:
+    """The visitor's address: with `hops` trusted proxies, the entry the outermost of them appended
+    (`hops` places from the right; what the visitor wrote themselves is further left and ignored), else
+    the connection's own. A connection from a public address did not come through a proxy of ours:
+    its header is the visitor's own writing and is ignored."""
+    if hops and peer is not None and len(chain) >= hops and not _is_public(peer):
+        return chain[-hops]
+    return peer or "local"
+
+
+def _is_public(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_global
+    except ValueError:
+        return False
+
+
+def visitor_id() -> str:
+    """Whom a limit counts against: the signed-in user, else the visitor's address (`client_address`).
+    Never the browser session: a new tab or a new session is the same visitor."""
+    user = signed_in_user()
+    if user:
+        return f"user:{user}"
+    return f"ip:{client_address(_peer(), forwarded_chain(), settings().proxy_hops)}"
 
 
 def check_texts(*texts: str) -> None:
@@ -350,45 +492,3 @@ def check_texts(*texts: str) -> None:
     if problem:
         st.error(problem, icon=":material/text_fields:")
         st.stop()
-
-
-def check_run(key, handle, params) -> None:
-    """components/runs.py's guard, before anything is estimated or computed: a text above the
-    longest prompt, or a visitor over the per-minute limit, gets one line and a stopped page."""
-    config = settings()
-    check_texts(*_texts(params, []))
-    wait = _LIMITER.wait_s(visitor_id(), config.limits.runs_per_minute)
-    if wait:
-        _over_limit(config, wait)
-
-
-def _over_limit(config: cfg.Config, wait: float) -> None:
-    at = time.strftime("%H:%M:%S", time.localtime(time.time() + wait))
-    st.warning(f"You have started {config.limits.runs_per_minute} analyses in the last minute, the most this "
-               f"instance allows per visitor. You can run again in {wait:.0f} s (at {at}). Results other "
-               "visitors have computed, and the shipped default views, still open at once.",
-               icon=":material/hourglass_top:")
-    st.stop()
-
-
-@contextlib.contextmanager
-def run_slot(label: str) -> Iterator[None]:
-    """Around one heavy computation: counts it against the visitor's per-minute limit and waits for
-    one of the server's `limits.concurrent_runs` slots, saying so while it waits (a visitor who
-    leaves stops the wait: the notice is redrawn every second, where Streamlit stops a run)."""
-    config = settings()
-    wait = _LIMITER.wait_s(visitor_id(), config.limits.runs_per_minute, record=True)
-    if wait:  # another tab of the same visitor got there first
-        _over_limit(config, wait)
-    n = config.limits.concurrent_runs
-    notice, t0 = None, time.monotonic()
-    while not SLOTS.acquire(n, timeout=1.0):
-        notice = notice or st.empty()
-        notice.info(f"{label.rstrip(' .')}: all {n} analysis slots of this server are busy; yours starts as "
-                    f"soon as one is free (waiting {time.monotonic() - t0:.0f} s).", icon=":material/hourglass_top:")
-    if notice is not None:
-        notice.empty()
-    try:
-        yield
-    finally:
-        SLOTS.release()

@@ -59,7 +59,7 @@ def try_load(spec: ModelSpec) -> ModelHandle | None:
     A spec the deployment does not allow never reaches the loader."""
     refusal = _refusal(spec)
     if refusal:
-        st.warning(f"{hosting.escape_markdown(spec.label)} was not loaded. {hosting.escape_markdown(refusal)}",
+        st.warning(f"{hosting.escape_markdown(spec.label)} was not loaded. {hosting.visible_markdown(refusal)}",
                    icon=":material/block:")
         return None
     message = f"Loading {spec.label} ..."
@@ -70,7 +70,7 @@ def try_load(spec: ModelSpec) -> ModelHandle | None:
         with st.spinner(message):
             handle = _load_cached(spec)
     except ModelLoadError as exc:
-        st.error(f"Could not load {spec.label}: {exc}")
+        st.error(f"Could not load {hosting.visible_markdown(f'{spec.label}: {exc}')}", icon=":material/error:")
         return None
     st.session_state[STATE_KEY] = spec
     st.query_params["model"] = spec.label
@@ -95,7 +95,7 @@ def current_handle() -> ModelHandle | None:
     try:
         return _load_cached(spec)
     except ModelLoadError as exc:  # evicted from cache and no longer loadable
-        st.error(f"Could not reload {spec.label}: {exc}")
+        st.error(f"Could not reload {hosting.visible_markdown(f'{spec.label}: {exc}')}", icon=":material/error:")
         return None
 
 
@@ -133,7 +133,7 @@ def _pick(source: str, names: list[str], start: ModelSpec, label: str, key: str,
           format_func=str) -> ModelSpec | None:
     """A select box over a fixed list of models (the zoo, a configured Hub allow-list)."""
     if not names:
-        st.warning(none)
+        st.warning(hosting.visible(none))  # on a public instance, without the operator's instructions
         return None
     name = st.selectbox(label, names, key=key, format_func=format_func,
                         index=names.index(start.name) if start.name in names else 0)

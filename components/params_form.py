@@ -49,29 +49,38 @@ def _clamp(f: Field, value: Any, kind: type, overrides: dict | None = None) -> A
 
 def url_value(f: Field, owner: Any, default: Any, **overrides: Any) -> tuple[Any, Any]:
     """(as the link gives it, as the widget may show it) for one field; never raises. `overrides` may
-    narrow its range (`low`, `high`) or its `choices` to what this model or result has."""
+    narrow its range (`low`, `high`) or its `choices` to what this model or result has; the default is
+    clamped into a narrowed range too (a prompt of one token has one Cascade party)."""
+    kind = kind_of(f, owner)
+    fallback = (default, _clamp(f, default, kind, overrides)) if kind in (int, float) and default is not None \
+        else (default, default)
     name = url_name(f)
     raw_text = st.query_params.get(name) if name else None
     if raw_text is None:
-        return default, default
-    kind = kind_of(f, owner)
+        return fallback
     try:
         value = parse_text(f, str(raw_text)[:URL_TEXT_MAX], owner)
     except (TypeError, ValueError, OverflowError):
-        return default, default
-    choices = overrides["choices"] if overrides.get("choices") is not None else choices_of(f)
+        return fallback
+    choices = overrides["choices"] if overrides.get("choices") is not None else offered(f)
     if kind is list:
         if choices is not None:
             value = [v for v in value if v in choices]
         elif f.metadata.get("item") in (int, float):
             value = [_clamp(f, v, f.metadata["item"], overrides) for v in value]
         if not value and not f.metadata.get("allow_empty"):
-            return default, default
+            return fallback
         return value, sorted(set(value), key=value.index)
     shown = _clamp(f, value, kind, overrides)
     if choices is not None and shown not in choices:
-        return default, default
+        return fallback
     return value, shown
+
+
+def offered(f: Field) -> list | None:
+    """The choices a page offers for field `f`: its own, or its `offer` metadata (the CLI takes any value)."""
+    choices = choices_of(f)
+    return choices if choices is not None else f.metadata.get("offer")
 
 
 def labeller(f: Field) -> Any:
@@ -89,14 +98,14 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
     kind = kind_of(f, owner)
     label = overrides.pop("label", meta["label"])
     help_text = overrides.pop("help", meta.get("help") or None)
-    choices = overrides.pop("choices", None) or choices_of(f)
+    choices = overrides.pop("choices", None) or offered(f)
     hint = overrides.pop("widget", meta.get("widget"))
     if choices is not None and labeller(f) is not None:
         overrides.setdefault("format_func", labeller(f))
     if kind in (int, float):
-        meta = {**meta, **{k: overrides.pop(k) for k in ("low", "high") if k in overrides}}
+        meta = {**meta, **{k: overrides.pop(k) for k in ("low", "high", "step") if k in overrides}}
     else:
-        overrides.pop("low", None), overrides.pop("high", None)
+        overrides.pop("low", None), overrides.pop("high", None), overrides.pop("step", None)
     common = dict(key=key, help=help_text, **({"width": width} if width is not None else {}), **overrides)
     if kind is list:
         if choices is None:
@@ -105,7 +114,9 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
                 return parse_text(f, text, owner)
             except ValueError:
                 return value
-        return sorted(container.pills(label, choices, selection_mode="multi", default=value, **common) or [])
+        # pills wrap: a row that scrolls sideways hid choices at 1024 px
+        chosen = container.pills(label, choices, selection_mode="multi", default=value, wrap=True, **common) or []
+        return [c for c in choices if c in chosen]  # in the choices' own order
     if choices is not None:
         if hint == "pills":
             return container.pills(label, choices, default=value, **common)
@@ -113,6 +124,8 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
             return container.select_slider(label, choices, value=value, **common)
         if hint == "radio":
             return container.radio(label, choices, index=choices.index(value), horizontal=True, **common)
+        if hint == "segmented":
+            return container.segmented_control(label, choices, default=value, **common)
         return container.selectbox(label, choices, index=choices.index(value), **common)
     if kind is bool:  # a toggle's label sits beside it on one line: a fixed field width cuts it ("Check the…")
         if isinstance(common.get("width"), int):
@@ -132,11 +145,31 @@ def widget(container: Any, f: Field, owner: Any, *, key: str, value: Any, width:
     return kind(container.number_input(label, low, high, kind(value), step=step, format=fmt, **common))
 
 
+def _forget_if_outside(key: str, f: Field, owner: Any, overrides: dict) -> None:
+    """Drop a widget's remembered value that this model or result no longer allows (a model with fewer
+    layers, fewer parties than before): the widget then starts from the link or the default."""
+    if key not in st.session_state:
+        return
+    value, kind = st.session_state[key], kind_of(f, owner)
+    choices = overrides.get("choices") if overrides.get("choices") is not None else offered(f)
+    low, high = _bounds(f, overrides)
+    if kind is list:
+        outside = choices is not None and isinstance(value, list) and not set(value) <= set(choices)
+    elif choices is not None:
+        outside = value not in choices
+    else:
+        outside = (kind in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool)
+                   and ((low is not None and value < low) or (high is not None and value > high)))
+    if outside:
+        del st.session_state[key]
+
+
 class ParamsForm:
     """The controls of one page (or one section): values shown, values the link gave, URL mirroring."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, link: bool = True) -> None:
         self.prefix = prefix
+        self.link = link  # False: values start from the defaults, never from the URL (and are not mirrored)
         self.values: dict[str, Any] = {}  # field name -> value shown
         self.raw: dict[str, Any] = {}  # field name -> value the link gave (unclamped)
         self.fields: dict[str, Field] = {}
@@ -151,8 +184,10 @@ class ParamsForm:
         for f, owner in fields:
             kw = dict(overrides.get(f.name, {}))
             default = defaults.get(f.name, field_default(f))
-            raw, shown = url_value(f, owner, default, **{k: kw[k] for k in ("low", "high", "choices") if k in kw})
+            raw, shown = (url_value(f, owner, default, **{k: kw[k] for k in ("low", "high", "choices") if k in kw})
+                          if self.link else (default, default))
             key = f"{self.prefix}{kw.pop('key', f.name)}"
+            _forget_if_outside(key, f, owner, kw)
             out[f.name] = widget(container, f, owner, key=key, value=shown,
                                  width=kw.pop("width", f.metadata.get("width", width)), **kw)
             self.raw[f.name], self.fields[f.name] = raw, f
@@ -161,14 +196,19 @@ class ParamsForm:
 
     def mirror(self) -> None:
         """Write every drawn value into the URL, so the link reproduces the view."""
+        if not self.link:
+            return
         set_url_params(**{url_name(f): field_text(f, self.values[name]) for name, f in self.fields.items()
                           if url_name(f)})
 
-    def check(self, validate: Callable[[dict[str, Any]], None]) -> None:
-        """Run `validate(values the link gave)`; a SettingsError becomes one message and the page stops there.
-        The widgets and the URL already hold the nearest allowed values, so any change of a control runs."""
-        with analysis_errors(prefix="This link's settings are out of range (the controls show the nearest allowed "
-                                    "values; change any control to run with them): "):
+    def check(self, validate: Callable[[dict[str, Any]], None], stop: bool = True) -> None:
+        """Run `validate(values the link gave)`; a SettingsError becomes one message and the page stops there
+        (`stop=False`: goes on with the nearest allowed values). The widgets and the URL already hold the
+        nearest allowed values, so any change of a control runs."""
+        prefix = ("This link's settings are out of range (the controls show the nearest allowed values; change any "
+                  "control to run with them): " if stop else
+                  "This link's settings are out of range; the controls show the nearest allowed values: ")
+        with analysis_errors(prefix=prefix, stop=stop):
             validate(dict(self.raw))
 
 

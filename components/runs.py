@@ -46,7 +46,7 @@ from analysis import cost, precompute
 from analysis.errors import UserError
 from analysis.model_lock import activity
 from analysis.progress import Progress
-from components import hosting
+from components import limits
 
 MAX_ENTRIES = 48
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def precomputed(key: RunKey, handle, params, models: dict | None = None) -> Any 
 
 
 add_source(precomputed)
-add_guard(hosting.check_run)  # the deployment's limits: longest prompt, runs per visitor per minute
+add_guard(limits.check_run)  # the deployment's limits: longest prompt, runs per visitor per minute
 
 
 def _as_json(params: Any) -> str:
@@ -222,7 +222,7 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
             if on_demand or optional:
                 return None
             st.stop()
-        with hosting.run_slot(label):  # counted per visitor; waits for a free slot (concurrency limit)
+        with limits.run_slot(label):  # counted per visitor; waits for a free slot (concurrency limit)
             result, seconds = _compute(key, fn, handle, params, label, {**models, **kwargs}, estimate)
         store.put(key, result)
         for sink in _SINKS:
@@ -246,7 +246,7 @@ def confirm(kind: str, fn: Callable, handle, params: Any, *, label: str, models:
     for guard in _GUARDS:
         guard(key, handle, params)
     passed, name = st.session_state.setdefault("_runs_confirmed", {}), _widget_key("confirmed", key)
-    if ASK_ABOVE_S == math.inf or name in passed:
+    if (ASK_ABOVE_S == math.inf and not limits.cost_capped()) or name in passed:
         return
     go, _ = _gate(key, fn, handle, params, label, {**(models or {}), **kwargs})
     if not go:
@@ -262,16 +262,25 @@ def _gate(key: RunKey, fn: Callable, handle, params, label: str, kwargs: dict,
     on-demand section or a run the user stopped shows its estimate and a Run button (`_asked`) and
     goes only in the rerun where that button was pressed."""
     queue_slot = st.empty()
+    failed = False
     try:
         with activity(f"{label.rstrip(' .')} on {handle.spec.label}", _queue_notice(queue_slot)):
             estimate = cost.estimate(fn, handle, params, kwargs)  # the first one times the model (holds its lock)
     except UserError:  # bad settings: start, so that the analysis reports them itself, at once
+        refusal = limits.run_refusal(fn, None)
+        if refusal:
+            st.warning(refusal, icon=":material/block:")
+            return False, None
         return True, None
     except Exception:  # no estimate (an undeclared run, an estimator's bug): fail closed, ask first
         log.exception("no work estimate for %s", getattr(fn, "__qualname__", fn))
-        estimate = None
+        estimate, failed = None, True
     finally:
         queue_slot.empty()
+    refusal = limits.run_refusal(fn, estimate, estimate_failed=failed, label=label)
+    if refusal:  # above the instance's largest run, or training it does not allow: nothing starts
+        st.warning(refusal, icon=":material/block:")
+        return False, estimate
     stopped = _stopped_runs().get(_widget_key("stop", key))
     if stopped is None and not on_demand and estimate is not None and estimate.seconds <= ASK_ABOVE_S:
         return True, estimate

@@ -9,9 +9,15 @@ self-contained HTML report) and a form that saves the analysis to the store (`an
 SQLite, or PostgreSQL shared by several servers), to be reopened from the Saved analyses page without
 recomputing. In an embed the bar is not drawn; on a read-only gallery, or for a signed-out visitor
 where sign-in is on, the form says why it is not there.
+
+A save records its owner (a hash of the visitor's id: only they may delete it) and a token made of who
+saves which view with which title and note: pressing Save again after a lost confirmation returns the
+same saved analysis instead of a copy. Saves count against `limits.saves_per_minute`.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -21,8 +27,9 @@ from streamlit.errors import StreamlitAPIException
 
 from analysis.export import ReportSection, html_report, result_json, rows_to_csv
 from analysis.results import to_jsonable
-from analysis.store import SavedAnalysis, Store, open_store, store_location
-from components import hosting
+from analysis.store import RefusedAnalysis, SavedAnalysis, Store, open_store, store_location
+from analysis.uploads import owner_key
+from components import hosting, limits
 from components.common import one_line
 from components.hosting import escape_markdown  # noqa: F401  (pages import it from here)
 
@@ -47,6 +54,17 @@ def current_url() -> str:
     query = urlencode(st.query_params.to_dict(), quote_via=quote, safe=":/,@")
     base = base.split("?")[0]
     return f"{base}?{query}" if query else base
+
+
+def owner() -> str:
+    """This visitor as the store records them (who may delete what they saved)."""
+    return owner_key(hosting.visitor_id())
+
+
+def save_token(who: str, panel: str, url: str, title: str, note: str, params: Any) -> str:
+    """The same visitor saving the same view under the same title and note: one saved analysis."""
+    text = json.dumps([who, panel, url, title, note, to_jsonable(params)], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _slug(text: str) -> str:
@@ -108,8 +126,14 @@ def _share_contents(panel: str, key: str, title: str, slug: str, url: str, param
             if not allowed:
                 st.session_state[f"{key}_saved"] = {"error": why_not, "url": url}
                 return
+            refused = limits.save_refusal()
+            if refused:
+                st.session_state[f"{key}_saved"] = {"error": refused, "url": url}
+                return
+            who = owner()
             analysis = SavedAnalysis(
-                saved_by=hosting.signed_in_user(),
+                saved_by=hosting.signed_in_user(), owner=who,
+                token=save_token(who, panel, url, save_title, note, params),
                 title=save_title, note=note, panel=panel, model=model, params=to_jsonable(params),
                 result=to_jsonable(result),
                 figures=[{"name": n, "figure": f.to_plotly_json() if hasattr(f, "to_plotly_json") else f}
@@ -118,7 +142,9 @@ def _share_contents(panel: str, key: str, title: str, slug: str, url: str, param
             )
             try:
                 saved_id = get_store().save(analysis)
-            except Exception as exc:  # disk full, read-only folder, ...
+            except RefusedAnalysis as exc:  # a NUL character: refused alike by every store
+                st.session_state[f"{key}_saved"] = {"error": str(exc), "url": url}
+            except Exception as exc:  # disk full, read-only folder, a database gone ...
                 st.session_state[f"{key}_saved"] = {"error": one_line(exc), "url": url}
             else:
                 st.session_state[f"{key}_saved"] = {"id": saved_id, "title": save_title, "url": url}
@@ -130,7 +156,7 @@ def _saved_notice(saved: dict | None, url: str) -> None:
     if not saved or saved.get("url") != url:  # the view changed since: the notice is about another view
         return
     if "error" in saved:
-        st.error(f"Could not save: {saved['error']}", icon=":material/error:")
+        st.error(f"Could not save: {hosting.visible_markdown(saved['error'])}", icon=":material/error:")
         return
     c1, c2 = st.columns([4, 1], vertical_alignment="center")
     c1.success(f"Saved “{escape_markdown(saved['title'])}”. Open it any time at "

@@ -45,7 +45,7 @@ from analysis import panels
 from analysis.models import ModelHandle
 from analysis.settings import Flat, check_settings, field_default, field_text, labelled, url_name
 from components.common import analysis_errors, field_row, require_model, set_url_params
-from components.params_form import ParamsForm
+from components.params_form import ParamsForm, url_value
 from components.presets import preset_bar
 from components.runs import cached_run
 
@@ -91,16 +91,22 @@ def with_defaults(params: Any, group: str) -> Any:
 
 
 class Page:
-    """What a view's steps share: the model, the settings' form and the view state's."""
+    """What a view's steps share: the model, the settings' form and the view state's, the sections drawn."""
 
     def __init__(self, view: "View", handle: ModelHandle) -> None:
         self.view, self.handle = view, handle
         self.analysis = view.analysis
         self.form = ParamsForm(view.prefix)  # the Params' controls
         self.state = ParamsForm(view.prefix)  # the view state's controls
+        self.containers: dict[str, Any] = {}  # group -> the container its section drew (`show` may add to it)
         self._groups: dict[str, str] = {}
-        for attr, registry in getattr(self.analysis.params, "METHODS", {}).items():
+        for attr, registry in getattr(self.analysis.params, "METHODS", ()):
             self._groups.update({name: attr for name in registry})
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """Every value shown so far, settings and view state, by field name."""
+        return {**self.form.values, **self.state.values}
 
     def group_of(self, f: Field, owner: Any) -> str | None:
         if "group" in f.metadata:
@@ -108,14 +114,21 @@ class Page:
         return self._groups.get(getattr(owner, "name", None)) if owner is not self.analysis.params else None
 
     def fields(self, group: Any = REST) -> list[tuple[Field, Any]]:
-        """The page's settings (fields with a URL name), all of them or those of one group."""
+        """The page's settings (fields with a URL name), all of them or those of one group; a group also
+        holds the view-state fields that name it (view-state fields of no group are drawn by `show`)."""
         pairs = [(f, o) for f, o in params_fields(self.analysis) if url_name(f)]
-        return pairs if group is REST else [(f, o) for f, o in pairs if self.group_of(f, o) == group]
+        if group is REST:
+            return pairs
+        state = [(f, o) for f, o in state_fields(self.analysis) if url_name(f) and f.metadata.get("group")]
+        return [(f, o) for f, o in pairs + state if self.group_of(f, o) == group]
 
-    def draw(self, container: Any, group: str | None, *, layout: str = "row", defaults: dict | None = None,
+    def draw(self, container: Any, group: str | tuple | None, *, layout: str = "row", defaults: dict | None = None,
              overrides: dict | None = None) -> dict[str, Any]:
-        """Draw the settings of one group into `container`; {field name: value}."""
-        return self._draw(container, self.fields(group), layout, defaults, overrides)
+        """Draw the fields of one group (or several) into `container`; {field name: value}."""
+        groups = group if isinstance(group, tuple) else (group,)
+        fields = [pair for g in groups for pair in self.fields(g)]
+        self.containers.update({g: container for g in groups if g is not None})
+        return self._draw(container, fields, layout, defaults, overrides)
 
     def _draw(self, container, fields, layout, defaults, overrides) -> dict[str, Any]:
         if not fields:
@@ -124,18 +137,27 @@ class Page:
             values = {}
             columns = container.columns([f.metadata.get("span", 1) for f, _ in fields])
             for column, pair in zip(columns, fields):
-                values |= self.form.draw(column, [pair], defaults=defaults, overrides=overrides, width="stretch")
+                values |= self._draw_fields(column, [pair], defaults, overrides, "stretch")
             return values
         if layout == "stack":
-            return self.form.draw(container.container(), fields, defaults=defaults, overrides=overrides,
-                                  width="stretch")
+            return self._draw_fields(container.container(), fields, defaults, overrides, "stretch")
         with container:
             row = field_row()
-        return self.form.draw(row, fields, defaults=defaults, overrides=overrides)
+        return self._draw_fields(row, fields, defaults, overrides, None)
 
-    def draw_sections(self, sections: tuple[Section, ...], *, defaults: dict | None = None,
-                      overrides: dict | None = None) -> dict[str, Any]:
-        """Every setting, section by section, then the fields of a group no section names in one last row."""
+    def _draw_fields(self, container, fields, defaults, overrides, width) -> dict[str, Any]:
+        """Each field by its own form (a setting or a view-state control), in order."""
+        state = self.analysis.view_state
+        kw = {"width": width} if width is not None else {}
+        values = {}
+        for pair in fields:
+            form = self.state if pair[1] is state else self.form
+            values |= form.draw(container, [pair], defaults=defaults, overrides=overrides, **kw)
+        return values
+
+    def draw_sections(self, sections: tuple[Section, ...], *, defaults: dict | None = None) -> dict[str, Any]:
+        """Every setting, section by section, then the fields of a group no section names in one last row;
+        each section gets `view.overrides(page, values drawn above it)`."""
         def groups(section: Section) -> tuple:
             return section.group if isinstance(section.group, tuple) else (section.group,)
 
@@ -144,32 +166,58 @@ class Page:
         for section in (*sections, Section(REST)):
             if section.when is not None and not section.when(values):
                 continue
-            fields = [(f, o) for f, o in self.fields() if (self.group_of(f, o) not in placed
-                                                          if section.group is REST else
-                                                          self.group_of(f, o) in groups(section))]
-            if not fields:
-                continue
             container = st.container()
+            overrides = self.view.overrides(self, values)
+            if section.group is REST:
+                fields = [(f, o) for f, o in self.fields() if self.group_of(f, o) not in placed]
+                values |= self._draw(container, fields, section.layout, defaults, overrides)
+                continue
             if section.caption:
                 container.caption(section.caption)
-            values |= self._draw(container, fields, section.layout, defaults, overrides)
+            values |= self.draw(container, section.group, layout=section.layout, defaults=defaults,
+                                overrides=overrides)
         return values
 
-    def control(self, name: str, container: Any = None, **overrides: Any) -> Any:
-        """One control of the view state, drawn in `container` and mirrored to the URL; `overrides` narrow
-        its range or choices to this result's (`high=`, `choices=`) or give widget keywords."""
+    def control(self, name: str, container: Any = None, *, default: Any = dataclasses.MISSING,
+                **overrides: Any) -> Any:
+        """One control of the view state, drawn in `container` and mirrored to the URL; `default` is this
+        result's (e.g. the head it found), `overrides` narrow its range or choices to this result's
+        (`high=`, `choices=`) or are widget keywords."""
         f = next(f for f, _ in state_fields(self.analysis) if f.name == name)
-        overrides.setdefault("width", "stretch")
+        overrides.setdefault("width", f.metadata.get("width", "stretch"))
+        defaults = {} if default is dataclasses.MISSING else {name: default}
         value = self.state.draw(container if container is not None else st.container(),
-                                [(f, self.analysis.view_state)], overrides={name: overrides})[name]
+                                [(f, self.analysis.view_state)], defaults=defaults, overrides={name: overrides})[name]
         if url_name(f):
             set_url_params(**{url_name(f): field_text(f, value)})
         return value
 
-    def run(self, kind: str, fn: Callable, params: Any, *, label: str, **kwargs: Any) -> Any:
-        """`fn(handle, params)` through the runner (components/runs.py); an analysis error is one line."""
-        with analysis_errors():
-            return cached_run(kind, fn, self.handle, params, label=label, **kwargs)
+    def link_value(self, name: str, *, default: Any = dataclasses.MISSING, **overrides: Any) -> Any:
+        """What the link gives for a view-state field that has no control of its own here (clamped into
+        `overrides`' range; its default, or `default`, when absent or unreadable)."""
+        f = next(f for f, _ in state_fields(self.analysis) if f.name == name)
+        fallback = field_default(f) if default is dataclasses.MISSING else default
+        return url_value(f, self.analysis.view_state, fallback, **overrides)[1]
+
+    def set_link(self, **values: Any) -> None:
+        """Write values into the URL by field name (settings or view state): the fields name them there."""
+        fields = {f.name: f for f, _ in params_fields(self.analysis) + state_fields(self.analysis)}
+        set_url_params(**{url_name(fields[k]): field_text(fields[k], v) for k, v in values.items()
+                          if url_name(fields[k])})
+
+    def mirror(self) -> None:
+        """Write every value shown into the URL."""
+        self.form.mirror()
+        self.state.mirror()
+
+    def run(self, kind: str, fn: Callable, params: Any, *, label: str, stop: bool = True,
+            handle: ModelHandle | None = None, **kwargs: Any) -> Any:
+        """`fn(handle, params)` through the runner (components/runs.py) on the page's model (or `handle`:
+        another model, e.g. a captioner); an analysis error is one line (and stops the page, or with
+        `stop=False` gives None)."""
+        with analysis_errors(stop=stop):
+            return cached_run(kind, fn, handle or self.handle, params, label=label, **kwargs)
+        return None
 
 
 class View:
@@ -178,8 +226,10 @@ class View:
     panel: ClassVar[str]  # the panel's name in analysis/panels.py's TABLE
     prefix: ClassVar[str]  # the widgets' key prefix ("kv_")
     intro: ClassVar[str] = ""  # the paragraph under the title
+    intro_caption: ClassVar[str] = ""  # or a caption there instead
     sections: ClassVar[tuple[Section, ...]] = ()
     later: ClassVar[tuple[str, ...]] = ()  # groups drawn by `show`, not in the controls box
+    bad_link_stops: ClassVar[bool] = True  # False: after a link's out-of-range message, run with the nearest values
 
     @property
     def analysis(self) -> panels.Analysis:
@@ -192,16 +242,24 @@ class View:
         """Page defaults that differ from the fields' (e.g. a shorter context on a large model)."""
         return {}
 
+    def overrides(self, page: Page, values: dict[str, Any]) -> dict[str, dict]:
+        """Per field: what this model allows (`choices`, `high`) or widget keywords, given the values drawn
+        above (a method's settings greyed out unless it is chosen)."""
+        return {}
+
     def controls(self, page: Page) -> Any:
         with st.container(border=True):
-            values = page.draw_sections(self.sections, defaults=self.defaults(page))
-        return self.params_of(values)
+            page.draw_sections(self.sections, defaults=self.defaults(page))
+        return self.params_of(page, page.form.values)
 
-    def params_of(self, values: dict[str, Any]) -> Any:
+    def params_of(self, page: Page, values: dict[str, Any]) -> Any:
+        """The Params of these settings' values (by field name; the view state is in `page.state.values`)."""
         cls = self.analysis.params
-        return cls.from_flat(values) if issubclass(cls, Flat) else cls(**values)
+        if issubclass(cls, Flat):
+            return cls.from_flat(values)
+        return cls(**{k: v for k, v in values.items() if k in {f.name for f in labelled(cls)}})
 
-    def validate(self, params: Any) -> None:
+    def validate(self, page: Page, params: Any) -> None:
         """The CLI's validation of the link's own values (raises SettingsError)."""
         validate = getattr(params, "validate", None)
         validate() if validate is not None else check_settings(params)
@@ -222,14 +280,19 @@ def render(view: View) -> None:
     st.title(analysis.title)
     if view.intro:
         st.write(view.intro)
+    if view.intro_caption:
+        st.caption(view.intro_caption)
     preset_bar(analysis.url_path, widget_prefix=view.prefix)
     handle = require_model(*analysis.kinds, panel=analysis.title)
     page = Page(view, handle)
     with analysis_errors():
         view.check_model(page)
     params = view.controls(page)
-    page.form.mirror()
-    page.form.check(lambda raw: view.validate(view.params_of({**page.form.values, **raw})))
+    page.mirror()
+    page.form.check(lambda raw: view.validate(page, view.params_of(page, {**page.form.values, **raw})),
+                    stop=view.bad_link_stops)
+    if analysis.view_state is not None:  # the view state's controls drawn so far: their own ranges
+        page.state.check(lambda raw: check_settings(analysis.view_state(**raw)), stop=view.bad_link_stops)
     result = view.run(page, params)
     view.show(page, params, result)
 

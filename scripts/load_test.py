@@ -62,10 +62,12 @@ class Run:
 class ProtocolClient:
     """One session on a Streamlit server, driven over its websocket."""
 
-    def __init__(self, base: str, timeout_s: float = 120) -> None:
+    def __init__(self, base: str, timeout_s: float = 120, headers: dict | None = None) -> None:
         self.timeout_s = timeout_s
+        self.base = base
+        self.headers = dict(headers or {})  # sent with the websocket's request (X-Forwarded-For, as a proxy would)
         self._connection = connect(base.replace("http", "ws", 1) + "/_stcore/stream", subprotocols=["streamlit"],
-                                   max_size=None, open_timeout=60)
+                                   max_size=None, open_timeout=60, additional_headers=self.headers, proxy=None)
         self.ws = self._connection.__enter__()
         self.session_id = ""
 
@@ -154,21 +156,23 @@ def xsrf_cookie(base: str) -> str:
     return ""
 
 
-def upload(base: str, session_id: str, data: bytes, name: str = "upload.png", chunked: bool = False) -> int:
-    """PUT `data` to the server's upload endpoint as the file uploader does; the HTTP status."""
+def upload(base: str, session_id: str, data: bytes, name: str = "upload.png", chunked: bool = False,
+           file_id: str | None = None, headers: dict | None = None) -> int:
+    """PUT `data` to the server's upload endpoint as the file uploader does; the HTTP status. `file_id`:
+    the id a widget state then names (`uploader_state`)."""
     import http.client
     import uuid
 
     token = xsrf_cookie(base)
     boundary = uuid.uuid4().hex
     head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n"
-            "Content-Type: image/png\r\n\r\n").encode()
+            "Content-Type: application/octet-stream\r\n\r\n").encode()
     tail = f"\r\n--{boundary}--\r\n".encode()
     host = base.split("://", 1)[1]
     conn = http.client.HTTPConnection(host, timeout=120)
-    path = f"/_stcore/upload_file/{session_id}/{uuid.uuid4()}"
+    path = f"/_stcore/upload_file/{session_id}/{file_id or uuid.uuid4()}"
     headers = {"Content-Type": f"multipart/form-data; boundary={boundary}", "X-Xsrftoken": token,
-               "Cookie": f"_streamlit_xsrf={token}"}
+               "Cookie": f"_streamlit_xsrf={token}", **(headers or {})}
     try:
         if chunked:  # no Content-Length: the server must cut the stream itself
             def body():
@@ -186,6 +190,19 @@ def upload(base: str, session_id: str, data: bytes, name: str = "upload.png", ch
         conn.close()
 
 
+def uploader_state(widget_id: str, file_id: str, name: str, size: int) -> WidgetState:
+    """The widget state a browser sends once its file uploader holds the file PUT as `file_id`."""
+    state = WidgetState(id=widget_id)
+    info = state.file_uploader_state_value.uploaded_file_info.add()
+    info.file_id, info.name, info.size = file_id, name, size
+    return state
+
+
+def widget(run: Run, kind: str, key: str) -> str | None:
+    """The id of the widget of this type whose user key is `key` in a run (None: not drawn)."""
+    return next((i for i, (t, _) in run.elements.items() if t == kind and i.endswith(key)), None)
+
+
 def rss_mb(pid: int) -> float:
     import psutil
 
@@ -193,8 +210,15 @@ def rss_mb(pid: int) -> float:
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
 
 
+def visitor_headers(c: int) -> dict:
+    """Client `c` as its own visitor behind a trusted proxy (the server's `proxy_hops`): its X-Forwarded-For."""
+    return {"X-Forwarded-For": f"10.77.{c // 250}.{c % 250 + 1}"}
+
+
 def load_test(base: str, clients: int = 20, seconds: float = 60, pid: int | None = None, save_every: int = 4,
-              pages: list[tuple[str, str]] | None = None, label: str = "load") -> dict:
+              pages: list[tuple[str, str]] | None = None, label: str = "load", visitors: bool = False) -> dict:
+    """`visitors`: each client its own visitor (X-Forwarded-For), as people behind a proxy are; else every
+    client is this machine's one visitor, and the per-visitor limits count them together."""
     pages = pages or PAGES
     lock = threading.Lock()
     latencies: list[float] = []
@@ -209,8 +233,9 @@ def load_test(base: str, clients: int = 20, seconds: float = 60, pid: int | None
     end_at = start_at + seconds
 
     def client(c: int) -> None:
+        headers = visitor_headers(c) if visitors else None
         try:
-            session = ProtocolClient(base)
+            session = ProtocolClient(base, headers=headers)
         except Exception as exc:  # noqa: BLE001 (reported, not raised from a thread)
             with lock:
                 errors.append(f"client {c}: connect: {type(exc).__name__}: {exc}")
@@ -234,7 +259,7 @@ def load_test(base: str, clients: int = 20, seconds: float = 60, pid: int | None
                         requests[0] += 1
                         errors.append(f"client {c} {page}: {type(exc).__name__}: {exc}")
                     session.close()
-                    session = ProtocolClient(base)
+                    session = ProtocolClient(base, headers=headers)
                     step += 1
                     continue
                 with lock:

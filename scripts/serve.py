@@ -10,9 +10,18 @@ machine's speed on each demo model while the machine is idle (`preload.calibrate
 pages' cost estimates.
 
 Before that it checks the deployment (docs/deploy.md): the configuration file
-($MODEL_INSPECTOR_CONFIG or ./model_inspector.toml) and the saved-analyses store (a SQLite file or a
-postgresql:// URL, migrated here) must be usable, or it exits with one `error:` line. Streamlit's
-upload limit (server.maxUploadSize) follows the configuration's `uploads.max_mb` unless given here.
+($MODEL_INSPECTOR_CONFIG or ./model_inspector.toml), the saved-analyses store (a SQLite file or a
+postgresql:// URL, migrated here) and, for OIDC sign-in, the [auth] secrets must be usable, or it exits
+with one `error:` line (an instance whose sign-in cannot work must not report healthy). From the
+configuration: Streamlit's upload limit (server.maxUploadSize) follows `uploads.max_mb` unless given
+here; a public instance (`public = true`) shows visitors no error details (client.showErrorDetails
+none); without the Hub among the model sources nothing may reach the Hub (HF_HUB_OFFLINE=1). The
+server's own guards (uploads held in memory, the sign-in error page: components/server_guards.py) and
+the sweeper that deletes expired uploads (analysis/uploads.py) start with it.
+
+Secrets (OIDC's [auth]) come from Streamlit's secrets files, or from $MODEL_INSPECTOR_SECRETS: the text
+of a secrets.toml (a Space secret, `docker run -e`), written to a file only this user can read, outside
+the checkout, and given to Streamlit as `--secrets.files` (an explicit `--secrets.files` flag wins).
 
 Torch's threads: every core, waiting passively between parallel regions, or MODEL_INSPECTOR_THREADS=N
 (analysis/threads.py), set before anything imports torch.
@@ -26,9 +35,51 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 from analysis.paths import ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
 
 
+def _option(argv: list[str], name: str) -> str | None:
+    """A `--name value` or `--name=value` Streamlit option from the command line."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+SECRETS_ENV = "MODEL_INSPECTOR_SECRETS"
+
+
+def secrets_from_env() -> list[str]:
+    """With $MODEL_INSPECTOR_SECRETS (the text of a secrets.toml: a Space secret, `docker run -e`), that
+    text in a file only this user can read, outside the checkout and the image, for Streamlit's
+    `--secrets.files`; [] without it."""
+    import os
+    import tempfile
+
+    text = os.environ.get(SECRETS_ENV, "")
+    if not text.strip():
+        return []
+    folder = tempfile.mkdtemp(prefix="model-inspector-secrets-")  # 0700
+    path = os.path.join(folder, "secrets.toml")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    return ["--secrets.files", path]
+
+
+def secret_files(argv: list[str]) -> list[str]:
+    """The secrets files Streamlit will read (its `secrets.files` option: flag, environment, config.toml)."""
+    from streamlit import config as st_config
+
+    flag = _option(argv, "--secrets.files")
+    st_config.get_config_options(force_reparse=True, options_from_flags={"secrets.files": [flag]} if flag else {})
+    return list(st_config.get_option("secrets.files"))
+
+
 def check_deployment(argv: list[str]) -> list[str]:
-    """The configuration and the store, checked before the server starts; extra Streamlit options."""
+    """The configuration, the store and the sign-in secrets, checked before the server starts; extra
+    Streamlit options the configuration implies."""
     import math
+    import os
 
     from analysis import config
     from analysis.store import StoreError, open_store
@@ -36,16 +87,26 @@ def check_deployment(argv: list[str]) -> list[str]:
     try:
         settings = config.current()
         open_store(settings.store or None)  # creates or migrates the schema; a bad URL fails here
+        problem = config.oidc_problem(settings, config.read_secrets(secret_files(argv)) if
+                                      settings.auth.mode == "oidc" else {})
+        if problem:
+            raise config.ConfigError(problem)
     except (config.ConfigError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
+    if "hub" not in settings.models.sources:  # nothing a visitor names may reach the Hub (sae-lens included)
+        os.environ["HF_HUB_OFFLINE"] = "1"
     extra = []
     if not any(a.startswith("--server.maxUploadSize") for a in argv):
         extra += ["--server.maxUploadSize", str(max(1, math.ceil(settings.uploads.max_mb)))]
+    if settings.public and not any(a.startswith("--client.showErrorDetails") for a in argv):
+        extra += ["--client.showErrorDetails", "none"]
     return extra
 
 
 if __name__ == "__main__":
+    if _option(sys.argv[1:], "--secrets.files") is None:  # before the checks: they read the same secrets
+        sys.argv[1:] = [*secrets_from_env(), *sys.argv[1:]]
     extra = check_deployment(sys.argv[1:])  # in a second, before the heavy imports below
     from analysis import threads
 
@@ -54,10 +115,14 @@ if __name__ == "__main__":
     except threads.ThreadsError as exc:
         sys.exit(f"error: {exc}")
     import components.preload  # (the same module app.py imports first)
+    from analysis import uploads
+    from components import server_guards
     from streamlit.web import cli as streamlit_cli
     # Each demo model's speed, measured now while the machine is idle (a fraction of a second each):
     # measured later, inside a crowd's first burst, it reads far too slow (components/preload.py).
     components.preload.calibrate_zoo()
+    server_guards.install()
+    uploads.start_sweeper()
     # No file watcher: a demo server's sources do not change under it, and watching them is not free.
     # Streamlit (watchdog) watches the folders of every imported module of the app; reading a model or
     # a feature store there queues inotify events, and on overflow it walks the whole tree again.

@@ -120,3 +120,21 @@ def zoo_model_ready(model: str) -> bool:
     except ImportError:
         return False
     return name in real_models.REAL_MODELS and real_models.is_built(name)
+
+
+@pytest.fixture()
+def computations(monkeypatch):
+    """Counts the analyses that actually start (cached_run's computation step)."""
+    from components import runs
+
+    started = []
+    real = runs._compute
+
+    def counting(key, *args, **kwargs):
+        started.append(key.kind)
+        return real(key, *args, **kwargs)
+
+    monkeypatch.setattr(runs, "_compute", counting)
+    runs.run_store().clear()
+    yield started
+    runs.run_store().clear()

@@ -1,5 +1,6 @@
 """Saved analyses: a gallery, a permalink (?id=...) that reopens one without recomputing, and its embed
-(?id=...&embed=true: the title, figures and tables alone, for an iframe)."""
+(?id=...&embed=true: the title, figures and tables alone, for an iframe). Everything a saver typed (title,
+note, name) is shown as plain text; only the one who saved an analysis is offered its Delete."""
 from __future__ import annotations
 
 import datetime as dt
@@ -11,14 +12,14 @@ from analysis.export import ReportSection, html_report, result_json
 from analysis.store import StoreError
 from components import hosting
 from components.common import explain, one_line
-from components.share import current_url, escape_markdown, get_store
+from components.share import current_url, escape_markdown, get_store, owner
 
 GALLERY_SIZE = 200
 embedded = hosting.is_embedded()
 try:
     store = get_store()
 except StoreError as exc:
-    st.error(f"The saved analyses cannot be reached: {one_line(exc)}", icon=":material/error:")
+    st.error(f"The saved analyses cannot be reached: {hosting.visible_markdown(one_line(exc))}", icon=":material/error:")
     st.stop()
 selected = st.query_params.get("id")
 
@@ -86,12 +87,12 @@ if selected:
             model=analysis.model, note=analysis.note, params=analysis.params, url=analysis.url),
     )
     allowed, why_not = hosting.may_save()
-    if allowed:
+    if allowed and analysis.owner and analysis.owner == owner():  # only its saver deletes it
         with cols[2].popover("Delete"):
             st.write("Delete this analysis for everyone? This cannot be undone.")
             if st.button("Yes, delete", type="primary", key="confirm_delete"):
                 if hosting.may_save()[0]:
-                    store.delete(analysis.id)
+                    store.delete(analysis.id, owner=owner())
                 del st.query_params["id"]
                 st.rerun()
     _back()

@@ -36,8 +36,8 @@ from analysis.captions.agents import (
 )
 from analysis.captions.cli import cli, load_agent_lm
 from analysis.captions.cost import (
-    image_caption_work, image_verification_work, rewrite_work, scene_caption_work, scene_verification_work,
-    upload_caption_work, upload_verification_work,
+    image_caption_work, image_verification_work, rewrite_work, scene_caption_work, scene_correction_work,
+    scene_verification_work, upload_caption_work, upload_correction_work, upload_verification_work,
 )
 from analysis.captions.generation import (
     CAPTION_TOKENS, GENERIC_CAPTION_PROMPT, answer_token_ids, caption_image, caption_prompt, chat_prompt,
@@ -49,12 +49,14 @@ from analysis.captions.metrics import (
     word_diff,
 )
 from analysis.captions.params import (
-    CaptionParams, CorrectionParams, SceneCaptionParams, Upload, agent_settings, verification_params,
+    OWN_LM, SHAPES_LM, CaptionParams, CaptionState, CorrectionParams, SceneCaptionParams, Upload, agent_settings,
+    verification_params,
 )
 from analysis.captions.pipeline import (
-    apply_threshold, caption_scene, caption_upload, correct_caption, correct_scene, flag_claims, rewrite_verified,
-    verify_caption, verify_scene, verify_upload,
+    apply_threshold, caption_scene, caption_upload, correct_caption, correct_scene, correct_upload, flag_claims,
+    kept_verification, rewrite_verified, verify_caption, verify_scene, verify_upload,
 )
+from analysis.captions.presets import PRESETS
 from analysis.captions.records import (
     CaptionMetrics, ClaimVerdict, CorrectionResult, DiffSpan, GeneratedCaption, PopeMetrics, SweepPoint,
     Verification,
@@ -81,8 +83,9 @@ ANALYSIS = Analysis(
           Run(caption_image, image_caption_work),
           Run(verify_scene, scene_verification_work), Run(verify_upload, upload_verification_work),
           Run(verify_caption, image_verification_work),
-          Run(rewrite_verified, rewrite_work), Run(apply_threshold, rewrite_work)),
-    cli=cli)
+          Run(rewrite_verified, rewrite_work), Run(apply_threshold, rewrite_work),
+          Run(correct_scene, scene_correction_work), Run(correct_upload, upload_correction_work)),
+    cli=cli, params=CorrectionParams, view_state=CaptionState, presets=PRESETS)
 
 __all__ = [
     "ANALYSIS", "agents", "generation", "pipeline",
@@ -97,7 +100,8 @@ __all__ = [
     "chair", "claim_truth", "coverage", "factuality", "measure_caption", "pi_sweep", "pope", "score_caption",
     "score_claims", "word_diff", "CaptionParams", "CorrectionParams", "SceneCaptionParams", "Upload",
     "agent_settings", "verification_params", "apply_threshold", "caption_scene", "caption_upload",
-    "correct_caption", "correct_scene", "flag_claims", "rewrite_verified", "verify_caption", "verify_scene",
+    "correct_caption", "correct_scene", "correct_upload", "kept_verification", "CaptionState", "OWN_LM",
+    "SHAPES_LM", "scene_correction_work", "upload_correction_work", "flag_claims", "rewrite_verified", "verify_caption", "verify_scene",
     "verify_upload", "CaptionMetrics", "ClaimVerdict", "CorrectionResult", "DiffSpan", "GeneratedCaption",
     "PopeMetrics", "SweepPoint", "Verification", "DEFAULT_EPS", "DEFAULT_PI", "DEFAULT_PROBABILITIES", "LOW_MASS",
     "PROBABILITY_FORMS", "ProbabilityForm", "RawProbabilities", "RenormalisedProbabilities",

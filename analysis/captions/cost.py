@@ -8,7 +8,8 @@ from analysis import anatomy
 from analysis.captions.agents import GrammarDecomposer
 from analysis.captions.generation import CAPTION_TOKENS, caption_prompt, vlm_inputs
 from analysis.captions.params import CorrectionParams
-from analysis.captions.pipeline import agent_of, flag_claims, verifier_of
+from analysis.captions.params import verification_params
+from analysis.captions.pipeline import agent_of, flag_claims, kept_verification, scene_key, upload_key, verifier_of
 from analysis.captions.world import has_shapes_world, scene_image
 from analysis.cost import INPUT_GRADIENT, Work, calibrate, sequence
 from analysis.models import ModelHandle
@@ -92,14 +93,7 @@ def verification_work(handle: ModelHandle, params: CorrectionParams, image, lm: 
 def rewrite_work(lm: ModelHandle, params: CorrectionParams, kwargs: dict) -> Work:
     """`handle` is the rewriter's model, the verification comes as `verification=`: nothing to run when no
     claim is flagged, none is kept, or the rewriter runs no model; else its prompt and answer."""
-    verification = kwargs["verification"]
-    verdicts = flag_claims(verification, params)
-    true_claims = [v.claim for v in verdicts if not v.flagged]
-    false_claims = [v.claim for v in verdicts if v.flagged]
-    if not false_claims:
-        return Work()
-    rewriter = agent_of(params, "rewriter", lm)
-    calls = rewriter.calls(verification.caption, true_claims, false_claims)
+    _, calls = rewrite_calls(params, kwargs["verification"], lm)
     work = Work()
     for prompt, tokens in calls:
         work.add(**vars(generation(lm, prompt, tokens)))
@@ -122,6 +116,42 @@ def upload_caption_work(handle, params, kwargs) -> Work:
 def image_caption_work(handle, params, kwargs) -> Work:
     """`caption_image(handle, image, prompt, max_new_tokens)`: `params` is unused, the rest comes as kwargs."""
     return caption_work(handle, kwargs["image"], kwargs.get("prompt"), kwargs.get("max_new_tokens", CAPTION_TOKENS))
+
+
+def rewrite_calls(params: CorrectionParams, verification, lm) -> tuple:
+    """(the rewriter, its generations (prompt, tokens)) for a verification: none when no claim is flagged."""
+    verdicts = flag_claims(verification, params)
+    true_claims = [v.claim for v in verdicts if not v.flagged]
+    false_claims = [v.claim for v in verdicts if v.flagged]
+    if not false_claims:
+        return None, []
+    rewriter = agent_of(params, "rewriter", lm)
+    return rewriter, rewriter.calls(verification.caption, true_claims, false_claims)
+
+
+def correction_rewrite_work(params: CorrectionParams, verification, lm) -> Work:
+    """The rewrite of a known verification, on the rewriter's own model."""
+    rewriter, calls = rewrite_calls(params, verification, lm)
+    return Work(seconds_elsewhere=agent_seconds(rewriter.lm, calls)) if calls else Work()
+
+
+def _correction_work(handle, params, lm, image_key: str, image_of) -> Work:
+    """`correct_scene` / `correct_upload`: the verification, or, when it is kept (π or the probability form
+    moved), only the rewrite of its flagged claims."""
+    params.validate()
+    kept = kept_verification(handle, image_key, params, lm)
+    if kept is not None:
+        return correction_rewrite_work(params, kept, lm)
+    return verification_work(handle, verification_params(params), image_of(), lm)
+
+
+def scene_correction_work(handle, params, kwargs) -> Work:
+    return _correction_work(handle, params, kwargs.get("lm"), scene_key(params), lambda: scene_image(params.scene_seed))
+
+
+def upload_correction_work(handle, params, kwargs) -> Work:
+    upload = kwargs["upload"]
+    return _correction_work(handle, params, kwargs.get("lm"), upload_key(upload), lambda: upload.image)
 
 
 def scene_verification_work(handle, params, kwargs) -> Work:

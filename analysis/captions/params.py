@@ -19,7 +19,7 @@ from analysis.captions.verifiers import VERIFIERS
 from analysis.errors import SettingsError
 from analysis.registry import Registry, check_range
 from analysis.results import Result
-from analysis.settings import check_settings, labelled, setting
+from analysis.settings import Flat, check_settings, labelled, setting
 
 CAPTION_CHARS = 20_000
 ROLES: dict[str, Registry] = {"decomposer": DECOMPOSERS, "verifier": VERIFIERS, "rewriter": REWRITERS,
@@ -36,14 +36,23 @@ def agent_settings(role: str, **flat) -> dict[str, dict]:
 
 def _agent_choice(role: str, url: str, help_text: str):
     registry = ROLES[role]
-    return setting("auto", label=role.capitalize(), choices=lambda: ["auto", *registry], url=url, help=help_text)
+    return setting("auto", label=role.capitalize(), choices=lambda: ["auto", *registry], url=url, help=help_text,
+                   labels=lambda name: "auto" if name == "auto" else registry.label(name), group="agents",
+                   width=200)  # the longest agent label whole
 
 
 @dataclass
-class CorrectionParams(Result):
+class CorrectionParams(Flat, Result):
+    """Page groups: `caption` (drawn when a caption is pasted), `agents`, `threshold`, `ground`; each agent's
+    own settings are drawn for the agent a role resolves to (components/views/captions.py)."""
+
+    METHODS = (("decomposers", DECOMPOSERS), ("verifiers", VERIFIERS), ("rewriters", REWRITERS),
+               ("forms", PROBABILITY_FORMS))
+
     caption: str = setting("", label="Caption to check", high=CAPTION_CHARS, url="text", cli="caption",
+                           widget="area", group="caption",
                            help="The caption to verify (default on the command line: the VLM's own).")
-    pi: float = setting(DEFAULT_PI, label="The threshold π", low=0, url="pi", cli="pi",
+    pi: float = setting(DEFAULT_PI, label="The threshold π", low=0, url="pi", cli="pi", group="threshold",
                         help="Drop a claim when its hallucination score H(u) > π (nats).")
     eps: float = setting(DEFAULT_EPS, label="ε", low=1e-12, high=0.5, url=None, cli="eps",
                          help="Floor of p_T − p_F in H = −log max(p_T − p_F, ε).")
@@ -51,13 +60,14 @@ class CorrectionParams(Result):
     verifier: str = _agent_choice("verifier", "ver", "Asks the loaded VLM about each claim alone.")
     rewriter: str = _agent_choice("rewriter", "rew", "Writes the caption without the dropped claims.")
     ground: bool = setting(True, label="Ground each answer in the image (Captum Integrated Gradients)",
-                           url="ground", cli=None,
+                           url="ground", cli=None, group="ground",
                            help="Integrated Gradients costs about 8 forward/backward passes per claim.")
     ig_steps: int = setting(8, label="Integrated Gradients steps", low=1, high=512, url=None, cli="ig-steps",
                             help="Integrated Gradients steps per claim.")
     scene_seed: int | None = None  # a Shapes World scene: enables ground truth (checked in validate)
     probabilities: str = setting(DEFAULT_PROBABILITIES, label="p_True/p_False form", choices=PROBABILITY_FORMS.names,
-                                 url="prob", cli="probabilities",
+                                 url="prob", cli="probabilities", labels=PROBABILITY_FORMS.label, widget="radio",
+                                 group="threshold", width=220,
                                  help="How H reads p_T and p_F: raw (the paper) or renormalised p_T/(p_T+p_F).")
     decomposers: dict[str, dict] = field(default_factory=dict)  # agent name -> its settings (defaults when absent)
     verifiers: dict[str, dict] = field(default_factory=dict)
@@ -109,6 +119,24 @@ class SceneCaptionParams(CaptionParams):
     """Caption one Shapes World scene (so a generated caption is keyed, shared and shipped by its seed)."""
 
     scene_seed: int = setting(0, label="The scene seed", low=0, url=None, cli=None)
+
+
+SHAPES_LM = "zoo:shapes-lm"
+OWN_LM = "the VLM's own language model"
+
+
+@dataclass
+class CaptionState:
+    """The caption page's own controls: which image (a scene by seed, or an upload), where the caption
+    comes from, and which model the decomposer and rewriter run on."""
+
+    source: str = setting("scene", label="Image", choices=["scene", "upload"], url="src", widget="radio",
+                          labels={"scene": "Shapes World scene", "upload": "Upload an image"})
+    seed: int = setting(0, label="Scene seed (test split starts at 20,000,000)", low=0, high=2**31 - 1,
+                        width="stretch")
+    cap: str = setting("vlm", label="Caption", choices=["vlm", "weak", "paste"], widget="radio")
+    lm: str = setting(OWN_LM, label="Decomposer/rewriter model", choices=[SHAPES_LM, OWN_LM],
+                      width=200)
 
 
 class Upload:

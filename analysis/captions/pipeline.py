@@ -3,9 +3,13 @@ the flagged claims; and the run functions the page hands to the shared runner (c
 declared with its work estimate in the package's ANALYSIS (`cost.py`).
 
 Verification does not depend on pi or the probability form, so moving either only re-scores it
-(`apply_threshold` on a kept `Verification`).
+(`apply_threshold` on a kept `Verification`): `correct_scene` / `correct_upload`, the page's one run,
+keep the last verifications (`kept_verification`) and verify again only when what it reads changed.
 """
 from __future__ import annotations
+
+import threading
+from collections import OrderedDict
 
 from analysis.captions.agents import make_agent, resolve_agent
 from analysis.captions.generation import caption_image
@@ -194,9 +198,59 @@ def rewrite_verified(lm: ModelHandle, params: CorrectionParams, progress: Progre
     return apply_threshold(verification, params, lm)
 
 
+KEPT_VERIFICATIONS = 16  # verifications kept per server (each a few claims, and heatmaps when grounded)
+_KEPT: OrderedDict = OrderedDict()
+_KEPT_LOCK = threading.Lock()
+
+
+def _kept_key(vlm: ModelHandle, image_key: str, params: CorrectionParams, lm: ModelHandle | None) -> tuple:
+    def who(handle):
+        return None if handle is None else (handle.spec.label, str(getattr(handle, "path", "")))
+    return who(vlm), who(lm), image_key, verification_params(params).to_json()
+
+
+def kept_verification(vlm: ModelHandle, image_key: str, params: CorrectionParams,
+                      lm: ModelHandle | None = None) -> Verification | None:
+    """The verification of this caption on this image under these settings, if one is kept."""
+    key = _kept_key(vlm, image_key, params, lm)
+    with _KEPT_LOCK:
+        if key in _KEPT:
+            _KEPT.move_to_end(key)
+            return _KEPT[key]
+    return None
+
+
+def _verified(vlm: ModelHandle, image_key: str, image_of, params: CorrectionParams, lm: ModelHandle | None,
+              progress: Progress | None) -> Verification:
+    kept = kept_verification(vlm, image_key, params, lm)
+    if kept is not None:
+        return kept
+    verification = verify_caption(vlm, image_of(), verification_params(params), lm, progress)
+    with _KEPT_LOCK:
+        _KEPT[_kept_key(vlm, image_key, params, lm)] = verification
+        while len(_KEPT) > KEPT_VERIFICATIONS:
+            _KEPT.popitem(last=False)
+    return verification
+
+
+def scene_key(params: CorrectionParams) -> str:
+    return f"scene:{params.scene_seed}"
+
+
+def upload_key(upload: Upload) -> str:
+    return f"upload:{upload.sha256}"
+
+
 def correct_scene(vlm: ModelHandle, params: CorrectionParams, progress: Progress | None = None,
                   lm: ModelHandle | None = None) -> CorrectionResult:
-    """`correct_caption` on scene `params.scene_seed`, verifying with `verification_params(params)`
-    as the page does (the same result: pi and the probability form do not change p_T, p_F)."""
-    verification = verify_scene(vlm, verification_params(params), progress, lm)
+    """The page's one run on scene `params.scene_seed`: verify (with `verification_params(params)`: pi and
+    the probability form do not change p_T, p_F; a kept verification is reused), then flag, rewrite, measure."""
+    verification = _verified(vlm, scene_key(params), lambda: _scene_of(params), params, lm, progress)
+    return apply_threshold(verification, params, lm)
+
+
+def correct_upload(vlm: ModelHandle, params: CorrectionParams, progress: Progress | None = None,
+                   lm: ModelHandle | None = None, *, upload: Upload) -> CorrectionResult:
+    """`correct_scene` on an uploaded image (no ground truth)."""
+    verification = _verified(vlm, upload_key(upload), lambda: upload.image, params, lm, progress)
     return apply_threshold(verification, params, lm)

@@ -27,8 +27,9 @@ from analysis.inversion.defences import (
 from analysis.inversion.orders import (
     ORDERS, Context, EmbeddingOrder, GradientOrder, HybridOrder, ModelOrder, Order, VocabOrder, Vocabulary,
 )
+from analysis.inversion.presets import PRESETS
 from analysis.inversion.params import (
-    MAX_TOKENS, AttackParams, CascadeParams, InversionError, build_defences, make_defence, make_order,
+    MAX_TOKENS, AttackParams, CascadeParams, InversionError, InversionState, build_defences, make_defence, make_order,
     method_fields, method_settings, users_of, validate_params,
 )
 from analysis.inversion.probe import Probe, check_layer, observed_states, token_text, tokenize, vocab_size
@@ -47,7 +48,7 @@ ANALYSIS = Analysis(
     paper="Hidden No More / Cascade (ICML 2025)", kinds=("causal_lm", "vlm"),
     runs=(Run(reconstruct, attack_work), Run(sweep_layers, layers_work), Run(sweep_noise, noise_work),
           Run(compare_exhaustive, speed_work), Run(simulate_cascade, cascade_work)),
-    cli=cli,
+    cli=cli, params=AttackParams, view_state=InversionState, presets=PRESETS,
 )
 
 __all__ = [
@@ -56,7 +57,7 @@ __all__ = [
     "DEFENCES", "NO_DEFENCE", "NO_DEFENCE_LABEL", "Defence", "GaussianNoise", "Quantise", "ShuffleBoth",
     "ShuffleDims", "ShufflePositions", "defence_label", "defence_names", "ORDERS", "Context", "EmbeddingOrder",
     "GradientOrder", "HybridOrder", "ModelOrder", "Order", "VocabOrder", "Vocabulary", "MAX_TOKENS",
-    "AttackParams", "CascadeParams", "InversionError", "build_defences", "make_defence", "make_order",
+    "AttackParams", "CascadeParams", "InversionError", "InversionState", "build_defences", "make_defence", "make_order",
     "method_fields", "method_settings", "users_of", "validate_params", "Probe", "check_layer", "observed_states",
     "token_text", "tokenize", "vocab_size", "AttackResult", "CascadeResult", "LayerPoint", "LayerSweep",
     "NoisePoint", "NoiseSweep", "PartyView", "SpeedComparison", "TokenRecovery", "SHARDINGS", "Blocks",

@@ -13,12 +13,12 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from analysis.errors import SettingsError
-from analysis.inversion.defences import DEFENCES, NO_DEFENCE, Defence
+from analysis.inversion.defences import DEFENCES, NO_DEFENCE, Defence, defence_label, defence_names
 from analysis.inversion.orders import ORDERS, Order
 from analysis.inversion.shardings import SHARDINGS
 from analysis.registry import Registry
 from analysis.results import Result
-from analysis.settings import check_settings, labelled, setting, url_name
+from analysis.settings import Flat, check_settings, labelled, like, setting, url_name
 
 MAX_TOKENS = 64
 FAMILIES: tuple[Registry, ...] = (DEFENCES, ORDERS)  # the method families whose settings AttackParams carries
@@ -53,21 +53,29 @@ def method_fields() -> list[tuple]:
 
 
 @dataclass
-class AttackParams(Result):
-    """Everything one reconstruction needs; every labelled field is validated from its description."""
+class AttackParams(Flat, Result):
+    """Everything one reconstruction needs; every labelled field is validated from its description. Page
+    groups: `prompt`, `row` (with the view state's defences), `order`, `methods` (each defence's and
+    order's settings)."""
 
-    prompt: str = setting("", label="Prompt (the secret the attacker tries to recover)", high=2000, cli=None)
-    layer: int = setting(1, label="Layer", low=0, high=1_000,
+    METHODS = (("methods", DEFENCES), ("methods", ORDERS))  # their settings travel flat: ?noise=0.3
+
+    prompt: str = setting("", label="Prompt (the secret the attacker tries to recover)", high=2000, cli=None,
+                          group="prompt")
+    layer: int = setting(1, label="Layer", low=0, high=1_000, group="row", width=130,
                          help="0 = token embeddings; k = residual stream after decoder block k.")
     defences: list[str] = field(default_factory=list)  # names from DEFENCES, applied in order
-    order: str = setting("hybrid", label="Proposal order", choices=ORDERS.names,
+    # as wide as "model + embedding proposals, then gradient inversion"
+    order: str = setting("hybrid", label="Proposal order", choices=ORDERS.names, labels=ORDERS.label, group="order",
+                         width=440,
                          help="Which candidates are tried first. Every order ends with the rest of the vocabulary, "
                               "and the distance check decides, so the order changes only the cost.")
     methods: dict[str, dict] = field(default_factory=dict)  # defence or order name -> its settings (defaults when absent)
     exhaustive: bool = False  # score the whole vocabulary at every position (the baseline)
     positions: int = setting(0, label="Positions", low=0, high=MAX_TOKENS, url=None,
                              help="Attack only the first N positions (0 = all).")
-    seed: int = setting(0, label="Defence seed", low=0, high=2**31 - 1, help="Seeds the permutations and the noise.")
+    seed: int = setting(0, label="Defence seed", low=0, high=2**31 - 1, group="row", width=140,
+                        help="Seeds the permutations and the noise.")
     max_tokens: int = setting(MAX_TOKENS, label="Token limit", low=1, url=None, cli=None)
     first_batch: int = setting(16, label="First batch", low=1, url=None, cli=None,
                                help="Candidates in the first batch; later batches grow 4x up to the largest.")
@@ -138,7 +146,7 @@ class CascadeParams(Result):
     layer: int = setting(1, label="Layer", low=0)
     parties: int = setting(2, label="Parties k", low=1, high=MAX_TOKENS,
                            help="Parties the positions are sharded across (at most one per token).")
-    sharding: str = setting("round_robin", label="Sharding", choices=SHARDINGS.names)
+    sharding: str = setting("round_robin", label="Sharding", choices=SHARDINGS.names, labels=SHARDINGS.label)
     attacker: int = setting(0, label="Attacking party", low=0, help="The party that tries to invert what it sees.")
     budget: int = setting(1_000_000, label="Brute-force budget (sequences)", low=1_000, high=5_000_000, step=50_000,
                           help="Largest brute-force run (candidate sequences) actually executed.")
@@ -149,3 +157,23 @@ class CascadeParams(Result):
         if self.attacker >= self.parties:
             raise SettingsError(f"Attacking party must be at most {self.parties - 1}, got {self.attacker}.")
 
+
+
+@dataclass
+class InversionState:
+    """The reconstruction page's own controls: the two defences it applies (AttackParams.defences), which
+    extra runs it shows, and the Cascade simulation's settings (described once, by CascadeParams)."""
+
+    perm: str = setting(NO_DEFENCE, label="Permutation defence", choices=lambda: defence_names("permutation"),
+                        labels=defence_label, group="row", width=300)
+    perturb: str = setting(NO_DEFENCE, label="Perturbation", choices=lambda: defence_names("perturbation"),
+                           labels=defence_label, group="row", width=180)
+    sweeps: bool = setting(True, label="Show the layer and noise sweeps",
+                           help="Re-runs the attack at every layer and at several noise levels per defence.")
+    exhaustive: bool = setting(True, label="Time exhaustive search",
+                               help="Exhaustive search scores every token per position. When that is long it runs "
+                                    "on the first position only and its time is extrapolated.")
+    parties: int = like(CascadeParams, "parties", width=130)
+    sharding: str = like(CascadeParams, "sharding", width=360)
+    attacker: int = like(CascadeParams, "attacker", width=140)
+    budget: int = like(CascadeParams, "budget", width=230)

@@ -1,5 +1,6 @@
 """`python -m analysis kv ...`: every policy at one budget, or a budget sweep; flags made from the settings
-of KvParams and of every policy (analysis/settings.py), so ranges and help are the page's."""
+of the panel's Params (KvParams, as ANALYSIS declares it) and of every policy (analysis/settings.py), so
+ranges and help are the page's, and a setting added to the Params is a flag with no edit here."""
 from __future__ import annotations
 
 import argparse
@@ -8,19 +9,27 @@ from analysis.errors import SettingsError
 from analysis.kv.analysis import analyze, budget_sweep
 from analysis.kv.longresp import LongResult, long_response
 from analysis.kv.metrics import sweep_metrics, table_metrics
-from analysis.kv.params import KvParams, policy_settings, validate_params
+from analysis.kv.params import KvParams, validate_params
 from analysis.kv.policies import POLICIES
 from analysis.settings import ArgumentParser, add_arguments, labelled, parse_text, read_arguments
 
-TASK_FIELDS = [(f, KvParams) for f in labelled(KvParams) if f.name != "sweep"]
-SWEEP_FIELD = next(f for f in labelled(KvParams) if f.name == "sweep")
+
+def params_class() -> type[KvParams]:
+    """The Params the panel declares (ANALYSIS.params: KvParams, or a subclass a test declares)."""
+    from analysis import panels
+
+    return panels.load("kv").params
+
+
+def task_fields() -> list[tuple]:
+    """Every flag but --sweep (its own flag, optional value): the Params' settings and the policies'."""
+    return [(f, owner) for f, owner in params_class().flat_fields() if f.name != "sweep"]
 
 
 def parser() -> argparse.ArgumentParser:
     ap = ArgumentParser(prog="python -m analysis kv", description="KV-cache eviction policies.")
     ap.add_argument("--model", default="zoo:shapes-lm", help="zoo:NAME, hub:ID[@REV] or local:PATH")
-    add_arguments(ap, TASK_FIELDS)
-    add_arguments(ap, POLICIES.settings())
+    add_arguments(ap, task_fields())
     ap.add_argument("--window", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sweep", nargs="?", const=",".join(map(str, KvParams().sweep)), default=None,
                     help="budget sweep instead, at these shares of the context (default 0.25,0.5,0.75)")
@@ -32,13 +41,14 @@ def params_from(args: argparse.Namespace) -> KvParams:
     if args.window is not None:
         raise SettingsError("--window is gone: each policy has its own (--snap-window for SnapKV/PyramidKV, "
                             "--morph-window for MorphKV's R; H2O splits the budget with --heavy-share).")
-    values = read_arguments(args, TASK_FIELDS)
+    cls = params_class()
+    values = read_arguments(args, task_fields())
     if args.sweep is not None:
         try:
-            values["sweep"] = parse_text(SWEEP_FIELD, args.sweep, KvParams)
+            values["sweep"] = parse_text(next(f for f in labelled(cls) if f.name == "sweep"), args.sweep, cls)
         except ValueError:
             raise SettingsError(f"--sweep takes comma-separated shares of the context, got '{args.sweep}'.") from None
-    return KvParams(**values, policies=policy_settings(**read_arguments(args, POLICIES.settings())))
+    return cls.from_flat(values)
 
 
 def cli(argv: list[str]) -> int:

@@ -35,7 +35,7 @@ class KvParams(Flat, Result):
     Page groups: `main` (one row), `policies` (each policy's settings), `retrieval` / `long` (the task's),
     `task` (both tasks'), `prompt`, `sweep` (drawn by the budget sweep)."""
 
-    METHODS = {"policies": POLICIES}  # the policies' own settings travel flat: ?snap_window=8, --snap-window 8
+    METHODS = (("policies", POLICIES),)  # the policies' own settings travel flat: ?snap_window=8, --snap-window 8
 
     task: str = setting("retrieval", label="Task", choices=list(TASKS), labels=TASKS, group="main", span=3,
                         help="Retrieval: needles hidden in a context, then asked (teacher-forced). Long response: the "

@@ -43,8 +43,10 @@ from analysis.sae_v.filtering import kept_subset, rank, ranked_rows, ranked_text
 from analysis.sae_v.modality import IMAGE, LABELS, MODALITY_NAMES, TEXT
 from analysis.sae_v.outside import SaeFitError, check_fit, hook_layer, load_outside
 from analysis.sae_v.params import (
-    BuildParams, ExplainParams, Keep, RankParams, SaeChoice, SteerParams, StoreParams, TrainParams, parse_steer,
+    BuildParams, ExplainParams, Keep, RankParams, SaeChoice, SaeState, SteerParams, StoreParams, TrainParams,
+    parse_steer,
 )
+from analysis.sae_v.presets import PRESETS
 from analysis.sae_v.rules import (
     SCORE_RULES, AllSharedRule, NormalisedRule, OfficialRule, ScoreRule, pair_scores, per_pair_max, rule_settings,
     same_omega, score_label, score_rule,
@@ -79,12 +81,12 @@ ANALYSIS = Analysis(
             "on, cross-modal scores, filtering your own image-caption data by those scores, and steering.",
     paper="SAE-V (ICML 2025)", kinds=("vlm", "causal_lm"),
     runs=(Run(rank, rank_work), Run(explain, explain_work), Run(steer, steer_work), Run(store_for, store_work),
-          Run(train, train_work)),
-    cli=cli,
+          Run(train, train_work, trains=True)),
+    cli=cli, params=SaeChoice, view_state=SaeState, presets=PRESETS,
 )
 
 __all__ = [
-    "ANALYSIS", "decoder_layers", "SettingsError", "Codec", "as_codec", "collect_activations", "iter_activations", "modality_scales",
+    "ANALYSIS", "SaeState", "decoder_layers", "SettingsError", "Codec", "as_codec", "collect_activations", "iter_activations", "modality_scales",
     "scaled", "ARCHITECTURES", "JumpReLU", "SaeType", "Standard", "TopK", "architecture_settings", "Trained",
     "available_saes", "build", "build_folder", "demo_folder", "is_stale", "model_fingerprint", "rebuild_store",
     "train", "cli", "explain_work", "rank_work", "steer_work", "store_work", "train_work", "DATASETS", "Dataset",

@@ -89,13 +89,16 @@ def server_path(locator: str, what: str) -> Path:
     if "local" not in cfg.models.sources:
         raise RefusedLocator(f"'{shown(text)}' names a path on the server, and this instance reads no server "
                              f"folders: choose {what} it offers.")
-    path = Path(text).expanduser().resolve()
     try:
         roots = allowed_roots()
     except Exception:
         roots = []
-    if path.exists() and any(path == r or r in path.parents for r in roots):
-        return path
+    try:  # a name the file system refuses (5,000 characters, a NUL) is refused like any other (#39.9)
+        path = Path(text).expanduser().resolve()
+        if path.exists() and any(path == r or r in path.parents for r in roots):
+            return path
+    except (OSError, ValueError, RuntimeError):
+        pass
     hint = " (the folders it may read are set by MODEL_INSPECTOR_ROOTS)" if not cfg.path else ""
     raise RefusedLocator(f"'{shown(text)}' is not {what} this server can read{hint}.")
 

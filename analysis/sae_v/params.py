@@ -13,7 +13,9 @@ from analysis.errors import SettingsError
 from analysis.results import Result
 from analysis.sae_v.architectures import ARCHITECTURES, SaeType, architecture_settings
 from analysis.sae_v.rules import SCORE_RULES, ScoreRule, rule_settings
-from analysis.settings import check_settings, field_default, labelled, setting
+from analysis.sae_v.modality import LABELS
+from analysis.sae_v.rules import OfficialRule
+from analysis.settings import check_settings, field_default, labelled, like, setting
 
 
 def _without_defaults(registry, nested: dict[str, dict]) -> dict[str, dict]:
@@ -270,3 +272,34 @@ def parse_steer(items: list[str]) -> dict[int, float]:
 
 __all__ = ["TrainParams", "StoreParams", "BuildParams", "SaeChoice", "RankParams", "Keep", "ExplainParams",
            "SteerParams", "parse_steer", "architecture_settings", "rule_settings"]
+
+
+VIEWS = {"list": "Feature list", "feature": "Feature page", "explain": "Explain an input", "ranking": "Data ranking"}
+SORTS = ["omega", "density", "modality", "concept precision", "feature"]  # components/figures/sae.py's SORTS
+
+
+@dataclass
+class SaeState:
+    """The SAE-V page's own controls: which SAE on which data, which view, and each view's controls (the
+    settings of the runs they start are described once, by RankParams, Keep, SteerParams and the rules)."""
+
+    sae: str = setting("", label="SAE", high=2000)
+    slayer: int = setting(-1, label="Layer of an SAE from elsewhere", low=-1, high=10_000)
+    data: str = setting("", label="Data", high=2000)
+    view: str = setting("list", label="View", choices=list(VIEWS), labels=VIEWS, widget="segmented")
+    sort: str = setting("omega", label="Sort by", choices=SORTS)
+    labels: list[str] = setting(label="Modality", item=str, choices=list(LABELS), allow_empty=True,
+                                default_factory=lambda: ["cross-modal", "text-only", "image-only"],
+                                help="Show the features of these modality labels (dead: never active on these pairs).")
+    feature: int = setting(0, label="Feature", low=0, high=1 << 20)
+    spair: int = setting(0, label="Steer on the image of pair", low=0, high=1_000_000)
+    img: int = setting(0, label="Scene (pair index)", low=0, high=1_000_000)
+    steer: str = setting("", label="Features (feature=strength, comma-separated)", high=200, width=260)
+    mode: str = like(SteerParams, "mode")
+    at: str = like(SteerParams, "positions")
+    tokens: int = like(SteerParams, "max_new_tokens")
+    sprompt: str = like(SteerParams, "prompt", width="stretch")
+    rule: str = like(RankParams, "rule", width="stretch")
+    by: str = like(RankParams, "by", width=300)
+    thr: float = like(OfficialRule, "cooccur_threshold")
+    keep: float = like(Keep, "keep", width=400)

@@ -17,6 +17,7 @@ import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from analysis import config
 from analysis.errors import SettingsError
 from analysis.models import ModelHandle
 from analysis.sae_v import types as T
@@ -200,8 +201,9 @@ def store_for(handle: ModelHandle, choice: SaeChoice, progress: Progress | None 
     if (folder / STORE_FILE).is_file():
         return _stored(folder)
     store = build_store(handle, choice, progress, source)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_store(store, folder)
+    if not config.current().read_only():  # a read-only instance keeps it in memory only (#39: nothing shared written)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_store(store, folder)
     return store
 
 

@@ -34,7 +34,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis import images
+from analysis import images, uploads
 from analysis.errors import SettingsError
 from analysis.sae_v import access
 from analysis.sae_v import types as T
@@ -82,6 +82,9 @@ def upload_root() -> Path:
     return T.CACHE_ROOT / "uploads"
 
 
+uploads.register(upload_root)  # the server sweeps expired uploads (analysis/uploads.py)
+
+
 def resolve(locator: str) -> Path:
     """The folder or file a data locator names: `upload:SHA` (an extracted zip, where uploads are on) or a
     path on the server, where this instance reads server paths and under its allowed roots (analysis/sae_v/
@@ -102,36 +105,55 @@ def _hex(text: str) -> str:
     return text
 
 
-def save_zip(data: bytes, name: str = "the zip") -> str:
-    """Extract an uploaded zip into this server's cache (content-addressed) and return its locator."""
-    if len(data) > MAX_ZIP_BYTES:
-        raise DataError(f"{name} is {len(data) / 2**20:.1f} MB; zips up to {MAX_ZIP_BYTES / 2**20:g} MB are accepted "
-                        "(point at a folder on the server for more).")
+def zip_limit_bytes() -> int:
+    """The largest zip this instance takes: the configuration's `uploads.max_mb`, at most MAX_ZIP_BYTES."""
+    from analysis import config
+
+    return min(MAX_ZIP_BYTES, int(config.current().uploads.max_mb * 2**20))
+
+
+def save_zip(data: bytes, name: str = "the zip", owner: str = "") -> str:
+    """Extract an uploaded zip into this server's upload area (content-addressed) and return its locator.
+    The area's limits (analysis/uploads.py: files, bytes per visitor and in all, expiry) hold for the
+    unpacked size; `owner` is the visitor's id. A refused or broken zip leaves nothing on disk."""
+    limit = zip_limit_bytes()
+    if len(data) > limit:
+        raise DataError(f"{name} is {len(data) / 2**20:.1f} MB; zips up to {limit / 2**20:g} MB are accepted here.")
     sha = hashlib.sha256(data).hexdigest()
-    target = upload_root() / sha
-    if target.is_dir():
+    area = uploads.UploadArea(upload_root())
+    if (area.root / sha).is_dir():
         return f"upload:{sha}"
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
         members = [m for m in archive.infolist() if not m.is_dir()]
-    except (zipfile.BadZipFile, OSError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
         raise DataError(f"{name} is not a zip file that can be read ({exc}).") from None
-    if len(members) > MAX_ZIP_FILES or sum(m.file_size for m in members) > MAX_UNZIPPED_BYTES:
-        raise DataError(f"{name} holds too much ({len(members)} files, {sum(m.file_size for m in members) / 2**20:.0f} "
+    unpacked = sum(m.file_size for m in members)
+    if len(members) > MAX_ZIP_FILES or unpacked > MAX_UNZIPPED_BYTES:
+        raise DataError(f"{name} holds too much ({len(members)} files, {unpacked / 2**20:.0f} "
                         f"MB unpacked; at most {MAX_ZIP_FILES} files and {MAX_UNZIPPED_BYTES / 2**20:g} MB).")
-    tmp = target.with_name(sha + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
     for m in members:
-        parts = Path(m.filename).parts
-        if m.filename.startswith(("/", "\\")) or ".." in parts or (m.external_attr >> 16) & 0o170000 == 0o120000:
+        if m.filename.startswith(("/", "\\")) or ".." in Path(m.filename).parts or \
+                (m.external_attr >> 16) & 0o170000 == 0o120000:
             raise DataError(f"{name} has an unsafe entry '{m.filename}' (absolute, '..' or a link); nothing was "
                             "extracted.")
-        out = tmp.joinpath(*parts)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(archive.read(m))
-    inner = _single_folder(tmp)
-    inner.rename(target)
-    shutil.rmtree(tmp, ignore_errors=True)
+    owner = uploads.owner_key(owner)
+    with area.writing(sha, owner, what=f"{name} unpacked") as (tmp, room):
+        if unpacked > room:
+            raise area.too_big(f"{name} unpacked", unpacked, room)
+        try:
+            for m in members:
+                out = tmp.joinpath(*Path(m.filename).parts)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(m) as src, open(out, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+            raise DataError(f"{name} cannot be unpacked ({exc}); nothing was kept.") from None
+        inner = _single_folder(tmp)
+        if inner != tmp:  # a zip of one folder: that folder is the data
+            inner.rename(tmp.with_name(tmp.name + ".inner"))
+            shutil.rmtree(tmp)
+            tmp.with_name(tmp.name + ".inner").rename(tmp)
     return f"upload:{sha}"
 
 
@@ -449,18 +471,12 @@ def pair_image(pairs: PairSet, i: int):
 # Single images given to explain or steer: kept by content hash in this server's cache
 
 
-def save_image(data: bytes, name: str = "The file") -> str:
-    """Check an uploaded image (the one decoder, analysis/images.py) and keep it; returns `sha:HEX`."""
+def save_image(data: bytes, name: str = "The file", owner: str = "") -> str:
+    """Check an uploaded image (the one decoder, analysis/images.py) and keep it in the upload area (its
+    limits as for zips; `owner` is the visitor's id); returns `sha:HEX`."""
     images.open_image(data, name=name)
     sha = hashlib.sha256(data).hexdigest()
-    folder = upload_root() / "images"
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{sha}.img"
-    if not target.is_file():
-        target.write_bytes(data)
-    old = sorted(folder.glob("*.img"), key=lambda p: p.stat().st_mtime)
-    for p in old[:-200]:  # a bounded cache: the 200 most recent uploads
-        p.unlink(missing_ok=True)
+    uploads.UploadArea(upload_root()).add_file(f"images/{sha}.img", data, uploads.owner_key(owner), what=name)
     return f"sha:{sha}"
 
 

@@ -9,7 +9,7 @@ loaded model. Read in this order:
 - `lemma.py`: the lemma without a model;
 - `heads.py`: per layer/head statistics of the recorded row;
 - `prompt.py`: one prompt of the user's own;
-- `params.py`, `scoring.py`, `sweep.py`, `records.py`: the size sweep on the model's retrieval prompts
+- `params.py` (SweepParams; SharpnessState, the page's own controls), `presets.py`, `scoring.py`, `sweep.py`, `records.py`: the size sweep on the model's retrieval prompts
   (analysis/tasks/retrieval.py: max retrieval for the demo LM, key-value recall for a real LM) and its
   results;
 - `cost.py`: their work counts; `cli.py`: `python -m analysis sharpness`.
@@ -26,9 +26,10 @@ from analysis.sharpness.errors import SharpnessError
 from analysis.sharpness.heads import HeadStats, head_stats, mean_stats, row_stats
 from analysis.sharpness.lemma import LemmaCurve, LemmaParams, LemmaResult, lemma_demo
 from analysis.sharpness.params import (
-    DEFAULT_NS, DEFAULT_THETAS, LARGE_MODEL_NS, LARGE_MODEL_SAMPLES, LARGE_MODEL_THETAS, SweepParams,
-    default_params, validate_params,
+    DEFAULT_NS, DEFAULT_THETAS, LARGE_MODEL_NS, LARGE_MODEL_SAMPLES, LARGE_MODEL_THETAS, N_CHOICES, THETA_CHOICES,
+    SharpnessState, SweepParams, default_params, validate_params,
 )
+from analysis.sharpness.presets import PRESETS
 from analysis.sharpness.prompt import PromptParams, PromptResult, analyse_prompt, find_span, prompt_ids
 from analysis.sharpness.records import RunStats, SizePoint, SweepResult
 from analysis.sharpness.rules import (
@@ -46,14 +47,14 @@ ANALYSIS = Analysis(
             "adaptive-temperature rule.",
     paper="Softmax is not enough (ICML 2025)", kinds=("causal_lm", "vlm"),
     runs=(Run(size_sweep, sweep_work), Run(analyse_prompt, prompt_work)),
-    cli=cli,
+    cli=cli, params=SweepParams, view_state=SharpnessState, presets=PRESETS,
 )
 
 __all__ = [
     "ANALYSIS", "Recorder", "attention_rule", "tempered_attention", "temperature_patch",
     "tempered_logits", "cli", "TEMPERATURE_OVERHEAD", "prompt_work", "sweep_work", "SharpnessError", "HeadStats",
     "head_stats", "mean_stats", "row_stats", "LemmaCurve", "LemmaParams", "LemmaResult", "lemma_demo", "DEFAULT_NS",
-    "DEFAULT_THETAS", "LARGE_MODEL_NS", "LARGE_MODEL_SAMPLES", "LARGE_MODEL_THETAS", "SweepParams",
+    "DEFAULT_THETAS", "LARGE_MODEL_NS", "LARGE_MODEL_SAMPLES", "LARGE_MODEL_THETAS", "N_CHOICES", "THETA_CHOICES", "SharpnessState", "SweepParams",
     "default_params", "validate_params", "PromptParams", "PromptResult", "analyse_prompt", "find_span",
     "prompt_ids", "RunStats", "SizePoint", "SweepResult", "ADAPTIVE_MIN_ENTROPY", "ADAPTIVE_POLY", "RULES",
     "SOFTMAX", "AdaptiveTheta", "FixedTheta", "Rule", "Softmax", "Temperature", "adaptive_beta", "beta_curve",

@@ -19,7 +19,7 @@ import torch
 from analysis import backends
 from analysis.models import ModelHandle
 from analysis.sharpness.errors import SharpnessError
-from analysis.sharpness.rules import Temperature, row_entropy, rule_beta, tempered_softmax
+from analysis.sharpness.rules import Rule, Temperature, method_softmax, row_entropy
 
 
 @dataclass
@@ -46,14 +46,18 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
 
 
-def tempered_attention(rule: Temperature, row: int, record: bool, layer: int, query, key, value, attention_mask,
-                       scaling=None, softcap=None):
-    """Eager attention with `rule` in layer `layer` (dropout never applied: analysis runs in eval mode).
+def tempered_attention(method: Rule, layers: tuple[int, ...] | None, row: int, record: bool, layer: int, query, key,
+                       value, attention_mask, scaling=None, softcap=None):
+    """Eager attention with the rule `method` in layer `layer` if it is among `layers` (None: all), else
+    plain softmax (dropout never applied: analysis runs in eval mode).
 
     Returns (output (B, T, H, d), probabilities used, record of query row `row`: its logits s, the
     probabilities, the entropy of plain softmax(s) and the β applied), the signature of a backend's
-    `AttentionRule`."""
-    rule = rule.in_layer(layer)
+    `AttentionRule`. Its arguments are what a remote request ships by value, so they are the rule's method
+    and plain values, never its `Temperature` (a result class: with it would go the result-loading code,
+    which refers to this checkout's modules by name, and NDIF has none of them)."""
+    if layers is not None and layer not in layers:
+        method = None
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     groups = query.shape[1] // key.shape[1]
@@ -65,20 +69,21 @@ def tempered_attention(rule: Temperature, row: int, record: bool, layer: int, qu
     if attention_mask is not None:
         scores.add_(attention_mask[:, :, :, : key.shape[-2]])
     row_scores = scores[:, :, row, :].float().clone() if record else None
-    probs, _, _ = tempered_softmax(scores, rule, inplace=True)  # scores is ours: overwrite it
+    probs, _, _ = method_softmax(scores, method, inplace=True)  # scores is ours: overwrite it
     probs = probs.to(value.dtype)
     output = torch.matmul(probs, value).transpose(1, 2).contiguous()
     kept = {}
     if record:
         raw_entropy = row_entropy(row_scores)
         kept = dict(scores=row_scores, probs=probs[:, :, row, :].float(), raw_entropy=raw_entropy,
-                    beta=rule_beta(rule, raw_entropy))
+                    beta=torch.ones_like(raw_entropy) if method is None else method.beta(raw_entropy))
     return output, probs, kept
 
 
 def attention_rule(rule: Temperature, recorder: Recorder | None = None) -> backends.AttentionRule:
     row = recorder.row if recorder is not None else -1
-    return backends.AttentionRule(functools.partial(tempered_attention, rule, row, recorder is not None))
+    return backends.AttentionRule(functools.partial(tempered_attention, rule.rule, rule.layers, row,
+                                                    recorder is not None))
 
 
 @contextlib.contextmanager

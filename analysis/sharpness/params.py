@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from analysis.results import Result
-from analysis.settings import check_settings, setting
+from analysis.settings import Flat, check_settings, like, setting
 from analysis.sharpness.errors import SharpnessError
+from analysis.sharpness.lemma import LemmaParams
+from analysis.sharpness.prompt import PromptParams
 from analysis.sharpness.rules import RULES, Temperature
 
 DEFAULT_NS = (4, 8, 16, 32, 64, 128)
@@ -22,15 +24,26 @@ LARGE_MODEL_SAMPLES = 4
 LARGE_MODEL_THETAS = (0.5, 1.0, 2.0)  # softmax, adaptive θ and two fixed θ: 4 rules instead of 7
 
 
+N_CHOICES = [2, 4, 8, 16, 32, 64, 128, 256, 512]  # the item counts the page offers (the CLI takes any)
+THETA_CHOICES = ["0.125", "0.25", "0.5", "1", "2", "4", "adaptive"]
+
+
 @dataclass
-class SweepParams(Result):
+class SweepParams(Flat, Result):
+    """Page groups: `lists` (the item counts, beside the view state's layers), `row` (with the rules')."""
+
+    METHODS = (("rules", RULES),)  # the adaptive rule's threshold travels flat: ?min_entropy=0.5
+
+    # pills, not a multiselect: every choice a one-click toggle, wrapped (a multiselect's chips scrolled
+    # sideways and hid 64 and 128 at 1024 px)
     ns: list[int] = setting(label="Item counts n", item=int, low=2, high=100_000, min_items=1, cli="n",
-                            default_factory=lambda: list(DEFAULT_NS),
+                            default_factory=lambda: list(DEFAULT_NS), widget="pills",
+                            offer=N_CHOICES, group="lists",
                             help="How many items each retrieval prompt lists (comma-separated on the command line).")
     thetas: list[float] = setting(label="Fixed temperatures θ", item=float, low=1e-6, high=1e6, url=None,
                                   default_factory=lambda: list(DEFAULT_THETAS),
                                   help="Every head runs at each of these θ in turn (θ = 1 is softmax itself).")
-    samples: int = setting(32, label="Prompts per n", low=1, high=10_000,
+    samples: int = setting(32, label="Prompts per n", low=1, high=10_000, group="row", width=120,
                            help="Prompts per item count; every rule sees the same prompts.")
     seed: int = setting(0, label="Seed", low=0, high=2**31 - 1, url=None,
                         help="The prompts of each n use seeds seed, seed + 1, ...")
@@ -43,6 +56,28 @@ class SweepParams(Result):
         only = tuple(self.layers) if self.layers is not None else None
         return [Temperature(), Temperature("adaptive", self.rules.get("adaptive", {}), only)] + [
             Temperature.fixed(t, only) for t in self.thetas if t != 1.0]
+
+
+@dataclass
+class SharpnessState:
+    """The sharpness page's own controls: the layers the temperature applies in (SweepParams.layers: all of
+    them is None), the rule and token counting its views use, the head they show, the lemma's spread and
+    the user's own prompt (described once, by LemmaParams and PromptParams)."""
+
+    tlayers: list[int] = setting(label="Apply the temperature in layers", item=int, allow_empty=True,
+                                 widget="pills", group="lists", default_factory=list,
+                                 help="θ and adaptive θ act in these layers only; the others keep plain "
+                                      "softmax. The paper applies it everywhere.")
+    theta: str = setting("adaptive", label="Temperature θ", choices=THETA_CHOICES, widget="slider", group="row",
+                         width=220, help="θ < 1 sharpens, θ > 1 flattens; 'adaptive' is the paper's rule.")
+    sink: bool = setting(True, label="Count first token", group="row",
+                         help="Off: drop the first (attention-sink) token and renormalise before measuring.")
+    layer: int = setting(0, label="Layer", low=0, high=10_000, width=90)
+    head: int = setting(0, label="Head", low=0, high=10_000, width=90)
+    spread: float = like(LemmaParams, "spread", group="lemma")
+    text: str = like(PromptParams, "text", group="prompt")
+    target: str = like(PromptParams, "target", group="prompt")
+    n_view: int = setting(128, label="n for the views below", low=2, high=100_000)
 
 
 def default_params(handle) -> SweepParams:

@@ -55,8 +55,9 @@ def find_span(tokenizer, ids: list[int], target: str) -> list[int]:
     raise SharpnessError(f"The target '{target}' does not occur in the prompt's tokens.")
 
 
-def analyse_prompt(handle: ModelHandle, params: PromptParams) -> PromptResult:
-    """Per layer/head sharpness of the last token's attention on a user prompt."""
+def analyse_prompt(handle: ModelHandle, params: PromptParams, progress=None) -> PromptResult:
+    """Per layer/head sharpness of the last token's attention on a user prompt (two forwards: `progress`
+    is told after each, as the runner's other analyses tell it)."""
     if not params.text.strip():
         raise SharpnessError("Enter a prompt: the statistics are about how its last token attends.")
     check_settings(params)
@@ -74,6 +75,8 @@ def analyse_prompt(handle: ModelHandle, params: PromptParams) -> PromptResult:
         rec = Recorder()
         logits = tempered_logits(handle, x, rule, rec, keep=1)
         runs[name] = (rec, tok.decode([int(logits[0, -1].argmax())]))
+        if progress is not None:
+            progress(len(runs) / 2, name)
     stats = {}
     for name, (rec, _) in runs.items():
         stats[name] = mean_stats([head_stats(rec, [span], False)])

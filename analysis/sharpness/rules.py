@@ -130,7 +130,7 @@ class AdaptiveTheta(Rule):
     colour: ClassVar[str] = "#ef553b"
     needs_entropy: ClassVar[bool] = True
     min_entropy: float = setting(ADAPTIVE_MIN_ENTROPY, label="Adaptive θ: rows left alone up to H (nats)",
-                                 low=0.0, high=10.0, step=0.1,
+                                 low=0.0, high=10.0, step=0.1, width=220,
                                  help="Rows whose softmax entropy is at most this keep β = 1 (the paper: 0.5).")
 
     def beta(self, entropy: torch.Tensor) -> torch.Tensor:
@@ -222,9 +222,15 @@ def tempered_softmax(scores: torch.Tensor, rule: Temperature, inplace: bool = Fa
     the rule needed them (`row_entropy` gives them when wanted). `inplace` lets it overwrite float32
     `scores` (saves one allocation per attention call).
     """
+    return method_softmax(scores, rule.rule, inplace)
+
+
+def method_softmax(scores: torch.Tensor, method: Rule | None, inplace: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """`tempered_softmax` with the rule's method itself (None: plain softmax). What travels with a remote
+    request is the method, not its `Temperature` (a result class, whose loading code stays here)."""
     s = scores.to(torch.promote_types(scores.dtype, torch.float32))  # never softmax in half precision
-    method = rule.rule
-    if isinstance(method, Softmax):
+    if method is None or isinstance(method, Softmax):
         return torch.softmax(s, dim=-1), None, None
     # β·s of a masked key overflows to -inf, which softmax handles (and fast); a fully masked row
     # (a padding query) would become all -inf, so it keeps β = 1 and stays uniform as in eager.

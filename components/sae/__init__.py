@@ -2,9 +2,3 @@
 with its exports, and steering side by side. The page (views/sae_features.py) reads the controls and runs
 the analyses through the shared runner; these functions only render what it hands them."""
 
-
-def uploads_enabled() -> bool:
-    """Whether this instance takes uploads at all (the deployment configuration, components/hosting.py)."""
-    from components import hosting
-
-    return hosting.settings().uploads.enabled

@@ -44,7 +44,7 @@ class KvView(View):
         # a shorter context on a large model; the page's sweep averages two prompts (the CLI's one)
         return {"context": default_for(page.handle, kv.KvParams.context, 96), "examples": 2}
 
-    def validate(self, params: kv.KvParams) -> None:
+    def validate(self, page: Page, params: kv.KvParams) -> None:
         kv.validate_params(params, check_budget=False)
 
     def run(self, page: Page, params: kv.KvParams):
@@ -91,28 +91,7 @@ def show_retrieval(page: Page, params: kv.KvParams, result: kv.KvResult) -> None
             "Red triangles mark the needles (key and value). StreamingLLM shows two bands (sinks + recent); H2O, "
             "SnapKV and MorphKV a pattern that keeps changing per head; TOVA the same set for every head.")
 
-    st.subheader(f"All policies at budget {params.budget}: equal entries")
-    st.dataframe(F.summary_rows(result), hide_index=True)
-    explain("Every policy ran on exactly the same tokens as the full cache (teacher forcing), so the numbers "
-            "compare like with like. KL and ΔNLL are per predicted token against the full cache; attention recall "
-            "is the share of the full cache's attention (same step, same layer) that falls on the entries the "
-            "policy still held; needle survival is the share of the asked-for key/value tokens still cached when "
-            "the answer is predicted, averaged over layers and heads; time is per decode step, eviction included. "
-            "Every policy in this table holds the budget once the context exceeds it (PyramidKV: its official "
-            "per-layer schedule, at least the budget on average): SnapKV and PyramidKV evict at every decode step "
-            "too. MorphKV selects before each query attends (as its code does), the others after.")
-    variant_rows = F.summary_rows(result, variants=True)
-    if variant_rows:
-        st.markdown("**Labelled variants** (not part of the equal-entries comparison)")
-        st.dataframe(variant_rows, hide_index=True)
-        explain("The prefill-only variants compress the prompt once, as SnapKV's and PyramidKV's official code "
-                "does, and then grow by one entry per decode step, so they hold more than the budget when the answer "
-                "is predicted (see the cache column). The MorphKV variant is the later Llama rule of its repository "
-                "(8903d2a: the group's logits summed before one softmax, W scoring queries); the default MorphKV is "
-                "the code released with the paper (36fefc7: a softmax per query head, then the max over the group).")
-    if task.answer_positions:
-        st.dataframe(F.answer_rows(result), hide_index=True)
-        explain("One row per asked key: did each policy's top prediction equal the true value?")
+    policies_tables(params, result)
     charts_side_by_side((F.step_metric_figure(result, "kl"), "kv_kl"),
                         (F.survival_figure(chosen, result.layers), "kv_survival"))
     explain("KL per predicted token: how far each policy's next-token distribution is from the full cache's at "
@@ -141,13 +120,39 @@ def show_retrieval(page: Page, params: kv.KvParams, result: kv.KvResult) -> None
               tables={"policies": F.summary_rows(result)})
 
 
+def policies_tables(params: kv.KvParams, result: kv.KvResult) -> None:
+    """Every policy against the full cache at this budget, the labelled variants, the answers per key."""
+    st.subheader(f"All policies at budget {params.budget}: equal entries")
+    st.dataframe(F.summary_rows(result), hide_index=True)
+    explain("Every policy ran on exactly the same tokens as the full cache (teacher forcing), so the numbers "
+            "compare like with like. KL and ΔNLL are per predicted token against the full cache; attention recall "
+            "is the share of the full cache's attention (same step, same layer) that falls on the entries the "
+            "policy still held; needle survival is the share of the asked-for key/value tokens still cached when "
+            "the answer is predicted, averaged over layers and heads; time is per decode step, eviction included. "
+            "Every policy in this table holds the budget once the context exceeds it (PyramidKV: its official "
+            "per-layer schedule, at least the budget on average): SnapKV and PyramidKV evict at every decode step "
+            "too. MorphKV selects before each query attends (as its code does), the others after.")
+    variant_rows = F.summary_rows(result, variants=True)
+    if variant_rows:
+        st.markdown("**Labelled variants** (not part of the equal-entries comparison)")
+        st.dataframe(variant_rows, hide_index=True)
+        explain("The prefill-only variants compress the prompt once, as SnapKV's and PyramidKV's official code "
+                "does, and then grow by one entry per decode step, so they hold more than the budget when the answer "
+                "is predicted (see the cache column). The MorphKV variant is the later Llama rule of its repository "
+                "(8903d2a: the group's logits summed before one softmax, W scoring queries); the default MorphKV is "
+                "the code released with the paper (36fefc7: a softmax per query head, then the max over the group).")
+    if result.task.answer_positions:
+        st.dataframe(F.answer_rows(result), hide_index=True)
+        explain("One row per asked key: did each policy's top prediction equal the true value?")
+
+
 @st.fragment
 def budget_sweep_section(page: Page, params: kv.KvParams) -> kv.SweepResult | None:
     """Computed on demand (a Run button) unless this server already has it; reruns alone."""
     st.subheader("Budget sweep")
     values = page.draw(st.container(), "sweep", defaults=page.view.defaults(page))
-    page.form.mirror()
-    sweep_params = kv.KvParams.from_dict({**params.to_dict(), **values, "policy": "full", "budget": 1})
+    page.mirror()
+    sweep_params = type(params).from_dict({**params.to_dict(), **values, "policy": "full", "budget": 1})
     sweep = page.run("sweep", kv.budget_sweep, sweep_params, label="Sweeping budgets ...", on_demand=True,
                      names=kv.main_policies())
     shares = ", ".join(f"{s:.0%}" for s in sweep_params.sweep)

@@ -161,7 +161,7 @@ def every_step_asks(monkeypatch):
     monkeypatch.setattr(runs, "ASK_ABOVE_S", 0.0)
     runs.run_store().clear()
     calls = {}
-    for name in ("caption_upload", "verify_scene", "verify_upload", "rewrite_verified"):
+    for name in ("caption_upload", "correct_scene", "correct_upload"):
         real = getattr(C, name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
@@ -171,6 +171,13 @@ def every_step_asks(monkeypatch):
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(C, name, functools.wraps(real)(counted))  # same name: the same estimator
+    real_verify = C.pipeline.verify_caption
+
+    def verified(*args, **kwargs):  # inside the one run: verification, done again only when it must be
+        calls["verify"] = calls.get("verify", 0) + 1
+        return real_verify(*args, **kwargs)
+
+    monkeypatch.setattr(C.pipeline, "verify_caption", verified)
 
     def trained_answer(lm, prompt, max_new_tokens=64, add_special_tokens=True):
         """What the demo LM answers (the tiny VLM's own random LM says nothing useful)."""
@@ -185,23 +192,21 @@ def every_step_asks(monkeypatch):
 OWN_LM = "the VLM's own language model"
 
 
-def test_scene_steps_wait_for_their_run_buttons(shapes_llava_spec, every_step_asks):
-    """Verification and the LM rewrite of a scene each show their estimate and a Run button; nothing is
-    computed before the press, and the result follows the last one."""
+def test_scene_correction_waits_for_its_run_button(shapes_llava_spec, every_step_asks):
+    """The page's one run (decompose, verify, rewrite: analysis/captions) shows its estimate and a Run
+    button; nothing is computed before the press, and the result follows it."""
     at = _pasted(shapes_llava_spec, W.caption(W.generate_scene(20000003)), dec="shapes-lm", rew="shapes-lm",
                  lm=OWN_LM, pi="0", ground="0")
     assert not at.exception and not _errors(at)
-    assert _gate(at) == "Verifying claims" and not at.dataframe and not every_step_asks
-    _press(at)
-    assert _gate(at) == "Rewriting the caption" and not at.dataframe
-    assert every_step_asks == {"verify_scene": 1}
+    assert _gate(at) == "Correcting the caption" and not at.dataframe and not every_step_asks
     _press(at)
     assert not _gate(at) and len(at.dataframe[0].value) > 0
-    assert every_step_asks == {"verify_scene": 1, "rewrite_verified": 1}
+    assert every_step_asks == {"correct_scene": 1, "verify": 1}
 
 
 def test_upload_steps_wait_for_their_run_buttons(shapes_llava_spec, every_step_asks):
-    """An uploaded image's caption, verification and rewrite (runs keyed by the image's bytes) ask the same way."""
+    """An uploaded image's caption, then its correction (runs keyed by the image's bytes), ask the same way;
+    moving π asks for the rewrite only (the verification is kept inside the analysis)."""
     at = app_with_model(shapes_llava_spec, PAGE, query={"src": "upload", "cap": "vlm", "dec": "shapes-lm",
                                                         "rew": "shapes-lm", "lm": OWN_LM, "pi": "0", "ground": "0"})
     at.file_uploader(key="cap_upload").set_value(("scene.png", _scene_png(), "image/png")).run()
@@ -209,18 +214,15 @@ def test_upload_steps_wait_for_their_run_buttons(shapes_llava_spec, every_step_a
     assert _gate(at) == "Captioning" and not every_step_asks
     assert not [t for t in at.text_area if "generated" in t.label]
     _press(at)
-    assert _gate(at) == "Verifying claims" and every_step_asks == {"caption_upload": 1}
+    assert _gate(at) == "Correcting the caption" and every_step_asks == {"caption_upload": 1}
     assert [t for t in at.text_area if "generated" in t.label]
     _press(at)
-    assert _gate(at) == "Rewriting the caption" and not at.dataframe
-    assert every_step_asks == {"caption_upload": 1, "verify_upload": 1}
-    _press(at)
     assert not _gate(at) and len(at.dataframe[0].value) > 0
-    assert every_step_asks == {"caption_upload": 1, "verify_upload": 1, "rewrite_verified": 1}
+    assert every_step_asks == {"caption_upload": 1, "correct_upload": 1, "verify": 1}
     done = dict(every_step_asks)
-    at.slider(key="cap_pi").set_value(0.05).run()  # another rewrite; caption and verification are stored
-    assert _gate(at) == "Rewriting the caption" and every_step_asks == done
+    at.slider(key="cap_pi").set_value(0.05).run()  # another rewrite; caption and verification are kept
+    assert _gate(at) == "Correcting the caption" and every_step_asks == done
     _press(at)
-    assert not _gate(at) and every_step_asks == {**done, "rewrite_verified": 2}
-    at.slider(key="cap_pi").set_value(0.0).run()  # back: that rewrite is stored, nothing is asked or run
-    assert not _gate(at) and len(at.dataframe[0].value) > 0 and every_step_asks == {**done, "rewrite_verified": 2}
+    assert not _gate(at) and every_step_asks == {**done, "correct_upload": 2}  # no second verification
+    at.slider(key="cap_pi").set_value(0.0).run()  # back: that result is stored, nothing is asked or run
+    assert not _gate(at) and len(at.dataframe[0].value) > 0 and every_step_asks == {**done, "correct_upload": 2}

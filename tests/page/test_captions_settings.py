@@ -155,7 +155,7 @@ def test_page_gives_the_class_message_for_a_negative_pi_in_the_url(shapes_llava_
                                "ground": "0", "pi": "-1"})
     assert not at.exception, at.exception
     assert any("threshold π must be at least 0" in e.value for e in at.error)
-    assert at.slider(key="cap_pi").value == C.DEFAULT_PI
+    assert at.slider(key="cap_pi").value == 0.0  # the nearest allowed value (components/params_form.py)
 
 
 def test_demo_verifier_answers_the_question_so_there_is_no_mass_warning():

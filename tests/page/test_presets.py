@@ -2,7 +2,6 @@
 finding its sentence promises on the demo zoo (numbers read from the page itself)."""
 from __future__ import annotations
 
-import importlib
 import re
 
 import pytest
@@ -11,8 +10,8 @@ from analysis import panels
 from analysis import presets as P
 from analysis.models import ModelSpec, zoo_models
 from analysis.settings import labelled, url_name
-from components.registry import PANELS, ROOT
-from components.view import params_fields, url_fields
+from components.registry import PANELS
+from components.view import url_fields
 from conftest import app_with_model, zoo_model_ready
 
 PAGE_OF = {p.url_path: f"views/{p.page}" for p in PANELS}
@@ -20,31 +19,12 @@ ANALYSIS_PANELS = [p for p in PANELS if p.paper]
 HAS_ZOO = {"shapes-lm", "shapes-vlm", "shapes-vlm-weak"} <= set(zoo_models())
 
 
-def _resolve(dotted: str):
-    """`kv.KvParams` or `kv.POLICIES` as a page names it (`from analysis import kv`)."""
-    module, *attrs = dotted.split(".")
-    obj = importlib.import_module(f"analysis.{module}")
-    for attr in attrs:
-        obj = getattr(obj, attr)
-    return obj
-
-
 ANALYSIS_OF = {a.url_path: a for a in panels.analyses()}
 
 
 def _url_names(panel: str) -> set[str]:
     """The URL names the panel's page reads: its fields' (Params and view state)."""
-    analysis = ANALYSIS_OF[panel]
-    if analysis.params is not None:
-        return set(url_fields(analysis))
-    source = (ROOT / PAGE_OF[panel]).read_text()  # a page not yet declared through components/view.py
-    names = set(re.findall(r"(?:url_param|url_list|checked)\(\s*\"(\w+)\"", source))
-    # controls drawn from settings fields (components/params_form.py): their URL names are the fields'
-    for dotted in re.findall(r"fields_of\(([\w.]+)", source):
-        names |= {url_name(f) for f in labelled(_resolve(dotted))}
-    for dotted in re.findall(r"([\w.]+)\.settings\(\)", source):
-        names |= {url_name(f) for f, _ in _resolve(dotted).settings()}
-    return names
+    return set(url_fields(ANALYSIS_OF[panel]))
 
 
 def test_every_analysis_panel_offers_two_to_four_presets():
@@ -65,13 +45,13 @@ def test_preset_values_are_controls_their_page_reads_from_the_url():
 
 def test_a_preset_link_sets_every_setting_of_its_panel():
     """Presets are Params values: the link holds every setting the page reads, so a setting added to the
-    Params later is pinned by every preset (at its default) with no edit to the preset."""
+    Params later is pinned by every preset (at its default) with no edit to the preset. (A method's
+    setting whose default differs between the methods of its family, e.g. each decomposer's token count,
+    is left to the method that runs unless the preset sets it.)"""
     for preset in P.PRESETS:
         analysis = ANALYSIS_OF[preset.panel]
-        if analysis.params is None:
-            continue
-        settings = {url_name(f) for f, _ in params_fields(analysis) if url_name(f)}
-        assert settings <= set(preset.values()) <= set(url_fields(analysis)), preset.name
+        own = {url_name(f) for f in labelled(analysis.params) if url_name(f)}
+        assert own <= set(preset.values()) <= set(url_fields(analysis)), preset.name
 
 
 def _frame(at, column: str):

@@ -25,7 +25,8 @@ def tiny_sae(tiny_llava, tmp_path_factory):
 
 
 def _errors(at) -> list[str]:
-    return [e.value for e in at.error]
+    """The error lines as a visitor reads them (messages are Markdown-escaped where they are shown)."""
+    return [e.value.replace("\\", "") for e in at.error]
 
 
 def _frame(at, column: str):

@@ -94,7 +94,7 @@ def test_model_without_attention_interface_gives_a_clear_message(tiny_llama_dir,
     """Llama attention that computes attention itself, bypassing transformers' attention interface."""
     from transformers.models.llama import modeling_llama
 
-    from test_sharpness import self_computed_attention
+    from tests.model.test_sharpness import self_computed_attention
 
     monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", self_computed_attention)
     at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, {"ns": "4,8", "samples": "3"})

@@ -1,6 +1,7 @@
-"""Remote models through a local stand-in for NDIF (tests/service/fake_ndif.py): the same numbers as a
-local run, the API key only in the request's header, nothing sent but the request, and one-line errors
-for a missing or refused key, a model the server does not host and a server that cannot be reached."""
+"""Remote models through a local stand-in for NDIF (tests/service/fake_ndif.py, a server process of its
+own): the same numbers as a local run, the API key only in the request's header, nothing sent but the
+request, one-line errors for a missing or refused key, a model the server does not host and a server
+that cannot be reached, and this process's code unchanged by a remote run."""
 from __future__ import annotations
 
 import json
@@ -29,9 +30,9 @@ def local():
 
 
 @pytest.fixture(scope="module")
-def server(local):
-    served = load_model(ModelSpec.parse("zoo:shapes-lm")).model  # the server's own copy of the weights
-    with FakeNdif(KEY, {ndif.model_key(REPO, None, "causal_lm"): served}) as fake:
+def server():
+    """The stand-in's process, which loads its own copy of the zoo model's weights."""
+    with FakeNdif(KEY, {ndif.model_key(REPO, None, "causal_lm"): ZOO_DIR / "shapes-lm"}) as fake:
         yield fake
 
 
@@ -44,7 +45,7 @@ def configured(server, tmp_path, monkeypatch):
     monkeypatch.setenv("MODEL_INSPECTOR_CONFIG", str(cfg))
     monkeypatch.setenv("NDIF_API_KEY", KEY)
     monkeypatch.chdir(tmp_path)  # no .streamlit/secrets.toml here
-    server.log.clear()
+    server.clear_log()
     return server
 
 
@@ -68,6 +69,39 @@ def test_an_attention_rule_runs_remotely_with_the_same_statistics(remote, local)
     assert KEY not in json.dumps(there.to_dict()) and KEY not in json.dumps(remote.spec.to_dict())
 
 
+def _class_attributes() -> dict:
+    """Every attribute of every class defined in `analysis`, by (module, class, attribute)."""
+    import sys
+
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] != "analysis" or module is None:
+            continue
+        for cls in list(vars(module).values()):
+            if isinstance(cls, type) and cls.__module__ == name:
+                found.update({(name, cls.__qualname__, attr): value for attr, value in vars(cls).items()})
+    return found
+
+
+def test_a_remote_run_leaves_this_process_code_as_it_was(remote):
+    """The rule's function and the classes it uses (Temperature, Result, the rules' registry) travel by
+    value. Unpickled in the process that pickled them, cloudpickle rebuilt them into these very classes,
+    with methods compiled from the shipped source (whose `gc_paused` lost its decorator): later results
+    failed to load. A server is another process; nothing here may change."""
+    from analysis import results
+
+    params = S.PromptParams(text="there is a red circle . where is the red circle", target="red circle",
+                            rule=S.Temperature.fixed(0.5))
+    before = _class_attributes()
+    there = S.analyse_prompt(remote, params)
+    after = _class_attributes()
+    assert [key for key, value in before.items() if after.get(key) is not value] == []
+    with results.gc_paused():
+        pass
+    assert type(there).from_json(there.to_json()).to_dict() == there.to_dict()
+    assert S.Temperature.from_dict(params.rule.to_dict()) == params.rule
+
+
 def test_the_key_travels_only_in_the_request_header_and_nothing_else_is_sent(remote, configured):
     ids = remote.tokenizer("a blue square")["input_ids"]
     observed_states(remote, ids, 2)
@@ -84,21 +118,17 @@ def test_the_key_travels_only_in_the_request_header_and_nothing_else_is_sent(rem
     envelope = json.loads(post.fields["data"])
     assert envelope["model_key"] == ndif.model_key(REPO, None, "causal_lm")
     assert KEY.encode() not in post.body
-    # The payload is the trace: its source and the few plain names it reads (no module of ours by value).
+    # The payload is the trace: its source and the few plain names it reads (no module of ours by value),
+    # as the server read it.
     import zstandard
 
     raw = zstandard.ZstdDecompressor().decompress(post.fields["blob"])
     assert KEY.encode() not in raw and b"analysis.backends" not in raw.replace(b"analysis/backends", b"")
-    tracer_part, (source, used_globals, used_locals) = _load_payload(raw, configured, envelope)
-    assert set(used_locals) == {"results", "program", "rule", "keep", "model", "metric", "tracer", "nnsight"}
-    assert used_globals == {} and used_locals["rule"] is None and used_locals["results"] == {}
-    assert "tracer.stop()" in source
-
-
-def _load_payload(raw: bytes, server, envelope):
-    from nnsight.intervention.serialization import loads
-
-    return loads(raw, server.models[envelope["model_key"]])
+    shipped = post.payload
+    assert set(shipped["locals"]) == {"results", "program", "rule", "keep", "model", "metric", "tracer", "nnsight"}
+    assert shipped["globals"] == {}
+    assert shipped["locals"]["rule"]["repr"] == "None" and shipped["locals"]["results"]["repr"] == "{}"
+    assert "tracer.stop()" in shipped["source"]
 
 
 def test_waiting_is_reported_to_the_page_and_a_stop_ends_it(remote):

@@ -92,3 +92,43 @@ def test_serve_refuses_a_bad_deployment_with_one_line(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith("error: cannot reach the saved-analyses database")
+
+
+# ---------------------------------------------------------------------------------------------
+# #39: any builder, no tests or secrets in the image, the real model converted at build time
+
+
+BUILDKIT_ONLY = [r"^#\s*syntax\s*=", r"<<[-~]?['\"]?\w+", r"--mount\b", r"--link\b", r"--chmod\b", r"--parents\b",
+                 r"--exclude\b", r"--checksum\b", r"--network\b", r"--security\b"]
+
+
+def test_dockerfile_builds_without_buildkit():
+    """Nothing only BuildKit understands, and no folder the builder creates itself for the non-root user
+    (the classic builder, Buildah and Kaniko create a WORKDIR as root: the install then fails)."""
+    steps = instructions()
+    text = "\n".join(f"{word} {rest}" for word, rest in steps)  # the instructions, without comments
+    assert not re.search(BUILDKIT_ONLY[0], DOCKERFILE, re.M)  # a syntax directive is a comment line
+    for pattern in BUILDKIT_ONLY[1:]:
+        assert not re.search(pattern, text, re.M), pattern
+    made = " ".join(rest for word, rest in steps if word == "RUN")
+    for i, (word, rest) in enumerate(steps):
+        if word == "WORKDIR":
+            assert f"mkdir -p {rest}" in made or re.search(rf"mkdir -p [^&]*{re.escape(rest)}", made), rest
+            assert any(w == "RUN" and "chown" in r and "/home/inspector" in r for w, r in steps[:i]), rest
+
+
+def test_the_real_model_is_converted_at_build_time():
+    steps = instructions()
+    runs = [rest for word, rest in steps if word == "RUN"]
+    install_at = runs.index("bash scripts/install.sh")
+    assert any("analysis.zoo build --only smollm2-135m-instruct" in r for r in runs[install_at + 1:])
+
+
+def test_no_tests_and_no_secrets_in_the_image_or_the_repository():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {"tests", ".streamlit/secrets.toml", "**/secrets.toml"} <= ignored
+    assert "benchmarks/results" not in ignored  # the SAE-V page reads a benchmark's result
+    for path in (".streamlit/secrets.toml", "deploy/secrets.toml", ".env"):
+        out = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
+        assert out.returncode == 0, f"{path} is not git-ignored"

@@ -197,3 +197,39 @@ def test_postgres_store_survives_a_dropped_connection(postgres):
                       "WHERE datname = 'dropped' AND pid <> pg_backend_pid()")
     assert store.get(first) is not None
     assert store.get(store.save(_analysis(2))) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# What a public gallery needs of every backend alike (#39)
+
+
+def test_a_nul_character_is_refused_the_same_way_by_every_backend(location):
+    """PostgreSQL cannot store NUL in text and failed with its own error; SQLite stored it. Both now refuse
+    it with one message before writing (checked by breaking: without the check SQLite saves it)."""
+    from analysis.store import RefusedAnalysis
+
+    store = open_store(location)
+    for field, words in (("title", "title"), ("note", "note"), ("saved_by", "name"), ("url", "link")):
+        with pytest.raises(RefusedAnalysis, match=f"The {words} contains a NUL character"):
+            store.save(SavedAnalysis(**{"title": "t", "panel": "kv", "model": "m", field: "a\x00b"}))
+    assert store.count() == 0
+    ok = store.save(SavedAnalysis(title="t", panel="kv", model="m", params={"text": "a\x00b"}))  # JSON escapes it
+    assert store.get(ok).params == {"text": "a\x00b"}
+
+
+def test_a_save_retried_with_its_token_is_stored_once(location):
+    """A save whose confirmation was lost, pressed again: the same id, one row."""
+    store = open_store(location)
+    first = store.save(SavedAnalysis(title="t", panel="kv", model="m", token="tok-1", owner="o"))
+    again = store.save(SavedAnalysis(title="t", panel="kv", model="m", token="tok-1", owner="o"))
+    other = store.save(SavedAnalysis(title="t", panel="kv", model="m", token="tok-2", owner="o"))
+    untokened = [store.save(SavedAnalysis(title="u", panel="kv", model="m")) for _ in range(2)]
+    assert first == again and other != first and untokened[0] != untokened[1]
+    assert store.count() == 4 and store.get(first).token == "tok-1"
+
+
+def test_only_the_owner_deletes(location):
+    store = open_store(location)
+    mine = store.save(SavedAnalysis(title="mine", panel="kv", model="m", owner="me"))
+    assert store.delete(mine, owner="someone-else") is False and store.get(mine) is not None
+    assert store.delete(mine, owner="me") is True and store.get(mine) is None

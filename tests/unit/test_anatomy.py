@@ -188,6 +188,26 @@ def test_cli_reports_an_error_inside_the_model_as_one_line(tmp_path, monkeypatch
     assert "Image features and image tokens do not match" in err
 
 
+def test_nested_model_steps_name_the_step_the_user_asked_for():
+    """A panel's step runs the backend's ("running the model"): the one line names the panel's step and
+    keeps what the model said, and the model's own exception stays the cause."""
+    from types import SimpleNamespace
+
+    from analysis.errors import ModelRunError
+
+    handle = SimpleNamespace(spec=SimpleNamespace(label="zoo:m"))
+    with pytest.raises(ModelRunError) as err:
+        with anatomy.model_step(handle, "collecting layer-0 activations"):
+            with anatomy.model_step(handle, "running the model"):
+                raise RuntimeError("Image features and image tokens\n do not match")
+    assert str(err.value) == ("zoo:m failed while collecting layer-0 activations: "
+                              "Image features and image tokens do not match")
+    assert isinstance(err.value.__cause__, RuntimeError)
+    with pytest.raises(ModelRunError, match="^zoo:m failed while running the model: boom$"):
+        with anatomy.model_step(handle, "running the model"):
+            raise ValueError("boom")
+
+
 def test_qwen2_vl_patch_grid_comes_from_image_grid_thw(tiny):
     model, tok, _ = tiny("qwen2-vl")
     pad = tok.convert_tokens_to_ids("<|image_pad|>")

@@ -24,10 +24,16 @@ def _run(name, handle, request):
     return got
 
 
+@pytest.fixture
+def handle(request):
+    """The tiny model named by the test's parameter, built in the test's setup (where --durations counts
+    it: the first tiny model of a session pays for importing transformers' modelling code)."""
+    return request.getfixturevalue(request.param)
+
+
 @pytest.mark.parametrize("name", BACKENDS)
-@pytest.mark.parametrize("which", ["tiny_llama", "tiny_gpt2"])
-def test_reads_equal_transformers_own_hidden_states_and_attentions(name, which, request):
-    handle = request.getfixturevalue(which)
+@pytest.mark.parametrize("handle", ["tiny_llama", "tiny_gpt2"], indirect=True)
+def test_reads_equal_transformers_own_hidden_states_and_attentions(name, handle):
     x = _ids(handle)
     with handle.session():
         ref = handle.model(input_ids=x, output_hidden_states=True, output_attentions=True)

@@ -1,0 +1,99 @@
+"""The public example in Chromium, through a reverse proxy that appends to X-Forwarded-For (#39): a hostile
+link and a hostile saved analysis render as plain text, and the browser contacts no host but the app's.
+The server is tests/public_instance.py's (shared with tests/service/test_public_server.py when both run
+in one process); every request the page makes is recorded, and anything not for the app is refused."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from urllib.parse import quote, urlsplit
+
+import pytest
+
+import public_instance
+from analysis.models import zoo_models
+from analysis.store import SavedAnalysis, open_store
+from public_instance import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import screenshot  # noqa: E402
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+pytestmark = [pytest.mark.skipif(not shutil.which(CHROMIUM), reason="Debian chromium is not installed"),
+              pytest.mark.skipif("shapes-lm" not in zoo_models(), reason="needs the demo zoo")]
+EVIL = "evil.example"
+HOSTILE_TEXT = (f"**bold** [link](http://{EVIL}/l) ![img](http://{EVIL}/i.png) https://{EVIL}/bare www.{EVIL} "
+                f"me@{EVIL} <img src=http://{EVIL}/h.png> :red[red]")
+
+
+@pytest.fixture(scope="module")
+def browser_page():
+    from playwright.sync_api import sync_playwright
+
+    server = public_instance.shared()
+    proxy = server.proxy(peer="203.0.113.50")
+    requests: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1200, "height": 900})
+        ours = urlsplit(proxy.base).netloc
+
+        def guard(route):
+            requests.append(route.request.url)
+            if urlsplit(route.request.url).netloc == ours or route.request.url.startswith(("data:", "blob:")):
+                route.continue_()
+            else:
+                route.abort()
+
+        context.route("**/*", guard)
+        context.on("websocket", lambda ws: requests.append(ws.url))
+        page = context.new_page()
+        yield server, proxy, page, requests
+        browser.close()
+
+
+def foreign(requests: list[str], base: str) -> list[str]:
+    netloc = urlsplit(base).netloc
+    return [u for u in requests if urlsplit(u).netloc != netloc and not u.startswith(("data:", "blob:"))]
+
+
+def no_live_markup(page) -> None:
+    links = page.evaluate(f"() => [...document.querySelectorAll('a[href]')].map(a => a.href)"
+                          f".filter(h => h.includes('{EVIL}'))")
+    images = page.evaluate(f"() => [...document.querySelectorAll('img[src]')].map(i => i.src)"
+                           f".filter(s => s.includes('{EVIL}'))")
+    bold = page.evaluate("() => [...document.querySelectorAll('strong, em')].map(s => s.innerText)"
+                         ".filter(t => t.trim() === 'bold')")  # the visitor's **bold** (the page bolds whole titles)
+    assert links == [] and images == [] and bold == [], (links, images, bold)
+
+
+def test_a_hostile_link_renders_as_text_and_the_browser_contacts_no_other_host(browser_page):
+    """?model=zoo:<Markdown> used to render links, bold text and a remote image in the app's own error box."""
+    server, proxy, page, requests = browser_page
+    page.goto(f"{proxy.base}/?model=zoo:{quote(HOSTILE_TEXT)}")
+    screenshot.wait_rendered(page)
+    body = page.inner_text("body").replace("\u2060", "")  # the word joiners that keep URLs text
+    assert "[link](http://evil.example/l)" in body and "**bold**" in body, body[:1500]
+    no_live_markup(page)
+    assert page.locator("[data-testid='stException']").count() == 0
+    assert foreign(requests, proxy.base) == []
+    assert not server.contacted()
+    assert proxy.seen and all(chain.endswith("203.0.113.50") for chain in proxy.seen)
+
+
+def test_a_hostile_saved_analysis_renders_as_text_in_the_gallery(browser_page):
+    """Titles and notes are the saver's: their Markdown, HTML and bare URLs show as typed, never as links."""
+    server, proxy, page, requests = browser_page
+    saved = open_store(str(server.store)).save(SavedAnalysis(
+        title=f"Title {HOSTILE_TEXT}", note=f"Note {HOSTILE_TEXT}", panel="kv", model="zoo:shapes-lm",
+        saved_by=f"saver https://{EVIL}"))
+    for path in ("saved-analyses", f"saved-analyses?id={saved}", f"saved-analyses?id={saved}&embed=true"):
+        page.goto(f"{proxy.base}/{path}")
+        screenshot.wait_rendered(page)
+        body = page.inner_text("body").replace("\u2060", "")  # the word joiners that keep URLs text
+        assert f"https://{EVIL}/bare" in body and "<img src=" in body, (path, body[:1500])
+        no_live_markup(page)
+        assert page.locator("[data-testid='stException']").count() == 0, path
+    assert foreign(requests, proxy.base) == []
+    assert not server.contacted()
