@@ -43,11 +43,11 @@ class ResidualParams(Result):
     top_k: int = setting(5, label="Top tokens per cell", low=1, high=10, group="tokens")
     components: list[str] = setting(label="Patched components", item=str, choices=COMPONENTS.names,
                                     labels=COMPONENTS.label, min_items=1, group="patching",
-                                    default_factory=lambda: ["heads", "mlp", "residual"],
+                                    default_factory=lambda: ["residual", "heads", "mlp"],
                                     help="Residual stream at every (layer, position); each head's output; "
                                          "each layer's attention or MLP output.")
     methods: list[str] = setting(label="Patching methods", item=str, choices=METHODS.names, labels=METHODS.label,
-                                 min_items=1, group="patching", default_factory=lambda: ["attribution", "exact"],
+                                 min_items=1, group="patching", default_factory=lambda: ["exact", "attribution"],
                                  help="Exact: one forward per cell. Attribution: a gradient estimate of "
                                       "every cell from 2 forwards and 1 backward.")
     side: str = setting("corrupt", label="Side by side", choices=SIDES, labels=SIDE_LABELS, widget="pills",

@@ -21,7 +21,7 @@ PRESETS = (
            "shapes-lm's needle prompt with the asked value 84 swapped for 92: patching the residual stream "
            "restores the answer only at token 15 (the needle's value, 1.00) in the embeddings, and only at the "
            "last token from layer 1 on; head L0H3 alone restores 0.73 of it.",
-           "zoo:shapes-lm", ResidualParams(pair="needle-0", components=["heads", "residual"],
+           "zoo:shapes-lm", ResidualParams(pair="needle-0", components=["residual", "heads"],
                                            other_model="zoo:shapes-vlm"), {"view": "patching"}),
     Preset("tuned-colour", "Tuned lens: a colour where the logit lens reads noise",
            "Decomposing a caption, shapes-lm must write the first object's colour, 'yellow'. After layer 2 the "
@@ -31,9 +31,9 @@ PRESETS = (
            "zoo:shapes-lm", ResidualParams(pair="colour-1", lens="tuned", other_model="zoo:shapes-vlm"),
            {"view": "lens"}),
     *([Preset("real-capital", "A real model recalls a capital", REAL_CAPITAL, f"zoo:{REAL_MODEL}",
-              ResidualParams(pair="capital-france", components=["heads", "residual"], other_model="zoo:shapes-lm"),
+              ResidualParams(pair="capital-france", components=["residual", "heads"], other_model="zoo:shapes-lm"),
               {"view": "patching"}),
        Preset("real-tuned", "A real model's tuned lens: Paris two layers early", REAL_TUNED, f"zoo:{REAL_MODEL}",
-              ResidualParams(pair="capital-france", lens="tuned", components=["heads", "residual"],
+              ResidualParams(pair="capital-france", lens="tuned", components=["residual", "heads"],
                              other_model="zoo:shapes-lm"), {"view": "lens"})] if real_model_in_zoo() else []),
 )

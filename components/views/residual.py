@@ -30,6 +30,11 @@ def _own(values: dict) -> bool:
     return values.get("pair") == residual.OWN
 
 
+def _others(page: Page) -> list[str]:
+    """The zoo models to compare with (every one but this)."""
+    return [f"zoo:{n}" for n in all_zoo_models() if f"zoo:{n}" != page.handle.spec.label] or [""]
+
+
 class ResidualView(View):
     panel = "residual"
     prefix = "rs_"
@@ -49,20 +54,19 @@ class ResidualView(View):
         # its patches are per batch row, copied within one forward (analysis/residual/hooks.py): not yet on NDIF
         stays_local(page.handle, "Residual stream")
 
-    def controls(self, page: Page) -> residual.ResidualParams:
+    def defaults(self, page: Page) -> dict:
+        return {"other_model": _others(page)[0]}
+
+    def overrides(self, page: Page, values: dict) -> dict[str, dict]:
         """The pair's choices and the other model's are this model's: offered here, not in the field."""
         pairs = residual.pairs_for(page.handle)
         labels = {p.name: p.label for p in pairs} | {"": f"{pairs[0].label} (default)",
                                                       residual.OWN: "Your own two prompts"}
-        others = [f"zoo:{n}" for n in all_zoo_models() if f"zoo:{n}" != page.handle.spec.label] or [""]
-        overrides = {"pair": {"choices": ["", *[p.name for p in pairs], residual.OWN],
-                              "format_func": lambda n: labels.get(n, n)},
-                     "other_model": {"choices": others, "widget": "select"}}
-        with st.container(border=True):
-            values = page.draw_sections(self.sections, defaults={"other_model": others[0]}, overrides=overrides)
-        return self.params_of(values)
+        return {"pair": {"choices": ["", *[p.name for p in pairs], residual.OWN],
+                         "format_func": lambda n: labels.get(n, n)},
+                "other_model": {"choices": _others(page), "widget": "select"}}
 
-    def validate(self, params: residual.ResidualParams) -> None:
+    def validate(self, page: Page, params: residual.ResidualParams) -> None:
         residual.validate_params(params)
 
     def run(self, page: Page, params: residual.ResidualParams):
