@@ -100,9 +100,7 @@ def check_sae(handle, folder: Path) -> None:
         assert found >= len(pairs.pairs) * per_image > 0, f"{found} image positions"
     x = sae_v.scaled(acts, meta.scales)
     codes = sae_v.encode(sae, x)
-    with torch.no_grad():
-        again = sae.encode(x)
-        recon = sae.decode(again)
+    again, recon = sae.reconstruct(x)  # load_sae gives the codec every SAE runs through (analysis/sae_v/codec.py)
     assert torch.allclose(codes, again, atol=1e-5) and recon.shape == x.shape
     assert int((codes > 0).sum(1).max()) <= params.train.k
 

@@ -20,6 +20,7 @@ from analysis.models import ModelSpec
 
 from analysis.paths import ROOT
 RUNNER_CALLS = {"cached_run", "confirm"}
+PAGE_CALLS = {"run", "confirm"}
 
 
 def _aliases(tree: ast.Module) -> dict[str, str]:
@@ -35,14 +36,29 @@ def _aliases(tree: ast.Module) -> dict[str, str]:
     return out
 
 
+def _hands_to_runner(node: ast.AST) -> bool:
+    """`cached_run(kind, fn, ...)` / `confirm(...)`, or a view's `page.run(kind, fn, ...)` (components/view.py)."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id in RUNNER_CALLS
+    if isinstance(func, ast.Attribute) and func.attr in PAGE_CALLS:
+        owner = func.value
+        return (isinstance(owner, ast.Name) and owner.id == "page") or \
+            (isinstance(owner, ast.Attribute) and owner.attr == "page")
+    return False
+
+
 def runner_functions() -> list[tuple[str, str]]:
-    """(page, dotted function) for every function passed to the runner by a page under views/."""
+    """(page, dotted function) for every function passed to the runner by a page: views/ and the view
+    declarations they call (components/views/)."""
     found = []
-    for page in sorted((ROOT / "views").glob("*.py")):
+    for page in sorted((ROOT / "views").glob("*.py")) + sorted((ROOT / "components" / "views").glob("*.py")):
         tree = ast.parse(page.read_text())
         aliases = _aliases(tree)
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) in RUNNER_CALLS):
+            if not _hands_to_runner(node):
                 continue
             fn = node.args[1]
             assert isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name), \
