@@ -13,13 +13,6 @@ from components.figures import residual as F
 from components.share import share_bar
 from components.view import Page, Section, View
 
-RUNS = {  # section -> (run kind, analysis, progress label)
-    "lens": ("inspect", residual.inspect, "Reading every layer"),
-    "patching": ("patch", residual.patch, "Patching every cell"),
-    "side": ("side", residual.side_by_side, "Reading both sides"),
-    "pairs": ("pairs", residual.pair_sweep, "Patching every offered pair"),
-}
-
 
 @st.cache_resource(max_entries=2, show_spinner="Loading the other model ...")
 def other_model(label: str):
@@ -28,6 +21,17 @@ def other_model(label: str):
 
 def _own(values: dict) -> bool:
     return values.get("pair") == residual.OWN
+
+
+def _other(params: residual.ResidualParams) -> dict:
+    """The other model of a side-by-side of two models, as the runner's `models` (none for two prompts)."""
+    if params.side != "model":
+        return {}
+    if not params.other_model:
+        st.info("Pick the other model to compare with.")
+        st.stop()
+    with analysis_errors(prefix="Could not load the other model: "):
+        return {"other": other_model(params.other_model)}
 
 
 def _others(page: Page) -> list[str]:
@@ -71,15 +75,14 @@ class ResidualView(View):
 
     def run(self, page: Page, params: residual.ResidualParams):
         section = page.control("view", width="content")
-        kind, fn, label = RUNS[section]
-        models = {}
-        if section == "side" and params.side == "model":
-            if not params.other_model:
-                st.info("Pick the other model to compare with.")
-                st.stop()
-            with analysis_errors(prefix="Could not load the other model: "):
-                models["other"] = other_model(params.other_model)
-        return page.run(kind, fn, params, label=label, models=models)
+        if section == "patching":
+            return page.run("patch", residual.patch, params, label="Patching every cell")
+        if section == "side":
+            return page.run("side", residual.side_by_side, params, label="Reading both sides",
+                            models=_other(params))
+        if section == "pairs":
+            return page.run("pairs", residual.pair_sweep, params, label="Patching every offered pair")
+        return page.run("inspect", residual.inspect, params, label="Reading every layer")
 
     def show(self, page: Page, params: residual.ResidualParams, result) -> None:
         if isinstance(result, residual.Inspection):
