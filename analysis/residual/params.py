@@ -13,7 +13,7 @@ from analysis.results import Result
 from analysis.settings import check_settings, setting
 
 SIDES = ["corrupt", "model"]
-SIDE_LABELS = {"corrupt": "the corrupted prompt", "model": "another model"}
+SIDE_LABELS = {"corrupt": "corrupted prompt", "model": "other model"}
 SECTIONS = {"lens": "Lens & logit attribution", "patching": "Activation patching", "side": "Side by side",
             "pairs": "All offered pairs"}
 COLOURS = {"target_prob": "P(target)", "kl": "KL to the final layer", "top_prob": "P(top token)"}
@@ -42,16 +42,16 @@ class ResidualParams(Result):
                              "corrupted prompt). The metric is logit(target) - logit(foil).")
     top_k: int = setting(5, label="Top tokens per cell", low=1, high=10, group="tokens")
     components: list[str] = setting(label="Patched components", item=str, choices=COMPONENTS.names,
-                                    labels=COMPONENTS.label, min_items=1, group="patching",
+                                    labels=COMPONENTS.label, min_items=1, group="patching", width=540,
                                     default_factory=lambda: ["residual", "heads", "mlp"],
                                     help="Residual stream at every (layer, position); each head's output; "
                                          "each layer's attention or MLP output.")
     methods: list[str] = setting(label="Patching methods", item=str, choices=METHODS.names, labels=METHODS.label,
-                                 min_items=1, group="patching", default_factory=lambda: ["exact", "attribution"],
+                                 min_items=1, group="patching", width=420, default_factory=lambda: ["exact", "attribution"],
                                  help="Exact: one forward per cell. Attribution: a gradient estimate of "
                                       "every cell from 2 forwards and 1 backward.")
     side: str = setting("corrupt", label="Side by side", choices=SIDES, labels=SIDE_LABELS, widget="pills",
-                        group="side", help="Beside the clean prompt: the corrupted prompt on this model, or the "
+                        group="side", width=300, help="Beside the clean prompt: the corrupted prompt on this model, or the "
                                            "clean prompt on another model.")
     other_model: str = setting("", label="Other model", high=300, cli="other-model", group="side", width=260,
                                help="zoo:NAME, hub:ID or local:PATH; its tokenizer must match this model's.")

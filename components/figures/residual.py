@@ -10,11 +10,12 @@ from analysis.residual import Inspection, Patching, PairSweep, SideBySide
 from components.figures.memo import shared_figure
 from components.figures.text import legend_below, panel_titles, set_title
 
-STATE_AXIS = "residual stream after layer (0 = embeddings)"
-PATCH_AXIS = "residual stream entering layer (0 = embeddings)"
+STATE_AXIS = "after layer (0: embeddings)"
+PATCH_AXIS = "entering layer (0: embeddings)"
 SHARE = "share of the logit difference recovered"
 DIVERGING = "RdBu_r"
 A_COLOUR, B_COLOUR = "#1f77b4", "#d62728"
+MAX_WRITTEN = 24  # positions up to which the lens grid writes each cell's top token
 METRICS = {  # lens cell metric -> (colour-bar title, colour scale, range)
     "target_prob": ("P(target)", "Viridis", (0.0, 1.0)),
     "kl": ("KL to final (nats)", "Magma_r", (0.0, None)),
@@ -40,8 +41,10 @@ def lens_figure(result: Inspection, metric: str = "target_prob") -> go.Figure:
     hover = [[f"top: {', '.join(html.escape(t) for t in lens.top_tokens[i][j])}<br>"
               f"P(target {html.escape(result.target)}) = {lens.target_prob[i][j]:.3f}, rank {lens.target_rank[i][j] + 1}<br>"
               f"KL to final = {lens.kl[i][j]:.3f} nats" for j in range(len(row))] for i, row in enumerate(z)]
-    fig = go.Figure(go.Heatmap(z=z, x=_tokens(result.tokens), y=list(range(len(z))), text=text,
-                               texttemplate="%{text}", textfont=dict(size=10), hovertext=hover, hoverinfo="text",
+    # the top token written in each cell while the cells are wide enough to read; beyond, hover says it
+    written = dict(text=text, texttemplate="%{text}", textfont=dict(size=10)) if len(result.tokens) <= MAX_WRITTEN else {}
+    fig = go.Figure(go.Heatmap(z=z, x=_tokens(result.tokens), y=list(range(len(z))), **written,
+                               hovertext=hover, hoverinfo="text",
                                colorscale=scale, zmin=low, zmax=high, colorbar=dict(title=title)))
     fig.update_xaxes(title_text="position: token of the prompt", tickangle=-45)
     fig.update_yaxes(title_text=STATE_AXIS, dtick=max(1, len(z) // 15))
@@ -81,7 +84,7 @@ def dla_figure(result: Inspection) -> go.Figure:
     fig.add_heatmap(z=dla.heads, x=[f"H{h}" for h in range(len(dla.heads[0]))], y=layers, colorscale=DIVERGING,
                     zmin=-top, zmax=top, colorbar=dict(title="logit units", x=1.02), row=1, col=2)
     fig.update_xaxes(title_text="layer", row=1, col=1)
-    fig.update_yaxes(title_text=f"direct effect on {what} (logit units)", row=1, col=1)
+    fig.update_yaxes(title_text="direct effect (logit units)", row=1, col=1)
     fig.update_xaxes(title_text="head", row=1, col=2)
     fig.update_yaxes(title_text="layer", row=1, col=2)
     fig.update_layout(barmode="group", height=max(380, 14 * len(layers) + 200))
