@@ -73,6 +73,7 @@ TABLE: list[Entry] = [
     Entry("kv", "analysis.kv", "KV-cache eviction policies"),
     Entry("captions", "analysis.captions", "caption hallucination correction"),
     Entry("invert", "analysis.inversion", "prompt reconstruction from hidden states"),
+    Entry("residual", "analysis.residual", "residual stream: lenses, patching, logit attribution"),
 ]
 
 

@@ -26,7 +26,7 @@ from analysis.paths import ROOT  # noqa: E402  (every project path comes from an
 README = ROOT / "docs" / "models.md"  # the file holding the table
 BEGIN, END = "<!-- support-matrix:begin -->", "<!-- support-matrix:end -->"
 PANELS = {"sharpness": "Attention sharpness", "kv": "KV-cache eviction", "inversion": "Prompt reconstruction",
-          "sae": "SAE-V", "captions": "Caption correction"}
+          "sae": "SAE-V", "captions": "Caption correction", "residual": "Residual stream"}
 PROMPT = "w3 w17 w42 w8"
 CLAIMS = ["w1 w2", "w5 w6 w7"]
 
@@ -126,8 +126,27 @@ def check_captions(handle) -> None:
     assert len(heatmap) == len(heatmap[0]) == verifier.grid, "grounding heatmap is not the patch grid"
 
 
+def check_residual(handle) -> None:
+    """The logit lens at the last layer is the model's own logits; the direct logit attribution adds up to the
+    logit difference; exact and attribution patching give a finite share for every cell of a pair."""
+    import math
+
+    from analysis import residual as R
+
+    corrupt = PROMPT.replace("w17", "w18")
+    answer, foil = (handle.tokenizer.decode([i]).strip() for i in (20, 21))  # two tokens of any vocabulary
+    params = R.ResidualParams(pair="own", prompt=PROMPT, corrupt=corrupt, answer=answer, foil=foil, top_k=2,
+                              components=["residual", "heads", "mlp"])
+    seen = R.inspect(handle, params)
+    assert seen.lens.last_gap <= 1e-5, f"the lens's last layer differs from the logits by {seen.lens.last_gap:.2e}"
+    dla = seen.dla
+    assert abs(dla.total - dla.model_value) <= 1e-3 * max(1.0, abs(dla.model_value)), "attribution does not add up"
+    result = R.patch(handle, params)
+    assert len(result.grids) == 6 and all(math.isfinite(v) for g in result.grids for row in g.share for v in row)
+
+
 CHECKS = {"sharpness": check_sharpness, "kv": check_kv, "inversion": check_inversion, "sae": check_sae,
-          "captions": check_captions}
+          "captions": check_captions, "residual": check_residual}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,9 +166,10 @@ def measure_family(family: str, workdir: Path) -> dict[str, Cell]:
     folder = save_tiny(family, workdir / family)
     from analysis.captions import CaptionError
     from analysis.inversion import InversionError
+    from analysis.residual import ResidualError
     from analysis.sharpness import SharpnessError
 
-    user_errors = (ModelLoadError, SettingsError, SharpnessError, InversionError, CaptionError)
+    user_errors = (ModelLoadError, SettingsError, SharpnessError, InversionError, CaptionError, ResidualError)
     try:
         handle = load_model(ModelSpec("local", str(folder)))
     except user_errors as exc:

@@ -34,9 +34,10 @@ def url_names(page: str) -> list[str]:
 
 
 PAGES = ["views/attention_sharpness.py", "views/kv_cache.py", "views/prompt_reconstruction.py",
-         "views/caption_correction.py", "views/sae_features.py", "views/overview.py"]
+         "views/caption_correction.py", "views/sae_features.py", "views/residual_stream.py", "views/overview.py"]
 
-LM_PAGES = ["views/attention_sharpness.py", "views/kv_cache.py", "views/prompt_reconstruction.py"]
+LM_PAGES = ["views/attention_sharpness.py", "views/kv_cache.py", "views/prompt_reconstruction.py",
+            "views/residual_stream.py"]
 VLM_PAGES = ["views/caption_correction.py", "views/sae_features.py"]
 HAS_VLM = "shapes-vlm" in zoo_models()
 

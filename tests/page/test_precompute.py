@@ -162,7 +162,8 @@ def test_the_committed_store_is_small():
 STORED_PAGES = {"kv-cache": ("views/kv_cache.py", ["zoo:shapes-lm", "zoo:shapes-vlm"]),
                 "prompt-reconstruction": ("views/prompt_reconstruction.py", ["zoo:shapes-lm", "zoo:shapes-vlm"]),
                 "attention-sharpness": ("views/attention_sharpness.py", ["zoo:shapes-lm", "zoo:shapes-vlm"]),
-                "caption-correction": ("views/caption_correction.py", ["zoo:shapes-vlm"])}
+                "caption-correction": ("views/caption_correction.py", ["zoo:shapes-vlm"]),
+                "residual-stream": ("views/residual_stream.py", ["zoo:shapes-lm", "zoo:shapes-vlm"])}
 
 
 def _lm_views() -> list[tuple[str, str, dict]]:

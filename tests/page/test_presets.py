@@ -218,6 +218,47 @@ def _steer_middle_right(at):
     assert "at the middle right" in steered and "<mark" in outputs[1]  # the place changed, and is marked
 
 
+def _needle_found(at):  # token 15 in the embeddings, the last token from layer 1, L0H3 restores 0.73
+    rows = _frame(at, "share at the last token").to_dict("records")
+    assert rows[0]["position"] == 15 and rows[0]["token"] == "84" and rows[0]["share there"] >= 0.99
+    assert all(r["position"] == 19 and r["share at the last token"] >= 0.99 for r in rows[1:])
+    heads = _frame(at, "head").to_dict("records")
+    assert (heads[0]["layer"], heads[0]["head"]) == (0, "H3") and round(heads[0]["share (exact)"], 2) == 0.73
+
+
+def _tuned_colour(at):  # layer 2: logit 'circle', yellow 80th, 7.6 nats; tuned 'red', yellow 3rd, 1.5 nats; layer 3
+    from analysis.models import ModelSpec, load_model
+    from analysis.residual import ResidualParams, inspect
+
+    rows = _frame(at, "target rank (1 = top)").to_dict("records")
+    assert (rows[2]["top token"], rows[2]["target rank (1 = top)"], round(rows[2]["KL to final (nats)"], 1)) == ("red", 3, 1.5)
+    assert rows[3]["top token"] == "yellow" and round(rows[3]["P(yellow)"], 2) == 0.86
+    logit = inspect(load_model(ModelSpec.parse("zoo:shapes-lm")), ResidualParams(pair="colour-1")).lens
+    assert logit.top_tokens[2][-1][0] == "circle" and logit.target_rank[2][-1] == 79  # 80th: 79 tokens above it
+    assert round(logit.kl[2][-1], 1) == 7.6 and logit.top_tokens[3][-1][0] == "blue"
+
+
+def _real_capital(at):  # ' France' through layer 23, the last token from 24, L23H4 restores 0.93; r = 0.99
+    rows = _frame(at, "share at the last token").to_dict("records")
+    assert all(r["token"] == " France" and r["share there"] >= 0.99 for r in rows[:24])
+    assert all(r["share at the last token"] >= 0.98 for r in rows[24:])
+    heads = _frame(at, "head").to_dict("records")
+    assert (heads[0]["layer"], heads[0]["head"]) == (23, "H4") and abs(heads[0]["share (exact)"] - 0.93) < 0.006
+    assert any("Residual: share" in str(c.proto.spec) and "r = 0.99" in str(c.proto.spec) for c in at.get("plotly_chart"))
+
+
+def _real_tuned(at):  # tuned: Paris on top from layer 28, ' capital' at 26, rank 11,448 at 10; logit: 30, ' ', 3,384
+    from analysis.models import ModelSpec, load_model
+    from analysis.residual import ResidualParams, inspect
+
+    rows = _frame(at, "target rank (1 = top)").to_dict("records")
+    assert _metric(at, "Target first on top").value == "28" and rows[26]["top token"] == " capital"
+    assert rows[10]["target rank (1 = top)"] == 11448
+    logit = inspect(load_model(ModelSpec.parse("zoo:smollm2-135m-instruct")), ResidualParams(pair="capital-france")).lens
+    assert next(i for i, r in enumerate(logit.target_rank) if r[-1] == 0) == 30
+    assert logit.top_tokens[26][-1][0] == " " and logit.target_rank[10][-1] + 1 == 3384
+
+
 CHECKS = {
     ("attention-sharpness", "dispersion"): _dispersion,
     ("attention-sharpness", "adaptive-temperature"): _adaptive,
@@ -234,6 +275,10 @@ CHECKS = {
     ("caption-correction", "position-dropped"): _position_dropped,
     ("caption-correction", "invented-objects"): _invented_objects,
     ("caption-correction", "strict-threshold"): _strict,
+    ("residual-stream", "needle-found"): _needle_found,
+    ("residual-stream", "tuned-colour"): _tuned_colour,
+    **({("residual-stream", "real-capital"): _real_capital, ("residual-stream", "real-tuned"): _real_tuned}
+       if P.real_model_in_zoo() else {}),
     ("sae-features", "cross-modal-list"): _cross_modal_list,
     ("sae-features", "cross-modal-feature"): _cross_modal_feature,
     ("sae-features", "ranking-other-scene"): _ranking_other_scene,

@@ -1,0 +1,45 @@
+"""Residual stream: logit and tuned lens, activation and attribution patching, direct logit attribution,
+two prompts or two models side by side.
+
+Read in this order:
+- `sites.py`: where each layer adds to the residual stream (attention, MLP, each head's slice of the output
+  projection) and how a norm acts on a sum of parts; `hooks.py`: every capture and patch, in one place;
+- `lenses.py`: the lenses (logit, tuned), each a class in `LENSES`; `translators.py`: the tuned lens's stored
+  translators (trained by analysis/zoo/train/tuned_lens.py);
+- `dla.py`: direct logit attribution; `patching.py`: the patched components (`COMPONENTS`) and the methods
+  (`METHODS`: exact, attribution);
+- `pairs.py`: prompt pairs with known answers; `prompts.py`: tokens and scored tokens;
+- `params.py`, `records.py`, `analysis.py`: settings, typed results, the run functions;
+- `cost.py`: their work counts; `cli.py`: `python -m analysis residual`; `presets.py`: live-talk settings
+  (the page: components/views/residual.py).
+"""
+from __future__ import annotations
+
+from analysis.panels import Analysis, Run
+from analysis.residual.analysis import inspect, pair_sweep, patch, side_by_side
+from analysis.residual.cli import cli
+from analysis.residual.cost import inspect_work, patch_work, side_work, sweep_work
+from analysis.residual.errors import ResidualError
+from analysis.residual.lenses import LENSES, readout
+from analysis.residual.pairs import OWN, Pair, pairs_for
+from analysis.residual.params import ResidualParams, ResidualState, validate_params
+from analysis.residual.presets import PRESETS
+from analysis.residual.patching import COMPONENTS, METHODS
+from analysis.residual.records import Dla, Inspection, LensGrid, PairSweep, PatchGrid, Patching, SideBySide
+
+ANALYSIS = Analysis(
+    name="residual", title="Residual stream", icon=":material/stacked_line_chart:", page="residual_stream.py",
+    summary="What each layer already predicts (logit and tuned lens), which activations carry the answer "
+            "(activation and attribution patching), what writes it (direct logit attribution), side by side.",
+    paper="Tuned lens (Belrose et al. 2023); activation patching (Meng et al. 2022)", kinds=("causal_lm", "vlm"),
+    runs=(Run(inspect, inspect_work), Run(patch, patch_work), Run(side_by_side, side_work),
+          Run(pair_sweep, sweep_work)),
+    cli=cli, params=ResidualParams, view_state=ResidualState, presets=PRESETS,
+)
+
+__all__ = [
+    "ANALYSIS", "inspect", "pair_sweep", "patch", "side_by_side", "cli", "inspect_work", "patch_work", "side_work",
+    "sweep_work", "ResidualError", "LENSES", "readout", "OWN", "Pair", "pairs_for", "ResidualParams",
+    "ResidualState", "validate_params", "COMPONENTS", "METHODS", "Dla", "Inspection", "LensGrid", "PairSweep", "PatchGrid",
+    "Patching", "SideBySide",
+]

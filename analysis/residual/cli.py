@@ -1,0 +1,86 @@
+"""`python -m analysis residual [lens|patch|side|sweep] ...`: the panel from the shell; flags made from the
+settings of ResidualParams (analysis/settings.py), so ranges and help are the page's."""
+from __future__ import annotations
+
+import argparse
+
+from analysis.residual.params import ResidualParams, validate_params
+from analysis.settings import ArgumentParser, add_arguments, labelled, read_arguments
+
+FIELDS = [(f, ResidualParams) for f in labelled(ResidualParams)]
+WHAT = ("lens", "patch", "side", "sweep")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = ArgumentParser(prog="python -m analysis residual",
+                        description="Logit/tuned lens, activation and attribution patching, direct logit "
+                                    "attribution, side by side.")
+    ap.add_argument("what", nargs="?", default="lens", choices=WHAT,
+                    help="lens: lens and direct logit attribution; patch: patch the pair; side: side by side; "
+                         "sweep: residual patching over every offered pair")
+    ap.add_argument("--model", default="zoo:shapes-lm", help="zoo:NAME, hub:ID[@REV] or local:PATH")
+    add_arguments(ap, FIELDS)
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    return ap
+
+
+def _table(rows: list[list], head: list[str]) -> None:
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row in rows:
+        print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row) + " |")
+
+
+def print_inspection(r) -> None:
+    print(f"{r.model}: {r.prompt!r} -> {r.prediction!r}; target {r.target!r}" + (f", foil {r.foil!r}" if r.foil else ""))
+    print(f"{r.lens.lens} lens at the last state vs the model's logits: max |difference| {r.lens.last_gap:.2e}\n")
+    lens = r.lens
+    _table([[i, lens.top_tokens[i][-1][0], lens.target_prob[i][-1], lens.target_rank[i][-1] + 1, lens.kl[i][-1],
+             r.dla.attn[i - 1] if i else r.dla.embed, r.dla.mlp[i - 1] if i else 0.0]
+            for i in range(len(lens.kl))],
+           ["state", "top token", "P(target)", "rank (1 = top)", "KL to final (nats)", "DLA of the layer's attention "
+            "(state 0: embeddings)", "DLA of its MLP"])
+    print(f"\nDLA total {r.dla.total:.4f} (the model's own: {r.dla.model_value:.4f})")
+
+
+def print_patching(r) -> None:
+    print(f"{r.model}: {r.pair.clean!r} / {r.pair.corrupt!r}; logit difference clean {r.clean_diff:.3f}, "
+          f"corrupted {r.corrupt_diff:.3f}")
+    for g in r.grids:
+        i, j, v = g.peak()
+        print(f"{g.component:10s} {g.method:12s} peak {v:.3f} at {g.rows[i]}, {g.cols[j]}")
+    for name, corr in r.correlation.items():
+        print(f"exact vs attribution, {name}: r = {corr:.3f}")
+
+
+def print_sweep(r) -> None:
+    print(f"{r.model}: {len(r.runs)} pairs (skipped: {', '.join(r.skipped) or 'none'}); exact vs attribution "
+          f"r = {r.correlation:.3f}\n")
+    _table([[i, r.subject[i], r.last[i], r.other[i], r.subject_attribution[i], r.last_attribution[i]]
+            for i in range(r.layers)],
+           ["state", "subject's last token", "last token", "other", "subject (attribution)", "last (attribution)"])
+
+
+def cli(argv: list[str]) -> int:
+    from analysis.models import ModelSpec, load_model
+    from analysis.residual import analysis
+
+    args = parser().parse_args(argv)
+    params = ResidualParams(**read_arguments(args, FIELDS))
+    validate_params(params)  # before loading the model: bad input fails fast
+    handle = load_model(ModelSpec.parse(args.model))
+    if args.what == "lens":
+        result, show = analysis.inspect(handle, params), print_inspection
+    elif args.what == "patch":
+        result, show = analysis.patch(handle, params), print_patching
+    elif args.what == "side":
+        other = load_model(ModelSpec.parse(params.other_model)) if params.side == "model" and params.other_model else None
+        result = analysis.side_by_side(handle, params, other=other)
+        show = lambda r: (print_inspection(r.a), print(), print_inspection(r.b))  # noqa: E731
+    else:
+        result, show = analysis.pair_sweep(handle, params), print_sweep
+    if args.json:
+        print(result.to_json())
+    else:
+        show(result)
+    return 0

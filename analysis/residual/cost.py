@@ -1,0 +1,69 @@
+"""How much work a residual-stream analysis is, counted from its settings (analysis/cost.py prices it)."""
+from __future__ import annotations
+
+import math
+
+from analysis import anatomy
+from analysis.cost import INPUT_GRADIENT, Work
+from analysis.models import ModelHandle
+from analysis.residual.pairs import pairs_for
+from analysis.residual.params import ResidualParams, validate_params
+from analysis.residual.patching import COMPONENTS, Geometry
+from analysis.residual.prompts import chosen_pair, prompt_ids
+
+HOOK_OVERHEAD = 0.1  # a forward with a hook at every site against a plain one (Python per hook call)
+# A lens cell against one position's unembedding: the final norm, log-softmax, KL, rank and top-k over the
+# vocabulary and the top tokens' text. Measured on SmolLM2 (capital-france, one thread, shared machine):
+# estimated 0.48 s without it, 1.2-2.1 s measured; 0.77 s with it. `patch`: estimate / measured 0.87-0.89.
+LENS_CELL = 4.3
+
+
+def _forward(tokens: int, rows: int = 1, logits: int = 0) -> Work:
+    return Work(calls=1, tokens=tokens * rows, attended=rows * tokens * (tokens + 1) / 2, logits=logits,
+                overhead=HOOK_OVERHEAD)
+
+
+def inspect_work(handle: ModelHandle, params: ResidualParams, kwargs: dict) -> Work:
+    """`inspect`: one forward with every position's logits, then the lens's readout of every (state, position)."""
+    validate_params(params)
+    t = len(prompt_ids(handle.tokenizer, chosen_pair(handle, params).clean))
+    layers = handle.info.layers
+    return _forward(t, logits=t - 1).add(logits=(layers + 1) * t * LENS_CELL)
+
+
+def _geometry(handle: ModelHandle, t: int) -> Geometry:
+    layout = anatomy.head_layout(handle.language_model)
+    return Geometry(handle.info.layers, t, layout.heads, layout.head_dim)
+
+
+def problem_work(handle: ModelHandle, t: int, components: list[str], methods: list[str], batch: int) -> Work:
+    """One pair: the clean run, the corrupted run (with a backward for attribution), every exact cell."""
+    work = _forward(t).add(**vars(_forward(t)))
+    if "attribution" in methods:
+        work.add(**vars(_forward(t)), times=INPUT_GRADIENT - 1)
+    if "exact" in methods:
+        g = _geometry(handle, t)
+        cells = sum(math.prod(COMPONENTS.create(c).shape(g)) for c in components)
+        work.add(calls=math.ceil(cells / batch), tokens=cells * t, attended=cells * t * (t + 1) / 2,
+                 overhead=HOOK_OVERHEAD * math.ceil(cells / batch))
+    return work
+
+
+def patch_work(handle: ModelHandle, params: ResidualParams, kwargs: dict) -> Work:
+    validate_params(params)
+    t = len(prompt_ids(handle.tokenizer, chosen_pair(handle, params).clean))
+    return problem_work(handle, t, params.components, params.methods, params.batch)
+
+
+def side_work(handle: ModelHandle, params: ResidualParams, kwargs: dict) -> Work:
+    """`side_by_side`: two inspections (the second on the other model is priced as if on this one)."""
+    return inspect_work(handle, params, kwargs).add(**vars(inspect_work(handle, params, kwargs)))
+
+
+def sweep_work(handle: ModelHandle, params: ResidualParams, kwargs: dict) -> Work:
+    validate_params(params)
+    work = Work()
+    for pair in pairs_for(handle):
+        t = len(prompt_ids(handle.tokenizer, pair.clean))
+        work.add(**vars(problem_work(handle, t, ["residual"], ["exact", "attribution"], params.batch)))
+    return work

@@ -1,0 +1,80 @@
+"""Lenses: read a residual-stream state as a next-token distribution.
+
+- the logit lens (nostalgebraist 2020): the model's own final norm and unembedding applied to state l,
+  exactly as the model applies them after its last layer (Gemma's (1 + w) RMSNorm, Llama's RMSNorm,
+  GPT-2's LayerNorm, OPT's projection, Gemma 2's logit soft-cap); at the last state it is the model's
+  own logits;
+- the tuned lens (Belrose et al. 2023, "Eliciting Latent Predictions from Transformers with the Tuned
+  Lens"): one affine translator per layer, h -> h + W h + b, trained to match the final distribution
+  (analysis/zoo/train/tuned_lens.py), then the same readout. The last state needs none.
+
+Each lens is a small class registered in `LENSES`; `readout` is the shared final step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from analysis import anatomy
+from analysis.models import ModelHandle
+from analysis.registry import Method, Registry
+from analysis.residual import translators
+from analysis.residual.sites import project_out
+
+
+def readout(lm: torch.nn.Module, states: torch.Tensor, *, softcap: bool = True) -> torch.Tensor:
+    """Next-token logits of residual states (..., D): the model's final norm, OPT's projection if any, its
+    unembedding and (with `softcap`) Gemma 2's soft-cap, in the model's own modules and order."""
+    norm = anatomy.final_norm(lm)
+    x = norm(states) if norm is not None else states
+    proj = project_out(lm)
+    if proj is not None:
+        x = proj(x)
+    logits = anatomy.unembedding(lm)(x)
+    cap = anatomy.logit_softcap(lm) if softcap else None
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+class Lens(Method):
+    """A map from the states of every layer (L + 1, T, D) to logits (L + 1, T, V)."""
+
+    def prepare(self, handle: ModelHandle) -> None:
+        """Load what the lens needs for this model; a ResidualError saying why when it cannot."""
+
+    def layer_logits(self, handle: ModelHandle, layer: int, states: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+LENSES: Registry[Lens] = Registry("lens")
+
+
+@LENSES.register
+@dataclass
+class LogitLens(Lens):
+    name: ClassVar[str] = "logit"
+    label: ClassVar[str] = "Logit lens"
+    summary: ClassVar[str] = "The model's final norm and unembedding applied to every layer's residual stream."
+
+    def layer_logits(self, handle: ModelHandle, layer: int, states: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return readout(handle.language_model, states)
+
+
+@LENSES.register
+@dataclass
+class TunedLens(Lens):
+    name: ClassVar[str] = "tuned"
+    label: ClassVar[str] = "Tuned lens"
+    summary: ClassVar[str] = ("An affine translator per layer, trained to match the final distribution "
+                              "(Belrose et al. 2023), then the final norm and unembedding.")
+
+    def prepare(self, handle: ModelHandle) -> None:
+        self._translators = translators.for_model(handle)
+
+    def layer_logits(self, handle: ModelHandle, layer: int, states: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return readout(handle.language_model, self._translators.apply(layer, states))

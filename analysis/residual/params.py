@@ -1,0 +1,83 @@
+"""The settings of the residual-stream panel: one dataclass, every labelled field validated from its
+description (analysis/settings.py), so the page, a link and the command line check them the same way."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from analysis.registry import SettingsError
+from analysis.residual.errors import ResidualError
+from analysis.residual.lenses import LENSES
+from analysis.residual.pairs import OWN, all_names
+from analysis.residual.patching import COMPONENTS, METHODS
+from analysis.results import Result
+from analysis.settings import check_settings, setting
+
+SIDES = ["corrupt", "model"]
+SIDE_LABELS = {"corrupt": "corrupted prompt", "model": "other model"}
+SECTIONS = {"lens": "Lens & logit attribution", "patching": "Activation patching", "side": "Side by side",
+            "pairs": "All offered pairs"}
+COLOURS = {"target_prob": "P(target)", "kl": "KL to the final layer", "top_prob": "P(top token)"}
+
+
+def _pair_choices() -> list[str]:
+    return ["", *all_names()]
+
+
+@dataclass
+class ResidualParams(Result):
+    pair: str = setting("", label="Prompt pair", choices=_pair_choices, widget="select", group="pair", span=5,
+                        help="A clean prompt and a corrupted one with known answers (empty: the first offered "
+                             "for this model); 'own' uses the two prompts typed below.")
+    lens: str = setting("logit", label="Lens", choices=LENSES.names, labels=LENSES.label, widget="pills",
+                        group="pair", span=3)
+    prompt: str = setting("", label="Clean prompt (own pair)", high=4_000, widget="area", group="own",
+                          help="The prompt the lens reads and whose activations are patched in.")
+    corrupt: str = setting("", label="Corrupted prompt (own pair)", high=4_000, widget="area", group="own",
+                           help="Same number of tokens as the clean prompt; the run that gets patched.")
+    answer: str = setting("", label="Target token", high=200, group="tokens",
+                          help="Scored token of the clean answer (empty: the pair's answer, or the model's "
+                               "top prediction on the clean prompt).")
+    foil: str = setting("", label="Foil token", high=200, group="tokens",
+                        help="The corrupted answer (empty: the pair's, or the model's top prediction on the "
+                             "corrupted prompt). The metric is logit(target) - logit(foil).")
+    top_k: int = setting(5, label="Top tokens per cell", low=1, high=10, group="tokens")
+    components: list[str] = setting(label="Patched components", item=str, choices=COMPONENTS.names,
+                                    labels=COMPONENTS.label, min_items=1, group="patching", width=540,
+                                    default_factory=lambda: ["residual", "heads", "mlp"],
+                                    help="Residual stream at every (layer, position); each head's output; "
+                                         "each layer's attention or MLP output.")
+    methods: list[str] = setting(label="Patching methods", item=str, choices=METHODS.names, labels=METHODS.label,
+                                 min_items=1, group="patching", width=420, default_factory=lambda: ["exact", "attribution"],
+                                 help="Exact: one forward per cell. Attribution: a gradient estimate of "
+                                      "every cell from 2 forwards and 1 backward.")
+    side: str = setting("corrupt", label="Side by side", choices=SIDES, labels=SIDE_LABELS, widget="pills",
+                        group="side", width=300, help="Beside the clean prompt: the corrupted prompt on this model, or the "
+                                           "clean prompt on another model.")
+    other_model: str = setting("", label="Other model", high=300, cli="other-model", group="side", width=260,
+                               help="zoo:NAME, hub:ID or local:PATH; its tokenizer must match this model's.")
+    batch: int = field(default=32)  # patched rows per forward
+
+
+@dataclass
+class ResidualState:
+    """The page's own controls: which section it shows and how the lens grid is coloured (never passed to
+    the analysis)."""
+
+    view: str = setting("lens", label="View", choices=list(SECTIONS), labels=SECTIONS, widget="radio",
+                        help="Each section runs its own analysis; the lens opens at once, patching takes one "
+                             "forward per cell.")
+    colour: str = setting("target_prob", label="Colour", choices=list(COLOURS), labels=COLOURS, widget="radio",
+                          help="What the lens grid's colour shows.")
+
+
+def validate_params(params: ResidualParams) -> None:
+    """One validation path for the CLI, the URL and the page: SettingsError / ResidualError, one line."""
+    check_settings(params)
+    if params.pair == OWN and not (params.prompt.strip() and params.corrupt.strip()):
+        raise ResidualError("An own pair needs both a clean and a corrupted prompt.")
+    if not isinstance(params.batch, int) or not 1 <= params.batch <= 4096:
+        raise SettingsError(f"batch must be a whole number in 1..4096, got {params.batch!r}.")
+    for name in params.components:
+        COMPONENTS.get(name)
+    for name in params.methods:
+        METHODS.get(name)

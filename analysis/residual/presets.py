@@ -1,0 +1,39 @@
+"""The residual-stream panel's presets for a live talk: the zoo (where the answer sits is known) and the
+real model (factual recall). tests/page/test_presets.py re-checks each sentence on the page."""
+from __future__ import annotations
+
+from analysis.presets import REAL_MODEL, Preset, real_model_in_zoo
+from analysis.residual.params import ResidualParams
+
+REAL_CAPITAL = ("SmolLM2-135M-Instruct, 'The capital of France is' vs '... Italy is': patching the residual "
+                "stream restores ' Paris' only at ' France' through layer 23 (1.00) and only at the last token "
+                "from layer 24 on: layer 23 moves the fact, and its head H4 alone restores 0.93. Attribution "
+                "patching agrees on the residual stream (r = 0.99).")
+
+REAL_TUNED = ("SmolLM2-135M-Instruct, 'The capital of France is': the tuned lens first has ' Paris' on top after "
+              "layer 28 (2nd after 29), where the logit lens has it on top only at the output (layer 30), and reads "
+              "' capital' after layer 26 where "
+              "the logit lens reads a space. Its translators were trained briefly: in the middle layers it ranks "
+              "' Paris' far lower than the logit lens does (after layer 10: 11,448th vs 3,384th).")
+
+PRESETS = (
+    Preset("needle-found", "Patching finds the needle",
+           "shapes-lm's needle prompt with the asked value 84 swapped for 92: patching the residual stream "
+           "restores the answer only at token 15 (the needle's value, 1.00) in the embeddings, and only at the "
+           "last token from layer 1 on; head L0H3 alone restores 0.73 of it.",
+           "zoo:shapes-lm", ResidualParams(pair="needle-0", components=["residual", "heads"],
+                                           other_model="zoo:shapes-vlm"), {"view": "patching"}),
+    Preset("tuned-colour", "Tuned lens: a colour where the logit lens reads noise",
+           "Decomposing a caption, shapes-lm must write the first object's colour, 'yellow'. After layer 2 the "
+           "logit lens reads 'circle' and ranks 'yellow' 80th (7.6 nats from the final distribution); the tuned "
+           "lens already reads a colour ('red'), with 'yellow' 3rd (1.5 nats). After layer 3 the tuned lens has "
+           "'yellow' on top (P = 0.86) while the logit lens still shows 'blue'.",
+           "zoo:shapes-lm", ResidualParams(pair="colour-1", lens="tuned", other_model="zoo:shapes-vlm"),
+           {"view": "lens"}),
+    *([Preset("real-capital", "A real model recalls a capital", REAL_CAPITAL, f"zoo:{REAL_MODEL}",
+              ResidualParams(pair="capital-france", components=["residual", "heads"], other_model="zoo:shapes-lm"),
+              {"view": "patching"}),
+       Preset("real-tuned", "A real model's tuned lens: Paris two layers early", REAL_TUNED, f"zoo:{REAL_MODEL}",
+              ResidualParams(pair="capital-france", lens="tuned", components=["residual", "heads"],
+                             other_model="zoo:shapes-lm"), {"view": "lens"})] if real_model_in_zoo() else []),
+)

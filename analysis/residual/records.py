@@ -1,0 +1,141 @@
+"""The typed results of the residual-stream panel: what the page renders, the CLI prints, the store saves.
+
+Layers are counted as residual-stream states: state 0 is the embeddings (the input of layer 0), state l
+the output of layer l - 1, state L the last layer's output (what the final norm reads)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from analysis.residual.pairs import Pair
+from analysis.residual.params import ResidualParams
+from analysis.results import Result
+
+
+@dataclass
+class Dla(Result):
+    """Direct logit attribution at one position (see dla.py): parts that add up to `total`."""
+
+    target: int
+    foil: int | None
+    position: int
+    embed: float
+    attn: list[float]  # per layer
+    mlp: list[float]
+    heads: list[list[float]]  # [layer][head]; their sum is attn minus the projection's bias share
+    constant: float  # final-norm and unembedding biases
+    total: float  # embed + attn + mlp + constant
+    model_value: float = math.nan  # the model's own logit (difference) before any soft-cap
+
+    def layers(self) -> list[float]:
+        return [a + m for a, m in zip(self.attn, self.mlp)]
+
+
+@dataclass
+class LensGrid(Result):
+    """One lens over every (state, position)."""
+
+    lens: str
+    top_tokens: list[list[list[str]]]  # [state][position][k]
+    top_probs: list[list[list[float]]]
+    target_prob: list[list[float]]  # [state][position]
+    target_rank: list[list[int]]  # 0: the lens's top token
+    kl: list[list[float]]  # KL(final || lens) in nats
+    last_gap: float  # max |lens logits - model logits| at the last state (the logit lens: 0)
+
+    def last(self, values: list[list[float]]) -> list[float]:
+        """A [state][position] table's last-position column."""
+        return [row[-1] for row in values]
+
+
+@dataclass
+class Inspection(Result):
+    model: str
+    params: ResidualParams
+    prompt: str
+    tokens: list[str]
+    target: str
+    target_id: int
+    foil: str | None
+    foil_id: int | None
+    prediction: str  # the model's top next token after the prompt
+    layers: int
+    heads: int
+    lens: LensGrid
+    dla: Dla
+
+
+@dataclass
+class PatchGrid(Result):
+    component: str
+    method: str
+    rows: list[str]
+    cols: list[str]
+    share: list[list[float]]  # share of the clean - corrupted logit difference recovered
+
+    def peak(self) -> tuple[int, int, float]:
+        """(row, column, share) of the largest share."""
+        best = max(((i, j, v) for i, row in enumerate(self.share) for j, v in enumerate(row)), key=lambda t: t[2])
+        return best
+
+
+@dataclass
+class Patching(Result):
+    model: str
+    params: ResidualParams
+    pair: Pair
+    clean_tokens: list[str]
+    corrupt_tokens: list[str]
+    target_id: int
+    foil_id: int
+    clean_diff: float  # logit(target) - logit(foil), clean run
+    corrupt_diff: float
+    changed: list[int]  # positions where the two prompts differ
+    grids: list[PatchGrid]
+    correlation: dict[str, float] = field(default_factory=dict)  # component -> Pearson r, exact vs attribution
+    seconds: dict[str, float] = field(default_factory=dict)  # method -> wall time
+
+    def grid(self, component: str, method: str) -> PatchGrid | None:
+        return next((g for g in self.grids if g.component == component and g.method == method), None)
+
+
+@dataclass
+class SideBySide(Result):
+    """Two inspections under the same settings (two prompts, or two models) and their differences, per state
+    at the last position (the prompts may differ in length)."""
+
+    a_label: str
+    b_label: str
+    a: Inspection
+    b: Inspection
+    target_prob_diff: list[float]  # a - b, per state
+    kl_diff: list[float]
+    dla_diff: list[float]  # per layer (attention + MLP)
+    head_diff: list[list[float]]  # [layer][head]
+    same_tokens: bool  # a and b read the same tokens (two models), so grids differ cell by cell
+
+
+@dataclass
+class PairRun(Result):
+    name: str
+    clean_diff: float
+    corrupt_diff: float
+    subject: int  # the last changed position
+    exact: list[list[float]]  # residual share [layer][position]
+    attribution: list[list[float]]
+
+
+@dataclass
+class PairSweep(Result):
+    """Residual-stream patching over every offered pair, aligned at the subject's last token and the last token."""
+
+    model: str
+    layers: int
+    runs: list[PairRun]
+    subject: list[float]  # mean exact share per layer at the subject's last token
+    last: list[float]  # at the last token
+    other: list[float]  # at every other position (mean)
+    subject_attribution: list[float]
+    last_attribution: list[float]
+    correlation: float  # Pearson r of exact vs attribution over every cell of every pair
+    skipped: list[str] = field(default_factory=list)  # pairs whose prompts differ in length here

@@ -1,0 +1,333 @@
+"""Train a tuned lens (Belrose et al. 2023) for a zoo model and store it beside the zoo's other artefacts.
+
+    python -m analysis.zoo.train.tuned_lens --model zoo:shapes-lm
+    python -m analysis.zoo.train.tuned_lens --model zoo:smollm2-135m-instruct
+
+One affine translator per layer, h -> h + W h + b, trained so that the model's own final norm and
+unembedding applied to the translated state of layer l match the model's final distribution: the loss is
+KL(final || lens), summed over layers (the paper's objective). The last layer's state needs none.
+
+The recipe (what differs from the tuned-lens repository, and why):
+- Corpus. Nothing can be downloaded here, so no Pile. shapes-lm: its own training formats (Shapes World
+  decompositions, rewrites, max retrieval, needles) from the train split, held out on the test split.
+  A real model: its own samples (temperature 1, from 48 varied English openers), which is what the lens
+  must imitate (the final distribution on text like the model's); held out on samples from 16 other
+  openers and on human-written English it never trained on: the docstrings of a fixed list of Python
+  standard-library modules (the same on every machine with this Python).
+- Start and step. Translators start at zero (the identity map, as in the paper) and train with Adam
+  (lr 1e-3, decaying linearly to zero). The repository's SGD at lr 0.1 takes steps that grow with the
+  residual norm: measured on SmolLM2 (benchmarks/residual_tuned_lens.py --real-steps 30) it ends worse than
+  the logit lens at every layer from 1 to 29 (state 29: 14.77 vs 2.48 nats), where Adam is below it at every
+  layer. On shapes-lm (small residual norms) the two end close; a least-squares start (each state regressed
+  onto the last one) ends far worse at layer 0 there, so it is not used.
+- Storage. Full-rank translators of a 30-layer, d = 576 model are 40 MB in float32; each file stays under
+  8 MB, so a large model's translators are stored as W ~ u v^T truncated by SVD at rank `--rank` in float16
+  (the held-out KL of the stored lens is what is reported, measured after truncation).
+"""
+from __future__ import annotations
+
+import argparse
+import inspect as pyinspect
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from analysis import paths
+from analysis.residual.hooks import trace
+from analysis.residual.lenses import readout
+from analysis.residual.translators import LENS_ROOT, Translators, probe
+
+MAX_FILE_BYTES = 8_000_000
+OPENERS = [
+    "The history of", "In a small village,", "Scientists have discovered", "Here is a recipe for",
+    "The main causes of", "Once upon a time", "My favourite book is", "The weather today", "To learn a new language,",
+    "The city of", "A good night's sleep", "When I was young,", "The most important thing about", "In the year 1850,",
+    "Photosynthesis is", "The best way to", "Our team decided to", "Music has always", "The ocean covers",
+    "Every morning, she", "The committee announced", "Computers work by", "In this article, we", "The old man",
+    "Exercise helps", "The price of", "Many people believe that", "The river flows", "During the war,",
+    "A healthy diet", "The museum opened", "Children learn", "The company reported", "On the other hand,",
+    "The first step is", "Mountains are formed", "He opened the door and", "The law requires", "Birds migrate",
+    "The train was late because", "Water boils at", "The students were asked to", "In mathematics, a", "The garden",
+    "Doctors recommend", "The story begins", "Electric cars", "The village was",
+    # held out: never sampled for training
+    "The bridge", "Coffee is", "The painter", "Ancient Rome", "The library", "A volcano", "The election",
+    "Bees", "The recipe calls for", "The engine", "In winter,", "The teacher said", "The moon", "Trade between",
+    "The forest", "A new study",
+]
+TRAIN_OPENERS, HELD_OPENERS = OPENERS[:48], OPENERS[48:]
+STDLIB = ["textwrap", "argparse", "json", "csv", "logging", "unittest", "heapq", "bisect", "fractions", "decimal",
+          "statistics", "difflib", "collections", "functools", "itertools", "contextlib", "dataclasses", "pathlib",
+          "shutil", "tempfile", "calendar", "random", "string", "threading", "queue", "sqlite3", "zipfile", "email"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Corpora (lists of token-id sequences)
+
+
+def shapes_corpus(tokenizer, split: str, n: int, seed: int) -> list[list[int]]:
+    """Shapes World examples in shapes-lm's training formats (prompt and answer), from one split's scenes."""
+    from analysis.world import shapes_world as sw
+
+    rng = random.Random(seed)
+    seeds = iter(sw.split_seeds(split, sw.SPLIT_SIZE))
+    texts = []
+    for k in range(n):
+        kind = k % 4
+        if kind == 0:
+            prompt, answer = sw.decompose_example(sw.generate_scene(next(seeds)))
+        elif kind == 1:
+            prompt, answer = sw.rewrite_example(sw.generate_scene(next(seeds)), rng)
+        elif kind == 2:
+            prompt, answer = sw.max_retrieval_example(rng, rng.randint(2, 16))
+        else:
+            prompt, answer, _ = sw.needle_example(rng, rng.randint(16, 64), rng.randint(1, 4))
+        texts.append(f"{prompt} {answer} </s>")
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def samples(handle, openers: list[str], per_opener: int, new_tokens: int, seed: int) -> list[list[int]]:
+    """The model's own continuations of each opener (temperature 1, no top-k / top-p), in one left-padded batch;
+    each returned without its padding."""
+    tok, lm = handle.tokenizer, handle.language_model
+    rows = [tok(o)["input_ids"] for o in openers for _ in range(per_opener)]
+    width = max(map(len, rows))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        gen = lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad)
+    return [r[width - len(row):] for r, row in zip(gen.tolist(), rows)]
+
+
+def stdlib_text(modules: list[str] = STDLIB) -> list[str]:
+    """Prose paragraphs from the docstrings of Python standard-library modules and their public members."""
+    import importlib
+
+    paragraphs = []
+    for name in modules:
+        module = importlib.import_module(name)
+        docs = [pyinspect.getdoc(module) or ""]
+        docs += [pyinspect.getdoc(getattr(module, a)) or "" for a in sorted(dir(module))
+                 if not a.startswith("_") and (pyinspect.isfunction(getattr(module, a)) or pyinspect.isclass(getattr(module, a)))
+                 and getattr(getattr(module, a), "__module__", "") == name]
+        for doc in docs:
+            for para in doc.split("\n\n"):
+                text = " ".join(para.split())
+                letters = sum(c.isalpha() or c == " " for c in text)
+                if len(text) > 120 and letters / len(text) > 0.9 and not text.startswith((">>>", "-")):
+                    paragraphs.append(text)
+    return list(dict.fromkeys(paragraphs))
+
+
+def cached_corpus(handle, name: str) -> tuple[list[list[int]], list[list[int]]]:
+    """The model's training and held-out samples, kept under .model_inspector/ (sampling is seeded: a rerun
+    draws the same tokens, this only saves the minutes it takes on a CPU)."""
+    path = paths.ROOT / ".model_inspector" / f"tuned_lens_corpus_{name}.json"
+    if path.is_file():
+        data = json.loads(path.read_text())
+        return data["train"], data["held"]
+    train_seq = samples(handle, TRAIN_OPENERS, 2, 64, seed=0)
+    held = samples(handle, HELD_OPENERS, 1, 64, seed=1)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"train": train_seq, "held": held}))
+    return train_seq, held
+
+
+def windows(tokenizer, texts: list[str], length: int, limit: int) -> list[list[int]]:
+    out = []
+    for text in texts:
+        ids = tokenizer(text)["input_ids"]
+        out += [ids[i:i + length] for i in range(0, len(ids) - length // 2, length)]
+    return [w for w in out if len(w) >= 8][:limit]
+
+
+# ---------------------------------------------------------------------------------------------
+# States, training, measuring
+
+
+def states_of(handle, sequences: list[list[int]]) -> torch.Tensor:
+    """The residual states (L + 1, N, D) of every token of every sequence (one forward per sequence)."""
+    rows = []
+    for ids in sequences:
+        tr = trace(handle, torch.tensor([ids]), want=("resid",), keep=1)
+        rows.append(torch.stack([tr.acts["resid"][i][0] for i in sorted(tr.acts["resid"])]))
+    return torch.cat(rows, dim=1).float()
+
+
+def kl_per_layer(lm, trans: Translators | None, states: torch.Tensor, chunk: int = 256) -> list[float]:
+    """Mean KL(final || lens) in nats per state, the logit lens when `trans` is None."""
+    n_states, n = states.shape[0], states.shape[1]
+    totals = torch.zeros(n_states, dtype=torch.float64)
+    with torch.no_grad():
+        for start in range(0, n, chunk):
+            part = states[:, start:start + chunk]
+            final = torch.log_softmax(readout(lm, part[-1]).float(), -1)
+            for layer in range(n_states):
+                x = part[layer] if trans is None else trans.apply(layer, part[layer])
+                logp = torch.log_softmax(readout(lm, x).float(), -1)
+                totals[layer] += float((final.exp() * (final - logp)).sum())
+    return (totals / n).tolist()
+
+
+def least_squares(states: torch.Tensor, ridge: float = 1e-2) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer l < L: (W, b) minimising |h_l + W h_l + b - h_L|^2 (ridge-regularised)."""
+    target = states[-1].double()
+    weights, biases = [], []
+    for layer in range(states.shape[0] - 1):
+        x = states[layer].double()
+        xa = torch.cat([x, torch.ones(len(x), 1, dtype=torch.float64)], 1)
+        gram = xa.T @ xa
+        gram += ridge * gram.diagonal().mean() * torch.eye(len(gram), dtype=torch.float64)
+        solution = torch.linalg.solve(gram, xa.T @ target)  # (D + 1, D): target ~ xa @ solution
+        m, b = solution[:-1].T, solution[-1]
+        weights.append((m - torch.eye(len(m), dtype=torch.float64)).float())
+        biases.append(b.float())
+    return weights, biases
+
+
+def train(lm, states: torch.Tensor, steps: int, batch: int, lr: float, seed: int, log=print, *,
+          start: str = "zero", optimizer: str = "adam") -> Translators:
+    """From zero (the identity map; `start="lstsq"`: the least-squares map onto the last state), Adam
+    (`optimizer="sgd"`: the tuned-lens repository's SGD with Nesterov momentum 0.9) on the summed
+    KL(final || lens) over random token batches, the step decaying linearly to zero."""
+    n_layers = states.shape[0] - 1
+    if start == "lstsq":
+        w0, b0 = least_squares(states)
+    else:
+        d = states.shape[-1]
+        w0, b0 = [torch.zeros(d, d) for _ in range(n_layers)], [torch.zeros(d) for _ in range(n_layers)]
+    weights = [torch.nn.Parameter(w) for w in w0]
+    biases = [torch.nn.Parameter(b) for b in b0]
+    if optimizer == "sgd":
+        opt = torch.optim.SGD([*weights, *biases], lr=lr, momentum=0.9, nesterov=True)
+    else:
+        opt = torch.optim.Adam([*weights, *biases], lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    for p in lm.parameters():
+        p.requires_grad_(False)
+    try:
+        for step in range(steps):
+            for group in opt.param_groups:  # linear decay to zero
+                group["lr"] = lr * (1 - step / steps)
+            pick = torch.randint(0, states.shape[1], (batch,), generator=gen)
+            part = states[:, pick]
+            with torch.no_grad():
+                final = torch.log_softmax(readout(lm, part[-1]).float(), -1)
+            x = torch.stack([part[i] + part[i] @ weights[i].T + biases[i] for i in range(n_layers)])
+            logp = torch.log_softmax(readout(lm, x).float(), -1)
+            loss = (final.exp() * (final - logp)).sum(-1).mean(-1).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % 25 == 0 or step == steps - 1:
+                log(f"  step {step}: summed KL {float(loss.detach()):.4f}")
+    finally:
+        for p in lm.parameters():
+            p.requires_grad_(True)
+    return Translators(n_layers, {i: (w.detach(),) for i, w in enumerate(weights)},
+                       {i: b.detach() for i, b in enumerate(biases)})
+
+
+def low_rank(trans: Translators, rank: int) -> Translators:
+    """Each W truncated to rank `rank` by SVD, stored as (u s, v)."""
+    weights = {}
+    for layer, (w,) in trans.weights.items():
+        u, s, vh = torch.linalg.svd(w.double(), full_matrices=False)
+        weights[layer] = ((u[:, :rank] * s[:rank]).float(), vh[:rank].T.float())
+    return Translators(trans.layers, weights, dict(trans.biases), dict(trans.meta))
+
+
+def stored_bytes(trans: Translators) -> int:
+    return sum(t.numel() * 2 for t in trans.state_dict().values())  # float16
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+REAL = "smollm2-135m-instruct"
+RECIPES = {  # model -> (corpus kind, steps, batch, lr, rank or None)
+    "shapes-lm": ("shapes", 400, 256, 1e-3, None),
+    REAL: ("samples", 100, 24, 1e-3, 96),
+}
+
+
+def build(model: str, *, steps: int | None = None, rank: int | None = None, out: Path | None = None,
+          log=print) -> dict:
+    from analysis.models import ModelSpec, load_model
+
+    spec = ModelSpec.parse(model)
+    name = spec.name
+    if spec.source != "zoo" or name not in RECIPES:
+        raise SystemExit(f"error: no tuned-lens recipe for {model} (recipes: {', '.join('zoo:' + k for k in RECIPES)}).")
+    kind, default_steps, batch, lr, default_rank = RECIPES[name]
+    steps = default_steps if steps is None else steps
+    rank = default_rank if rank is None else (rank or None)
+    handle = load_model(spec)
+    lm = handle.language_model
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    log(f"{model}: building the corpora")
+    if kind == "shapes":
+        train_seq = shapes_corpus(handle.tokenizer, "train", 400, seed=0)
+        held = {"Shapes World test split": shapes_corpus(handle.tokenizer, "test", 100, seed=1)}
+        corpus = ("shapes-lm's own training formats (decompose, rewrite, max, needle) on 400 train-split "
+                  "examples; held out: 100 test-split examples")
+    else:
+        train_seq, held_samples = cached_corpus(handle, name)
+        held = {"model samples, held-out openers": held_samples[:8],
+                "Python stdlib docstrings (human-written)": windows(handle.tokenizer, stdlib_text(), 64, 8)}
+        corpus = ("the model's own samples: 2 per opener x 48 English openers, 64 new tokens each, temperature 1; "
+                  "held out: 1 sample per opener x 8 other openers, and 8 windows of 64 tokens from the "
+                  f"docstrings of {len(STDLIB)} Python standard-library modules")
+    log(f"  {sum(map(len, train_seq))} training tokens; held out: "
+        + ", ".join(f"{k}: {sum(map(len, v))}" for k, v in held.items()))
+    train_states = states_of(handle, train_seq)
+    trans = train(lm, train_states, steps, batch, lr, seed=0, log=log)
+    full = trans
+    if rank is not None:
+        trans = low_rank(trans, rank)
+    metrics = {}
+    for label, seqs in held.items():
+        st = states_of(handle, seqs)
+        metrics[label] = {"tokens": st.shape[1], "logit": kl_per_layer(lm, None, st), "tuned": kl_per_layer(lm, trans, st)}
+        if rank is not None:
+            metrics[label]["tuned_full_rank"] = kl_per_layer(lm, full, st)
+    trans.meta = {
+        "model": spec.label, "probe": probe(lm), "paper": "Belrose et al. 2023, Eliciting Latent Predictions from "
+        "Transformers with the Tuned Lens", "translator": "h + W h + b" + (f", W stored at rank {rank}" if rank else ""),
+        "recipe": {"start": "zero (the identity map)", "optimizer": "Adam", "lr": lr, "threads": 1,
+                   "schedule": "linear decay to 0", "steps": steps, "batch_tokens": batch,
+                   "loss": "sum over layers of KL(final || lens)", "dtype_stored": "float16"},
+        "corpus": corpus, "held_out_kl_nats": metrics, "train_seconds": round(time.perf_counter() - t0, 1),
+        "script": "python -m analysis.zoo.train.tuned_lens --model " + spec.label,
+    }
+    if stored_bytes(trans) > MAX_FILE_BYTES:
+        raise SystemExit(f"error: the translators take {stored_bytes(trans) / 1e6:.1f} MB (> 8 MB); lower --rank.")
+    folder = trans.save(out or LENS_ROOT / name)
+    log(f"stored {paths.relative(folder)} ({stored_bytes(trans) / 1e6:.2f} MB) in {time.perf_counter() - t0:.0f} s")
+    return trans.meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.zoo.train.tuned_lens", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="zoo:shapes-lm or zoo:smollm2-135m-instruct")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default: the model's recipe)")
+    ap.add_argument("--rank", type=int, default=None, help="store W at this rank (0: full rank)")
+    ap.add_argument("--out", default=None, help="folder to store the lens in (default: analysis/zoo/lenses/NAME)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # part of the recipe: the float sums, so the translators, depend on it
+    meta = build(args.model, steps=args.steps, rank=args.rank, out=Path(args.out) if args.out else None)
+    for label, m in meta["held_out_kl_nats"].items():
+        print(f"\n{label} ({m['tokens']} tokens): KL(final || lens) per state, logit -> tuned")
+        print(" ".join(f"{i}:{a:.2f}->{b:.2f}" for i, (a, b) in enumerate(zip(m["logit"], m["tuned"]))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Plotly figures of the residual-stream panel: pure functions of analysis results."""
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from analysis.residual import Inspection, Patching, PairSweep, SideBySide
+from components.figures.memo import shared_figure
+from components.figures.text import legend_below, panel_titles, set_title
+
+STATE_AXIS = "after layer (0: embeddings)"
+PATCH_AXIS = "entering layer (0: embeddings)"
+SHARE = "share of the logit difference recovered"
+DIVERGING = "RdBu_r"
+A_COLOUR, B_COLOUR = "#1f77b4", "#d62728"
+MAX_WRITTEN = 24  # positions up to which the lens grid writes each cell's top token
+METRICS = {  # lens cell metric -> (colour-bar title, colour scale, range)
+    "target_prob": ("P(target)", "Viridis", (0.0, 1.0)),
+    "kl": ("KL to final (nats)", "Magma_r", (0.0, None)),
+    "top_prob": ("P(top token)", "Viridis", (0.0, 1.0)),
+}
+
+
+def _tokens(tokens: list[str]) -> list[str]:
+    """Axis labels: a token's position and its text, escaped, with spaces shown."""
+    return [f"{j}:{html.escape(t).replace(' ', '·') or '∅'}" for j, t in enumerate(tokens)]
+
+
+@shared_figure
+def lens_figure(result: Inspection, metric: str = "target_prob") -> go.Figure:
+    """Layer x position: the chosen lens's top token in each cell, coloured by `metric`."""
+    lens = result.lens
+    title, scale, (low, high) = METRICS[metric]
+    if metric == "top_prob":
+        z = [[cell[0] for cell in row] for row in lens.top_probs]
+    else:
+        z = getattr(lens, metric)
+    text = [[html.escape(cell[0]).replace(" ", "·") for cell in row] for row in lens.top_tokens]
+    hover = [[f"top: {', '.join(html.escape(t) for t in lens.top_tokens[i][j])}<br>"
+              f"P(target {html.escape(result.target)}) = {lens.target_prob[i][j]:.3f}, rank {lens.target_rank[i][j] + 1}<br>"
+              f"KL to final = {lens.kl[i][j]:.3f} nats" for j in range(len(row))] for i, row in enumerate(z)]
+    # the top token written in each cell while the cells are wide enough to read; beyond, hover says it
+    written = dict(text=text, texttemplate="%{text}", textfont=dict(size=10)) if len(result.tokens) <= MAX_WRITTEN else {}
+    fig = go.Figure(go.Heatmap(z=z, x=_tokens(result.tokens), y=list(range(len(z))), **written,
+                               hovertext=hover, hoverinfo="text",
+                               colorscale=scale, zmin=low, zmax=high, colorbar=dict(title=title)))
+    fig.update_xaxes(title_text="position: token of the prompt", tickangle=-45)
+    fig.update_yaxes(title_text=STATE_AXIS, dtick=max(1, len(z) // 15))
+    fig.update_layout(height=max(360, 22 * len(z) + 160))
+    lens_name = "Tuned lens" if lens.lens == "tuned" else "Logit lens"
+    return set_title(fig, f"{lens_name}: each layer's top next token; colour {title}", chars=80)
+
+
+@shared_figure
+def lens_curves(result: Inspection) -> go.Figure:
+    """At the last position, per state: P(target) and KL to the final distribution."""
+    lens = result.lens
+    states = list(range(len(lens.kl)))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"P({result.target.strip()}) at the last position",
+                                                         "KL(final ‖ lens) at the last position"),
+                        horizontal_spacing=0.14)
+    fig.add_scatter(x=states, y=lens.last(lens.target_prob), mode="lines+markers", name="P(target)", row=1, col=1)
+    fig.add_scatter(x=states, y=lens.last(lens.kl), mode="lines+markers", name="KL", row=1, col=2, showlegend=False)
+    fig.update_xaxes(title_text=STATE_AXIS)
+    fig.update_yaxes(title_text="probability", range=[0, 1.02], row=1, col=1)
+    fig.update_yaxes(title_text="KL (nats)", row=1, col=2)
+    fig.update_layout(height=380, showlegend=False)
+    return panel_titles(fig)
+
+
+@shared_figure
+def dla_figure(result: Inspection) -> go.Figure:
+    """Direct logit attribution per layer (attention, MLP) and per head."""
+    dla = result.dla
+    what = f"logit({result.target.strip()})" + (f" − logit({result.foil.strip()})" if result.foil else "")
+    layers = list(range(len(dla.attn)))
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.12,
+                        subplot_titles=("Per layer", "Per head"))
+    fig.add_bar(x=layers, y=dla.attn, name="attention", marker_color=A_COLOUR, row=1, col=1)
+    fig.add_bar(x=layers, y=dla.mlp, name="MLP", marker_color=B_COLOUR, row=1, col=1)
+    top = max((abs(v) for row in dla.heads for v in row), default=1.0) or 1.0
+    fig.add_heatmap(z=dla.heads, x=[f"H{h}" for h in range(len(dla.heads[0]))], y=layers, colorscale=DIVERGING,
+                    zmin=-top, zmax=top, colorbar=dict(title="logit units", x=1.02), row=1, col=2)
+    fig.update_xaxes(title_text="layer", row=1, col=1)
+    fig.update_yaxes(title_text="direct effect (logit units)", row=1, col=1)
+    fig.update_xaxes(title_text="head", row=1, col=2)
+    fig.update_yaxes(title_text="layer", row=1, col=2)
+    fig.update_layout(barmode="group", height=max(380, 14 * len(layers) + 200))
+    set_title(fig, f"Direct logit attribution to {what}: embeddings {dla.embed:+.2f}, total {dla.total:+.2f} "
+                   f"(the model: {dla.model_value:+.2f})", chars=90, top=80)
+    return panel_titles(legend_below(fig))
+
+
+@shared_figure
+def patch_figure(result: Patching, component: str) -> go.Figure:
+    """Exact and attribution patching of one component side by side, on one colour scale."""
+    grids = [g for g in result.grids if g.component == component]
+    fig = make_subplots(rows=1, cols=len(grids), shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=[("Exact patching" if g.method == "exact" else "Attribution patching (estimate)")
+                                        for g in grids])
+    for k, g in enumerate(grids):
+        cols = _tokens(result.clean_tokens) if g.component == "residual" else g.cols
+        fig.add_heatmap(z=g.share, x=cols, y=list(range(len(g.rows))), colorscale=DIVERGING, zmin=-1, zmax=1,
+                        colorbar=dict(title="share"), showscale=k == 0, row=1, col=k + 1,
+                        hovertemplate="%{x}, layer %{y}: %{z:.3f}<extra></extra>")
+        axis = {"residual": "position: token of the clean prompt", "heads": "head"}.get(g.component, "")
+        fig.update_xaxes(title_text=axis, tickangle=-45 if g.component == "residual" else 0, row=1, col=k + 1)
+    fig.update_yaxes(title_text=PATCH_AXIS if component == "residual" else "layer", row=1, col=1)
+    fig.update_layout(height=max(360, 16 * len(grids[0].rows) + 170))
+    corr = result.correlation.get(component)
+    note = f" — exact vs attribution: r = {corr:.2f}" if corr is not None else ""
+    return panel_titles(set_title(fig, f"{component.capitalize()}: {SHARE}{note}", chars=90))
+
+
+@shared_figure
+def agreement_figure(result: Patching) -> go.Figure:
+    """Every cell: the attribution estimate against the exact share (the diagonal is agreement)."""
+    fig = go.Figure()
+    for comp in dict.fromkeys(g.component for g in result.grids):
+        exact, attr = result.grid(comp, "exact"), result.grid(comp, "attribution")
+        if exact is None or attr is None:
+            continue
+        xs = [v for row in exact.share for v in row]
+        ys = [v for row in attr.share for v in row]
+        fig.add_scatter(x=xs, y=ys, mode="markers", name=f"{comp} (r = {result.correlation.get(comp, float('nan')):.2f})",
+                        marker=dict(size=6, opacity=0.7))
+    fig.add_scatter(x=[-1, 1.2], y=[-1, 1.2], mode="lines", line=dict(color="grey", dash="dot"), name="agreement")
+    fig.update_xaxes(title_text=f"exact patching ({SHARE})")
+    fig.update_yaxes(title_text="attribution patching estimate (same units)")
+    fig.update_layout(height=420)
+    return legend_below(set_title(fig, "When is the cheap estimate trustworthy? Each dot is one cell", chars=80))
+
+
+@shared_figure
+def side_figure(result: SideBySide) -> go.Figure:
+    """Per state at the last position: P(target) and DLA per layer of both sides, and their difference."""
+    a, b = result.a, result.b
+    states = list(range(len(a.lens.kl)))
+    layers = list(range(len(a.dla.attn)))
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
+        f"P({a.target.strip()}) at the last position", "KL(final ‖ lens), last position",
+        "Direct logit attribution per layer"))
+    for side, colour, label in ((a, A_COLOUR, result.a_label), (b, B_COLOUR, result.b_label)):
+        fig.add_scatter(x=states, y=side.lens.last(side.lens.target_prob), name=label, legendgroup=label,
+                        line=dict(color=colour), row=1, col=1)
+        fig.add_scatter(x=states, y=side.lens.last(side.lens.kl), name=label, legendgroup=label, showlegend=False,
+                        line=dict(color=colour), row=1, col=2)
+        fig.add_scatter(x=layers, y=side.dla.layers(), name=label, legendgroup=label, showlegend=False,
+                        line=dict(color=colour), row=1, col=3)
+    fig.add_bar(x=states, y=result.target_prob_diff, name=f"difference ({result.a_label} − {result.b_label})",
+                marker_color="#7f7f7f", opacity=0.5, row=1, col=1)
+    fig.add_bar(x=states, y=result.kl_diff, showlegend=False, marker_color="#7f7f7f", opacity=0.5, row=1, col=2)
+    fig.add_bar(x=layers, y=result.dla_diff, showlegend=False, marker_color="#7f7f7f", opacity=0.5, row=1, col=3)
+    fig.update_xaxes(title_text="layer (0 = embeddings)", row=1, col=1)
+    fig.update_xaxes(title_text="layer (0 = embeddings)", row=1, col=2)
+    fig.update_xaxes(title_text="layer", row=1, col=3)
+    fig.update_yaxes(title_text="probability", row=1, col=1)
+    fig.update_yaxes(title_text="nats", row=1, col=2)
+    fig.update_yaxes(title_text="logit units", row=1, col=3)
+    fig.update_layout(height=420)
+    return panel_titles(legend_below(fig))
+
+
+@shared_figure
+def sweep_figure(result: PairSweep) -> go.Figure:
+    """Mean share recovered per state at the subject's last token, the last token and elsewhere."""
+    states = list(range(result.layers))
+    fig = go.Figure()
+    for values, colour, label, dash in (
+            (result.subject, B_COLOUR, "subject's last token (exact)", None),
+            (result.last, A_COLOUR, "last token (exact)", None),
+            (result.other, "#7f7f7f", "other positions (exact)", None),
+            (result.subject_attribution, B_COLOUR, "subject's last token (attribution)", "dash"),
+            (result.last_attribution, A_COLOUR, "last token (attribution)", "dash")):
+        fig.add_scatter(x=states, y=values, name=label, line=dict(color=colour, dash=dash))
+    fig.update_xaxes(title_text=PATCH_AXIS)
+    fig.update_yaxes(title_text=f"{SHARE} (mean over pairs)")
+    fig.update_layout(height=420)
+    return legend_below(set_title(fig, f"Residual patching over {len(result.runs)} pairs "
+                                       f"(exact vs attribution r = {result.correlation:.2f})", chars=80))
+
+
+def last_position_rows(result: Inspection) -> list[dict]:
+    """Per layer, at the last position: the lens's top token, P(target), its rank, KL to the final layer."""
+    lens = result.lens
+    return [{"layer": i, "top token": lens.top_tokens[i][-1][0], "P(top)": round(lens.top_probs[i][-1][0], 3),
+             f"P({result.target.strip()})": round(lens.target_prob[i][-1], 3), "target rank (1 = top)": lens.target_rank[i][-1] + 1,
+             "KL to final (nats)": round(lens.kl[i][-1], 3)} for i in range(len(lens.kl))]
+
+
+def peak_rows(result: Patching, component: str, top: int = 5) -> list[dict]:
+    """Residual stream: per layer, the position whose patch restores most, and the last token's share.
+    Other components: the `top` cells with the largest exact (else estimated) share."""
+    grid = result.grid(component, "exact") or result.grid(component, "attribution")
+    if component == "residual":
+        rows = []
+        for i, row in enumerate(grid.share):
+            j = max(range(len(row)), key=lambda k: row[k])
+            rows.append({"layer": i, "position": j, "token": result.clean_tokens[j], "share there": round(row[j], 3),
+                         "share at the last token": round(row[-1], 3)})
+        return rows
+    cells = sorted(((v, i, j) for i, row in enumerate(grid.share) for j, v in enumerate(row)), reverse=True)[:top]
+    return [{"layer": i, component.rstrip("s") if component == "heads" else "output": grid.cols[j],
+             f"share ({grid.method})": round(v, 3)} for v, i, j in cells]

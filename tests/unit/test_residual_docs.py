@@ -1,0 +1,46 @@
+"""docs/readme_residual.md quotes its numbers from the benchmark result files: each quoted number is checked
+against the file it comes from (changing a result, or the doc, fails here)."""
+from __future__ import annotations
+
+import json
+
+from analysis.paths import DOCS, RESULTS
+
+DOC = (DOCS / "readme_residual.md").read_text()
+
+
+def _result(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def test_factual_recall_numbers_come_from_the_sweep():
+    real = next(r for r in _result("residual_factual.json")["results"] if "smollm2" in r["model"])["sweep"]
+    assert f"{len(real['runs'])} of the 24 factual pairs" in DOC and real["skipped"] == ["country-rome"]
+    assert f"| 24 | {real['subject'][24]:.2f} | {real['last'][24]:.2f} |".replace("-0.03", "−0.03") in DOC
+    assert round(min(real["subject"][:10]), 2) >= 0.98 and round(min(real["subject"][10:22]), 2) >= 0.96
+    assert f"over all\ncells of the {len(real['runs'])} pairs r = {real['correlation']:.2f}" in DOC
+
+
+def test_cost_numbers_come_from_the_benchmark():
+    for r in _result("residual_bench.json")["results"]:
+        row = (f"{r['exact_vs_batched_floor']:.2f} | {r['exact_vs_one_row_forwards']:.2f} | "
+               f"{r['attribution_in_forwards']:.2f} | {r['wall']['exact_vs_batched_floor']:.2f} / "
+               f"{r['wall']['attribution_in_forwards']:.2f} |")
+        assert row in DOC, row
+        assert r["exact_vs_batched_floor"] <= 1.2 and r["attribution_in_forwards"] <= 3.0
+
+
+def test_tuned_lens_numbers_come_from_the_stored_measurements():
+    stored = _result("residual_tuned_lens.json")["stored"]
+    for key, m in stored.items():
+        assert m["layers where the tuned lens is not lower"] == []
+        for state in (0, 1, 2):
+            assert f"{m['logit'][state]:.2f} → {m['tuned'][state]:.2f}" in DOC, (key, state)
+
+
+def test_the_step_size_comparison_on_the_real_model_comes_from_its_run():
+    real = _result("residual_tuned_lens.json")["smollm2_steps"]["kl_nats"]
+    logit, sgd, adam = real["logit lens"], real["repo: zero start, SGD lr 0.1"], real["stored: zero start, Adam lr 1e-3"]
+    assert all(sgd[i] > logit[i] for i in range(1, 30)) and all(adam[i] < logit[i] for i in range(30))
+    for state in (0, 1, 10, 20, 25, 28, 29):
+        assert f"| {state} | {logit[state]:.2f} | {sgd[state]:.2f} | {adam[state]:.2f} |" in DOC, state
