@@ -12,8 +12,9 @@ from components.registry import panel_pages
 def render() -> None:
     st.title("Model Inspector")
     st.write(
-        "Load a transformer in the sidebar and look inside it. Each panel reproduces a 2025 "
-        "interpretability paper on the model you load; the demo zoo (Shapes World) works offline "
+        "Load a transformer in the sidebar and look inside it. Five panels each reproduce a 2025 "
+        "interpretability paper on the model you load, and Residual stream gives the tools researchers reach for "
+        "first (lenses, patching, logit attribution); the demo zoo (Shapes World) works offline "
         "and knows the ground truth, so every panel can also show whether its analysis is right."
     )
 

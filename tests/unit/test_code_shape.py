@@ -43,15 +43,6 @@ def test_the_transitional_list_holds_only_real_offenders():
     assert not gone, f"fixed, so remove from TRANSITIONAL: {sorted(gone)}"
 
 
-def test_readme_is_a_landing_page():
-    """README.md stays a landing page (at most 250 lines; history and profiles go to docs/) and keeps its
-    two commands and the support matrix's table link."""
-    text = (ROOT / "README.md").read_text()
-    assert len(text.splitlines()) <= 250, f"README.md has {len(text.splitlines())} lines: move detail to docs/"
-    assert "bash scripts/run_app.sh" in text and "bash scripts/test.sh" in text
-    assert "docs/models.md#support-matrix" in text
-
-
 # One rule, one copy: a rule that several modules need is written in one place and imported.
 ONE_COPY = {
     # what a progress callback is: analysis/progress.py
