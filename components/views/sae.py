@@ -136,6 +136,8 @@ class SaeView(View):
 
     def outside_form(self) -> None:
         handle = self.handle
+        if not {"local", "hub"} & set(hosting.settings().models.sources):
+            return  # an instance that reads no server folder and fetches nothing: no SAE can come from elsewhere
         with st.expander(":material/upload_file: Use an SAE from elsewhere (saved by sae-lens)"):
             st.caption("A folder on this server under the allowed roots with sae-lens's `cfg.json` and "
                        "`sae_weights.safetensors` (`SAE.save_model` / `save_inference_model`), or "

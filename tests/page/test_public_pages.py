@@ -132,3 +132,14 @@ def test_an_anonymous_visitor_cannot_start_training(instance, computations, monk
     assert not at.exception, [e.value for e in at.exception]
     assert "Training is for signed-in visitors on this instance" in " ".join(w.value for w in at.warning)
     assert "train" not in computations
+
+
+@pytest.mark.skipif("shapes-vlm" not in zoo_models(), reason="needs the demo VLM")
+def test_the_sae_page_offers_no_server_folder_and_no_outside_sae_on_a_public_instance(instance):
+    """The public example reads no server folder and fetches nothing from the Hub: the SAE page does not
+    offer a box that can only be refused (nor say where the server's folders are)."""
+    at = app("views/sae_features.py", query={"model": "zoo:shapes-vlm"})
+    assert not at.exception, [e.value for e in at.exception]
+    labels = [e.label for e in at.expander] + [w.label for w in at.text_input]
+    assert not any("from elsewhere" in label or "Folder on this server" in label for label in labels), labels
+    assert any("Your own data" in e.label for e in at.expander)  # uploads stay offered
