@@ -125,7 +125,8 @@ def test_the_key_travels_only_in_the_request_header_and_nothing_else_is_sent(rem
     raw = zstandard.ZstdDecompressor().decompress(post.fields["blob"])
     assert KEY.encode() not in raw and b"analysis.backends" not in raw.replace(b"analysis/backends", b"")
     shipped = post.payload
-    assert set(shipped["locals"]) == {"results", "program", "rule", "keep", "model", "metric", "tracer", "nnsight"}
+    assert set(shipped["locals"]) == {"results", "program", "rule", "keep", "model", "metric", "shape", "tracer",
+                                      "nnsight"}
     assert shipped["globals"] == {}
     assert shipped["locals"]["rule"]["repr"] == "None" and shipped["locals"]["results"]["repr"] == "{}"
     assert "tracer.stop()" in shipped["source"]
