@@ -5,6 +5,7 @@ hooks them, the nnsight one touches their envoys in that order (nnsight needs ex
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -39,8 +40,20 @@ def root_module(handle, request: Request) -> torch.nn.Module:
     return handle.language_model if request.root == "language_model" else handle.model
 
 
+_LOCATED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
 def locate(root: torch.nn.Module, site: Site) -> tuple[torch.nn.Module, str]:
-    """The module whose input or output holds `site`."""
+    """The module whose input or output holds `site` (remembered per model: a model's modules do not move,
+    and finding them walks its layers, which costs more than a small model's forward when a request
+    patches 31 cells)."""
+    found = _LOCATED.setdefault(root, {})
+    if site not in found:
+        found[site] = _locate(root, site)
+    return found[site]
+
+
+def _locate(root: torch.nn.Module, site: Site) -> tuple[torch.nn.Module, str]:
     kind = site.kind
     if kind == "final_norm":
         norm = anatomy.final_norm(root)
@@ -94,7 +107,10 @@ def model_inputs(request: Request, device) -> dict:
 
 
 def head_dim(root: torch.nn.Module) -> int:
-    return anatomy.head_layout(root).head_dim
+    found = _LOCATED.setdefault(root, {})
+    if "head_dim" not in found:
+        found["head_dim"] = anatomy.head_layout(root).head_dim
+    return found["head_dim"]
 
 
 def batch_shape(request: Request) -> tuple[int, int]:

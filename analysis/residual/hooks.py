@@ -64,28 +64,31 @@ class Trace:
         return torch.stack([found[k] for k in sorted(found)])
 
 
-def trace(handle: ModelHandle, input_ids: torch.Tensor, *, want: tuple[str, ...] = ("resid",),
-          writes: tuple[Write, ...] = (), keep: int = 0, grads: tuple[str, ...] = (),
-          metric: LogitMetric | None = None, layers: int | None = None) -> Trace:
-    """One forward of the handle's language model on `input_ids` (B, T): the sites in `want` recorded,
-    `writes` applied, the logits kept (`keep` > 0: only the last `keep` positions), and with `grads`, the
-    gradient of `metric` at those sites; every site at every layer, or at its first `layers` only."""
+def request(handle: ModelHandle, input_ids: torch.Tensor, *, want: tuple[str, ...] = ("resid",),
+            writes: tuple[Write, ...] = (), keep: int = 0, grads: tuple[str, ...] = (),
+            metric: LogitMetric | None = None, layers: int | None = None) -> Request:
+    """The seam request of one forward of the handle's language model on `input_ids` (B, T): the sites in
+    `want` recorded, `writes` applied, the logits kept (`keep` > 0: only the last `keep` positions), and with
+    `grads`, the gradient of `metric` at those sites; every site at every layer, or at its first `layers` only."""
     n = anatomy.n_layers(handle.language_model)
 
-    def sites(names: tuple[str, ...], upto: int | None = None) -> tuple[Site, ...]:
-        return tuple(site(s, i) for s in names for i in layers_of(s, n) if upto is None or i < upto)
+    def sites(names: tuple[str, ...]) -> tuple[Site, ...]:
+        return tuple(site(s, i) for s in names for i in layers_of(s, n) if layers is None or i < layers)
 
-    request = Request(inputs={"input_ids": input_ids, "use_cache": False}, reads=sites(want, layers),
-                      writes=tuple(writes), logits=keep, grads=sites(grads, layers), metric=metric,
-                      root="language_model")
-    got = backends.run(handle, request)
+    return Request(inputs={"input_ids": input_ids, "use_cache": False}, reads=sites(want), writes=tuple(writes),
+                   logits=keep, grads=sites(grads), metric=metric, root="language_model")
+
+
+def trace(handle: ModelHandle, input_ids: torch.Tensor, **asked) -> Trace:
+    """`request(handle, input_ids, **asked)` run by the configured backend, as a `Trace` on the model's device
+    (where the panel reads the captures with the model's own modules)."""
+    n = anatomy.n_layers(handle.language_model)
+    got = backends.run(handle, request(handle, input_ids, **asked))
     out = Trace(logits=got.logits)
-    device = handle.device  # the panel reads the captures with the model's own modules (CPU for NDIF's)
     for found, into in ((got.reads, out.acts), (got.grads, out.grads)):
         for name in SITES:
             for i in layers_of(name, n):
                 value = found.get(site(name, i))
                 if value is not None:
-                    into[name][i] = (value.flatten(2) if name == "z" else value).to(device)
+                    into[name][i] = (value.flatten(2) if name == "z" else value).to(handle.device)
     return out
-
