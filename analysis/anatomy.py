@@ -127,6 +127,16 @@ def mlp_module(obj: Any, layer: int) -> torch.nn.Module:
     raise AnatomyError(f"Could not find the MLP of layer {layer} of {_name(obj)}.")
 
 
+def residual_writers(obj: Any, layer: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(attention's, MLP's): the modules whose outputs decoder layer `layer` adds to its residual stream.
+    The attention module and the MLP, except where the layer norms their outputs first (Gemma 2/3's
+    "sandwich" norms: then those norms); OPT's MLP is its fc2."""
+    block = decoder_layers(obj)[check_layer(obj, layer)]
+    if isinstance(getattr(block, "pre_feedforward_layernorm", None), torch.nn.Module):
+        return block.post_attention_layernorm, block.post_feedforward_layernorm
+    return attention_modules(obj)[layer], mlp_module(obj, layer)
+
+
 def output_projection(obj: Any, layer: int) -> torch.nn.Module:
     """The attention's output projection in layer `layer`: its input holds every head's output side by
     side (B, T, H * d)."""

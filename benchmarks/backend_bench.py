@@ -5,9 +5,11 @@
 For each capture-based panel's typical request (same inputs, same model, both backends, interleaved
 run by run so a neighbour's load hits both alike) it times the median wall-clock seconds, and the floor
 measured in the same run: the plain forward that request needs (`model(...)`, no hooks, no trace; a
-stopped capture's floor is a forward of the layers it runs). Ratios: nnsight / native (goal <= 1.3) and
-each / floor. It also checks, on every request, that both backends return the same tensors (max
-|difference|). Writes benchmarks/results/backend_bench.json.
+stopped capture's floor is a forward of the layers it runs; attribution's is a forward of both prompts
+and one backward to the embeddings). Ratios: nnsight / native (goal <= 1.3) and each / floor. It also
+checks, on every request, that both backends return the same tensors (max |difference|). The residual
+panel's requests are the ones `analysis/residual/hooks.py` builds for its capital-france pair. Writes
+benchmarks/results/backend_bench.json.
 """
 from __future__ import annotations
 
@@ -27,8 +29,12 @@ from analysis.paths import RESULTS  # noqa: E402
 import torch  # noqa: E402
 
 from analysis import anatomy, backends  # noqa: E402
-from analysis.backends import Request, Site  # noqa: E402
+from analysis.backends import LogitMetric, Request, Site  # noqa: E402
 from analysis.models import ModelSpec, load_model  # noqa: E402
+from analysis.residual import ResidualParams, pairs_for  # noqa: E402
+from analysis.residual import hooks  # noqa: E402
+from analysis.residual.analysis import _problem  # noqa: E402
+from analysis.residual.patching import COMPONENTS, Geometry  # noqa: E402
 from analysis.sharpness import Recorder, Temperature  # noqa: E402
 from analysis.sharpness.attention import attention_rule  # noqa: E402
 
@@ -77,11 +83,44 @@ def cases(handle) -> dict:
             Request(inputs={"input_ids": prompt, "use_cache": False}, logits=1, root="language_model",
                     rule=attention_rule(Temperature.adaptive(), rec)),
             lambda: lm(input_ids=prompt, use_cache=False, logits_to_keep=1)),
+        **residual_cases(handle),
+    }
+
+
+def residual_cases(handle) -> dict:
+    """The residual-stream panel's three kinds of forward on its first pair (SmolLM2: capital-france)."""
+    lm = handle.language_model
+    problem = _problem(handle, ResidualParams(), pairs_for(handle)[0])
+    layout = anatomy.head_layout(lm)
+    g = Geometry(handle.info.layers, problem.clean.shape[1], layout.heads, layout.head_dim)
+    cells = [(i, j) for i in range(g.layers) for j in range(g.positions)][:31]  # exact: a full later batch
+    writes = tuple(COMPONENTS.create("residual").edit(i, j, 1 + r, g) for r, (i, j) in enumerate(cells))
+    rows = torch.cat([problem.clean, problem.corrupt.expand(len(cells), -1)])
+    both = torch.cat([problem.clean, problem.corrupt])
+    metric = LogitMetric(-1, plus=(problem.target,), minus=(problem.foil,), rows=(1,))
+
+    def attribution_floor():
+        with torch.enable_grad():
+            embeds = anatomy.input_embeddings(lm)(both).detach().requires_grad_(True)
+            logits = lm(inputs_embeds=embeds, use_cache=False, logits_to_keep=1).logits
+            torch.autograd.grad(logits[1, -1, problem.target] - logits[1, -1, problem.foil], [embeds])
+
+    return {
+        "residual_lens (4 sites x every layer + every logit)": (
+            hooks.request(handle, problem.clean, want=hooks.SITES),
+            lambda: lm(input_ids=problem.clean, use_cache=False)),
+        "residual_exact (32 rows: 31 cells copied from row 0)": (
+            hooks.request(handle, rows, want=(), writes=writes, keep=1),
+            lambda: lm(input_ids=rows, use_cache=False, logits_to_keep=1)),
+        "residual_attribution (2 rows, 4 sites' gradients)": (
+            hooks.request(handle, both, want=hooks.SITES, keep=1, grads=hooks.SITES, metric=metric, layers=g.layers),
+            attribution_floor),
     }
 
 
 def difference(a, b) -> float:
     pairs = [(a.logits, b.logits)] + [(a.reads[s], b.reads[s]) for s in a.reads]
+    pairs += [(a.grads[s], b.grads[s]) for s in a.grads]
     pairs += [(a.records[k][f], b.records[k][f]) for k in a.records for f in a.records[k]]
     return max([float((x - y).abs().max()) for x, y in pairs if x is not None] + [0.0])
 

@@ -19,25 +19,29 @@ The API (everything a panel needs; `request.py` has the details):
 
 Sites (`Site(kind, layer)`, visited in execution order whatever order they are given in):
 `block_in` / `block_out` (the residual stream entering / leaving a decoder layer; block_in 0 is the
-embeddings), `attn_out`, `mlp_out` (what attention / the MLP add to the residual stream), `heads`
-(each head's output before the output projection, (B, T, H, d)), `attn_weights` (eager attention's
-probabilities, (B, H, T, T)), `final_norm` (what the unembedding reads).
+embeddings), `attn_out`, `mlp_out` (what attention / the MLP add to the residual stream: Gemma 2/3's
+sandwich norms' outputs, OPT's fc2), `heads` (each head's output before the output projection,
+(B, T, H, d)), `attn_weights` (eager attention's probabilities, (B, H, T, T)), `final_norm` (what the
+unembedding reads).
 
 A request may also
 - keep the logits: `logits=0` (every position) or `logits=k` (the last k); None: not needed, so the
   forward stops after the last site it reads;
-- write: `Write(site, value, positions=(...), head=h)` replaces the value at those positions (one
-  head's slice of `heads`) before the rest of the model sees it (activation patching);
-- take gradients: `grads=(sites...)` with `metric=LogitMetric(position, plus, minus)` gives
-  d metric / d value at each site (attribution patching);
+- write: `Write(site, value, positions=(...), head=h, rows=(...))` replaces the value in those batch
+  rows at those positions (one head's slice of `heads`) before the rest of the model sees it; with
+  `source=r` instead of a value, it copies batch row r's own value there (a clean prompt riding in the
+  batch: one forward patches one cell per row);
+- take gradients: `grads=(sites...)` with `metric=LogitMetric(position, plus, minus, rows)` gives
+  d metric / d value at each site (attribution patching; nothing is accumulated on the weights);
 - replace the attention function: `rule=AttentionRule(fn)` runs `fn` in every attention layer
   instead of softmax attention and returns its per-layer record (attention sharpness);
 - run the text-only language model of a VLM: `root="language_model"`.
 
-For the residual-stream panel: the logit lens is `reads=(Site("block_out", l) for l ...)` plus the
-final norm and unembedding from `analysis.anatomy` applied to them (or `final_norm` read directly);
-activation patching is one clean run reading the sites, then one corrupted run with `writes`; attribution
-patching is `grads` of a `LogitMetric` at the sites of interest.
+The residual-stream panel asks everything through `analysis/residual/hooks.py`: the logit lens reads
+`block_in` 0 and every `block_out` (the final norm and unembedding are applied to them afterwards);
+activation patching is batches of the corrupted prompt with the clean one in row 0 and one `source=0`
+write per row; attribution patching is one forward of both prompts with `grads` of the corrupted row's
+`LogitMetric`.
 
 What stays local: analyses with their own decode loop and cache surgery (KV-cache eviction), generation,
 and searches that run the model thousands of times on its weights (the prompt-reconstruction attack's

@@ -9,7 +9,9 @@ from typing import Any
 import torch
 
 from analysis import anatomy
-from analysis.backends.plan import INPUT, Step, finish, head_dim, model_inputs, plan, root_module, write_into
+from analysis.backends.plan import (
+    INPUT, Step, batch_shape, finish, head_dim, model_inputs, plan, root_module, write_into, write_ops,
+)
 from analysis.backends.request import AttentionRule, Captured, Request, Site
 
 NAME = "local"
@@ -24,12 +26,13 @@ def run(handle, request: Request) -> Captured:
     captured = Captured(backend=NAME)
     live: dict[Site, torch.Tensor] = {}
     dh = head_dim(root) if any(w.head is not None for w in request.writes) else 0
+    shape = batch_shape(request)
     last = steps[-1] if request.stops_early and steps else None
     kwargs = model_inputs(request, handle.device)
     with handle.patch() as patch, torch.set_grad_enabled(bool(request.grads)):
         for step in steps:
             if step.rule_layer is None:
-                _hook(patch, step, captured, live, dh, stop=step is last)
+                _hook(patch, step, captured, live, write_ops(step.writes, dh), shape, stop=step is last)
         if request.rule is not None:
             use_rule(patch, root, request.rule, captured.records)
         with anatomy.model_step(handle, "running the model"):
@@ -45,7 +48,7 @@ def run(handle, request: Request) -> Captured:
             for site, grad in zip(request.grads, torch.autograd.grad(metric, tensors)):
                 captured.grads[site] = grad.detach().cpu()
             captured.logits = captured.logits.detach()
-    finish(captured, root)
+    finish(captured, root, request)
     return captured
 
 
@@ -55,35 +58,38 @@ def keep_logits(logits: torch.Tensor, keep: int) -> torch.Tensor:
 
 
 def logit_metric(logits: torch.Tensor, request: Request) -> torch.Tensor:
-    m = request.metric
-    row = logits[:, m.position].float()
-    return row[:, list(m.plus)].sum() - row[:, list(m.minus)].sum()
+    rows, position, plus, minus = request.metric.plain()
+    row = logits[rows if rows is not None else slice(None), position].float()
+    return row[:, plus].sum() - row[:, minus].sum()
 
 
-def _hook(patch, step: Step, captured: Captured, live: dict, dh: int, stop: bool) -> None:
+def _hook(patch, step: Step, captured: Captured, live: dict, ops: list[tuple], shape: tuple[int, int],
+          stop: bool) -> None:
     def visit(value: Any) -> Any:
         """Read and write the step's sites in `value` (a tensor or a tuple); the new value or None."""
         parts = list(value) if isinstance(value, tuple) else [value]
+        changed = False
         for site in step.reads + step.grads:
             part = parts[step.index(site)]
             if part is None:
                 raise anatomy.AnatomyError(f"{site} returned nothing: the model must run eager attention.")
+            if site in step.grads and not part.requires_grad:  # frozen weights before it: the graph starts here
+                part = parts[step.index(site)] = part.detach().requires_grad_(True)
+                changed = True
             if site in step.grads:
                 live[site] = part
             if site in step.reads:
                 captured.reads[site] = part.detach().cpu()
-        changed = None
-        if step.writes:
-            new = parts[0].clone()
-            for write in step.writes:
-                write_into(new, write, dh)
-            parts[0] = new
-            changed = tuple(parts) if isinstance(value, tuple) else new
+        if ops:
+            parts[0] = write_into(parts[0], ops, shape)
+            changed = True
             for site in step.grads:  # the gradient of what flows on
-                live[site] = new
+                live[site] = parts[0]
         if stop:
             raise anatomy.StopForward
-        return changed
+        if not changed:
+            return None
+        return tuple(parts) if isinstance(value, tuple) else parts[0]
 
     if step.where == INPUT:
         def pre(module, args, kwargs):

@@ -5,6 +5,7 @@ hooks them, the nnsight one touches their envoys in that order (nnsight needs ex
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -39,8 +40,20 @@ def root_module(handle, request: Request) -> torch.nn.Module:
     return handle.language_model if request.root == "language_model" else handle.model
 
 
+_LOCATED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
 def locate(root: torch.nn.Module, site: Site) -> tuple[torch.nn.Module, str]:
-    """The module whose input or output holds `site`."""
+    """The module whose input or output holds `site` (remembered per model: a model's modules do not move,
+    and finding them walks its layers, which costs more than a small model's forward when a request
+    patches 31 cells)."""
+    found = _LOCATED.setdefault(root, {})
+    if site not in found:
+        found[site] = _locate(root, site)
+    return found[site]
+
+
+def _locate(root: torch.nn.Module, site: Site) -> tuple[torch.nn.Module, str]:
     kind = site.kind
     if kind == "final_norm":
         norm = anatomy.final_norm(root)
@@ -50,12 +63,12 @@ def locate(root: torch.nn.Module, site: Site) -> tuple[torch.nn.Module, str]:
     layer = anatomy.check_layer(root, site.layer)
     if kind in ("block_in", "block_out"):
         return anatomy.decoder_layers(root)[layer], INPUT if kind == "block_in" else OUTPUT
-    if kind in ("attn_out", "attn_weights"):
+    if kind == "attn_weights":
         return anatomy.attention_modules(root)[layer], OUTPUT
+    if kind in ("attn_out", "mlp_out"):
+        return anatomy.residual_writers(root, layer)[kind == "mlp_out"], OUTPUT
     if kind == "heads":
         return anatomy.output_projection(root, layer), INPUT
-    if kind == "mlp_out":
-        return anatomy.mlp_module(root, layer), OUTPUT
     raise AnatomyError(f"Unknown site '{kind}'.")
 
 
@@ -94,19 +107,80 @@ def model_inputs(request: Request, device) -> dict:
 
 
 def head_dim(root: torch.nn.Module) -> int:
-    return anatomy.head_layout(root).head_dim
+    found = _LOCATED.setdefault(root, {})
+    if "head_dim" not in found:
+        found["head_dim"] = anatomy.head_layout(root).head_dim
+    return found["head_dim"]
 
 
-def write_into(tensor: torch.Tensor, write: Write, dh: int) -> None:
-    """Apply `write` to `tensor` (B, T, D) in place (the nnsight body inlines the same three lines)."""
-    rows = list(write.positions) if write.positions else slice(None)
-    cols = slice(None) if write.head is None else slice(write.head * dh, (write.head + 1) * dh)
-    tensor[:, rows, cols] = write.value.to(tensor.device, tensor.dtype)
+def batch_shape(request: Request) -> tuple[int, int]:
+    """(B, T) of the request's token inputs (OPT's MLP works on (B * T, D) rows: seen as (B, T, D))."""
+    ids = request.inputs.get("input_ids")
+    if ids is None:
+        ids = request.inputs.get("inputs_embeds")
+    return (int(ids.shape[0]), int(ids.shape[1])) if isinstance(ids, torch.Tensor) else (0, 0)
 
 
-def finish(captured, root: torch.nn.Module) -> None:
-    """Shape what came back the same way for both backends: `heads` as (B, T, H, d)."""
-    for site, value in list(captured.reads.items()):
-        if site.kind == "heads":
-            b, t, _ = value.shape
-            captured.reads[site] = value.reshape(b, t, -1, head_dim(root))
+def write_ops(writes: list[Write], dh: int) -> list[tuple]:
+    """A step's writes as (rows, positions, cols, value, source) index operations on a (B, T, width)
+    tensor: `new[rows, positions, cols] = value`, or `= old[source, positions, cols]` for a copy.
+
+    rows and positions are slices (every one) or index tensors that broadcast together (one write's
+    rows x positions). A run of consecutive one-row copies from the same source row, head and position
+    set becomes one operation with paired row and position indices, so patching 31 cells of a batch is
+    a handful of indexed copies per layer, not 31."""
+    ops: list[tuple] = []
+    run: list[Write] = []
+
+    def key(w: Write):
+        single = len(w.rows) == 1 and (len(w.positions) <= 1)
+        return (w.source, w.head, not w.positions) if w.source is not None and single else None
+
+    def flush() -> None:
+        if run:
+            rows = torch.tensor([w.rows[0] for w in run])
+            positions = slice(None) if not run[0].positions else torch.tensor([w.positions[0] for w in run])
+            ops.append((rows, positions, columns(run[0], dh), None, run[0].source))
+            run.clear()
+
+    for w in writes:
+        if key(w) is not None and (not run or key(run[0]) == key(w)):
+            run.append(w)
+            continue
+        flush()
+        if key(w) is not None:
+            run.append(w)
+            continue
+        rows = torch.tensor(w.rows) if w.rows else slice(None)
+        positions = torch.tensor(w.positions) if w.positions else slice(None)
+        if w.rows and w.positions:  # every listed row at every listed position
+            rows, positions = rows[:, None], positions[None, :]
+        ops.append((rows, positions, columns(w, dh), w.value, w.source))
+    flush()
+    return ops
+
+
+def columns(write: Write, dh: int) -> slice:
+    return slice(None) if write.head is None else slice(write.head * dh, (write.head + 1) * dh)
+
+
+def write_into(old: torch.Tensor, ops: list[tuple], shape: tuple[int, int]) -> torch.Tensor:
+    """`old` with the write operations applied (a new tensor; the nnsight body inlines the same lines)."""
+    grid = old.view(*shape, -1) if old.dim() == 2 else old  # OPT's fc2: (B * T, D) rows
+    new = grid.clone()
+    for rows, positions, cols, value, source in ops:
+        new[rows, positions, cols] = grid[source, positions, cols] if value is None else value.to(new.device, new.dtype)
+    return new.view(old.shape)
+
+
+def finish(captured, root: torch.nn.Module, request: Request) -> None:
+    """Shape what came back the same way for every backend: residual-width values as (B, T, D) (OPT's
+    MLP hands back (B * T, D) rows), `heads` as (B, T, H, d), reads and gradients alike."""
+    shape = batch_shape(request)
+    for found in (captured.reads, captured.grads):
+        for site, value in list(found.items()):
+            if value.dim() == 2 and site.kind != "attn_weights":
+                value = value.reshape(*shape, -1)
+            if site.kind == "heads":
+                value = value.reshape(*value.shape[:2], -1, head_dim(root))
+            found[site] = value

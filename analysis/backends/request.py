@@ -23,10 +23,11 @@ class Site:
 
     - `block_in`  (B, T, D): the residual stream entering decoder layer `layer` (layer 0: the embeddings);
     - `block_out` (B, T, D): the residual stream leaving decoder layer `layer`;
-    - `attn_out`  (B, T, D): the attention module's output (after its output projection);
+    - `attn_out`  (B, T, D): what attention adds to the residual stream (the attention module's output;
+                  Gemma 2/3: its post-attention norm's);
     - `heads`     (B, T, H, d): each head's output before the output projection (the o_proj input);
     - `attn_weights` (B, H, T, T): the attention probabilities (eager attention only);
-    - `mlp_out`   (B, T, D): the MLP's output;
+    - `mlp_out`   (B, T, D): what the MLP adds (the MLP's output; Gemma 2/3: its post-MLP norm's; OPT: fc2's);
     - `final_norm` (B, T, D): the final norm's output (what the unembedding reads); `layer` is ignored.
     """
 
@@ -46,25 +47,41 @@ class Site:
 
 @dataclass(frozen=True)
 class Write:
-    """Replace the value at `site` for the given token `positions` (all when empty) with `value`.
+    """Replace the value at `site` in the batch `rows` (all when empty), at the token `positions` (all
+    when empty) and, for `heads`, in one `head`'s slice, before the rest of the model sees it.
 
-    `value` broadcasts to the selected slice: (D,), (len(positions), D) or (B, len(positions), D) for
-    residual sites; for `heads`, `head` picks one head and `value` is (d,) or (..., d)."""
+    The new value is `value`, broadcast to the selected (rows, positions, width) block: (D,),
+    (len(positions), D) or (B, len(positions), D) for residual sites ((d,) or (..., d) for one head); or,
+    with `source` instead of `value`, batch row `source`'s own value at the same positions and head in the
+    same forward (a clean prompt riding in the batch: activation patching in one forward per batch). A
+    copy reads the value as it arrived at the site; writes apply in the order given."""
 
     site: Site
-    value: torch.Tensor
+    value: torch.Tensor | None = None
     positions: tuple[int, ...] = ()
     head: int | None = None
+    rows: tuple[int, ...] = ()
+    source: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.value is None) == (self.source is None):
+            raise ValueError("A write takes either a value or a source row, not both or neither.")
 
 
 @dataclass(frozen=True)
 class LogitMetric:
-    """A scalar of the logits for attribution: sum over the batch of
-    sum(logits[:, position, plus]) - sum(logits[:, position, minus])."""
+    """A scalar of the logits for attribution: sum over the batch `rows` (all when empty) of
+    sum(logits[row, position, plus]) - sum(logits[row, position, minus]). `position` indexes the logits
+    the request keeps (with `logits=1`, -1 is the last token)."""
 
     position: int = -1
     plus: tuple[int, ...] = ()
     minus: tuple[int, ...] = ()
+    rows: tuple[int, ...] = ()
+
+    def plain(self) -> tuple:
+        """(rows or None, position, plus, minus): what a trace body reads (no class of ours travels)."""
+        return (list(self.rows) or None, self.position, list(self.plus), list(self.minus))
 
 
 @dataclass(frozen=True)
@@ -103,9 +120,9 @@ class Request:
             raise ValueError("Gradients need a metric (LogitMetric) to differentiate.")
         if self.grads and self.logits is None:
             object.__setattr__(self, "logits", 0)
-        bad = [s for s in self.grads if s.kind in ("attn_weights", "heads", "block_in")]
+        bad = [s for s in self.grads if s.kind == "attn_weights"]
         if bad:
-            raise ValueError(f"Gradients are taken at block_out, attn_out, mlp_out or final_norm, not {bad[0]}.")
+            raise ValueError(f"Gradients are taken at residual, head, attention, MLP or final-norm sites, not {bad[0]}.")
 
     @property
     def stops_early(self) -> bool:

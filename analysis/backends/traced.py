@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from analysis import anatomy
-from analysis.backends.plan import Step, finish, head_dim, model_inputs, plan, root_module
+from analysis.backends.plan import Step, batch_shape, finish, head_dim, model_inputs, plan, root_module, write_ops
 from analysis.backends.request import Captured, Request
 
 NAME = "nnsight-local"
@@ -72,8 +72,8 @@ def attention_call(envoy) -> str:
 
 
 def build_program(model, steps: list[Step], request: Request, root: torch.nn.Module) -> list[tuple]:
-    """The plan as plain tuples for the trace body:
-    (envoy, where, reads [(key, index)], writes [(rows, cols, value)], grads [(key, index)], call, layer, stop)."""
+    """The plan as plain tuples for the trace body: (envoy, where, reads [(key, index)], writes [(rows,
+    positions, cols, value, source)] (`plan.write_ops`), grads [(key, index)], call, layer, stop)."""
     dh = head_dim(root) if any(w.head is not None for w in request.writes) else 0
     last = steps[-1] if request.stops_early and steps else None
     program = []
@@ -84,12 +84,7 @@ def build_program(model, steps: list[Step], request: Request, root: torch.nn.Mod
             continue
         reads = [(str(s), step.index(s)) for s in step.reads]
         grads = [("grad " + str(s), step.index(s)) for s in step.grads]
-        writes = []
-        for w in step.writes:
-            rows = list(w.positions) if w.positions else slice(None)
-            cols = slice(None) if w.head is None else slice(w.head * dh, (w.head + 1) * dh)
-            writes.append((rows, cols, w.value))
-        program.append((envoy, step.where, reads, writes, grads, None, None, step is last))
+        program.append((envoy, step.where, reads, write_ops(step.writes, dh), grads, None, None, step is last))
     return program
 
 
@@ -99,7 +94,8 @@ def trace(model, kwargs: dict, program: list[tuple], request: Request, backend=N
 
     keep = request.logits
     rule = request.rule.fn if request.rule is not None else None
-    metric = request.metric
+    metric = request.metric.plain() if request.metric is not None else None
+    shape = batch_shape(request)
     results: dict = {}
     with model.trace(backend=backend, **kwargs) as tracer:
         nnsight.save(results)
@@ -115,18 +111,29 @@ def trace(model, kwargs: dict, program: list[tuple], request: Request, backend=N
                 continue
             value = envoy.output if where == "output" else envoy.input
             parts = list(value) if isinstance(value, tuple) else [value]
+            changed = False
+            for key, index in grads:
+                if not parts[index].requires_grad:  # frozen weights before it: the graph starts here
+                    parts[index] = parts[index].detach().requires_grad_(True)
+                    changed = True
             for key, index in reads:
                 if parts[index] is not None:
                     results[key] = parts[index].detach().cpu()
-            if writes:
-                new = parts[0].clone()
-                for rows, cols, patch_value in writes:
-                    new[:, rows, cols] = patch_value.to(new.device, new.dtype)
-                parts[0] = new
-                if where == "output":
-                    envoy.output = tuple(parts) if isinstance(value, tuple) else new
-                else:
-                    envoy.input = new
+            if writes:  # plan.write_into, inlined: nothing of this server's code travels with the trace
+                old = parts[0]
+                grid = old.view(*shape, -1) if old.dim() == 2 else old
+                new = grid.clone()
+                for rows, positions, cols, patch_value, source in writes:
+                    if patch_value is None:
+                        new[rows, positions, cols] = grid[source, positions, cols]
+                    else:
+                        new[rows, positions, cols] = patch_value.to(new.device, new.dtype)
+                parts[0] = new.view(old.shape)
+                changed = True
+            if changed and where == "output":
+                envoy.output = tuple(parts) if isinstance(value, tuple) else parts[0]
+            elif changed:
+                envoy.input = parts[0]
             for key, index in grads:
                 live.append((key, parts[index]))
             if stop:
@@ -135,9 +142,10 @@ def trace(model, kwargs: dict, program: list[tuple], request: Request, backend=N
             logits = model.output.logits
             results["logits"] = (logits[:, -keep:] if keep else logits).detach().float().cpu()
             if live:
-                row = logits[:, metric.position].float()
-                total = row[:, list(metric.plus)].sum() - row[:, list(metric.minus)].sum()
-                with total.backward():
+                rows, position, plus, minus = metric
+                row = logits[rows if rows is not None else slice(None), position].float()
+                total = row[:, plus].sum() - row[:, minus].sum()
+                with total.backward(inputs=[tensor for _, tensor in live]):  # no weight gradients
                     for key, tensor in reversed(live):
                         results[key] = tensor.grad.detach().cpu()
     return results
@@ -155,5 +163,5 @@ def unpack(results: dict, request: Request, root: torch.nn.Module, name: str) ->
     captured.logits = results.get("logits")
     captured.records = {key[1]: value for key, value in results.items()
                         if isinstance(key, tuple) and key[0] == "record"}
-    finish(captured, root)
+    finish(captured, root, request)
     return captured

@@ -16,7 +16,7 @@ Read in this order:
 from __future__ import annotations
 
 from analysis.panels import Analysis, Run
-from analysis.residual.analysis import inspect, pair_sweep, patch, side_by_side
+from analysis.residual.analysis import inspect, pair_sweep, patch, side_by_side, weights_elsewhere
 from analysis.residual.cli import cli
 from analysis.residual.cost import inspect_work, patch_work, side_work, sweep_work
 from analysis.residual.errors import ResidualError
@@ -38,7 +38,7 @@ ANALYSIS = Analysis(
 )
 
 __all__ = [
-    "ANALYSIS", "inspect", "pair_sweep", "patch", "side_by_side", "cli", "inspect_work", "patch_work", "side_work",
+    "ANALYSIS", "inspect", "pair_sweep", "patch", "side_by_side", "weights_elsewhere", "cli", "inspect_work", "patch_work", "side_work",
     "sweep_work", "ResidualError", "LENSES", "readout", "OWN", "Pair", "pairs_for", "ResidualParams",
     "ResidualState", "validate_params", "COMPONENTS", "METHODS", "Dla", "Inspection", "LensGrid", "PairSweep", "PatchGrid",
     "Patching", "SideBySide",

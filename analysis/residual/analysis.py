@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from analysis import anatomy
+from analysis import anatomy, backends
 from analysis.progress import Progress
 from analysis.models import ModelHandle, require_kind
 from analysis.residual.dla import attribute
@@ -29,6 +29,25 @@ MAX_TOKENS = 128  # positions a lens grid or a patching grid shows
 def _check(handle: ModelHandle, params: ResidualParams) -> None:
     require_kind(handle, "causal_lm", "vlm", panel="residual stream")
     validate_params(params)
+
+
+def weights_elsewhere(handle: ModelHandle) -> str | None:
+    """One line when the lens and direct logit attribution cannot run on this model, else None.
+
+    Every forward of the panel goes through the backend seam, NDIF's included; but the lens reads each
+    recorded state through the model's final norm and unembedding, and DLA weighs each part by them and by
+    every layer's output projection, here, after the forward. An NDIF model's weights are not here."""
+    if not backends.is_remote(handle):
+        return None
+    return (f"The lens and direct logit attribution read every layer through {handle.spec.label}'s final norm, "
+            "unembedding and output projections in this server, and its weights stay on NDIF: they need a local or "
+            "zoo model. Activation and attribution patching run on NDIF (the Patching and All pairs views).")
+
+
+def _check_weights(handle: ModelHandle) -> None:
+    why = weights_elsewhere(handle)
+    if why:
+        raise ResidualError(why)
 
 
 def _ids(handle: ModelHandle, text: str, what: str) -> torch.Tensor:
@@ -94,6 +113,7 @@ def _inspect(handle: ModelHandle, params: ResidualParams, text: str, target_text
 def inspect(handle: ModelHandle, params: ResidualParams, progress: Progress | None = None) -> Inspection:
     """The clean prompt of the chosen pair through the chosen lens, and its direct logit attribution."""
     _check(handle, params)
+    _check_weights(handle)
     pair = chosen_pair(handle, params)
     if progress:
         progress(0.0, "reading every layer")
@@ -194,6 +214,7 @@ def side_by_side(handle: ModelHandle, params: ResidualParams, progress: Progress
     """The clean prompt beside the corrupted one (same model), or beside itself on `other` (same settings,
     same scored tokens); their differences per state at the last position."""
     _check(handle, params)
+    _check_weights(handle)
     pair = chosen_pair(handle, params)
     a = _inspect(handle, params, pair.clean, params.answer or pair.answer, params.foil or pair.foil)
     if progress:

@@ -23,7 +23,8 @@ import torch
 from analysis.progress import Progress
 from analysis.models import ModelHandle
 from analysis.registry import Method, Registry
-from analysis.residual.hooks import Edit, Trace, trace
+from analysis.backends import LogitMetric, Write
+from analysis.residual.hooks import Trace, copy, trace
 
 
 
@@ -46,7 +47,7 @@ class Component(Method):
     def shape(self, g: Geometry) -> tuple[int, int]:
         raise NotImplementedError
 
-    def edit(self, i: int, j: int, row: int, g: Geometry) -> Edit:
+    def edit(self, i: int, j: int, row: int, g: Geometry) -> Write:
         """Cell (i, j) patched into batch row `row` from the clean prompt in row 0 of the same forward."""
         raise NotImplementedError
 
@@ -79,7 +80,7 @@ class Residual(Component):
         return g.layers, g.positions  # states 0..L-1: the input of each layer
 
     def edit(self, i, j, row, g):
-        return Edit("resid", i, row, position=j)
+        return copy("resid", i, row, position=j)
 
     def estimate(self, clean, corrupt, grads, g):
         return torch.stack([_delta(clean, corrupt, grads, "resid", i).sum(-1) for i in range(g.layers)])
@@ -100,7 +101,7 @@ class Heads(Component):
         return g.layers, g.heads
 
     def edit(self, i, j, row, g):
-        return Edit("z", i, row, span=(j * g.head_dim, (j + 1) * g.head_dim))
+        return copy("z", i, row, head=j)
 
     def estimate(self, clean, corrupt, grads, g):
         rows = []
@@ -120,7 +121,7 @@ class _Block(Component):
         return g.layers, 1
 
     def edit(self, i, j, row, g):
-        return Edit(self.site, i, row)
+        return copy(self.site, i, row)
 
     def estimate(self, clean, corrupt, grads, g):
         return torch.stack([_delta(clean, corrupt, grads, self.site, i).sum() for i in range(g.layers)])[:, None]
@@ -199,7 +200,7 @@ class Exact(PatchMethod):
             chunk = cells[start:start + max(1, self.batch - 1 - lead)]
             edits = [c.edit(i, j, 1 + lead + r, g) for r, (c, _, i, j) in enumerate(chunk)]
             ids = torch.cat([problem.clean, problem.corrupt.expand(len(chunk) + lead, -1)])
-            values = problem.metric(trace(handle, ids, want=(), edits=edits, keep=1).logits)
+            values = problem.metric(trace(handle, ids, want=(), writes=edits, keep=1).logits)
             m_clean = float(values[0]) if m_clean is None else m_clean
             m_corrupt = float(values[1]) if m_corrupt is None else m_corrupt
             for r, (_, k, i, j) in enumerate(chunk):
@@ -222,16 +223,16 @@ class Attribution(PatchMethod):
 
     def run(self, handle, problem, components, g, progress):
         sites = tuple(sorted({c.site for c in components}))
-        both = trace(handle, torch.cat([problem.clean, problem.corrupt]), want=sites, keep=1, grad=True)
+        metric = LogitMetric(position=-1, plus=(problem.target,), minus=(problem.foil,), rows=(1,))
+        both = trace(handle, torch.cat([problem.clean, problem.corrupt]), want=sites, keep=1, grads=sites,
+                     metric=metric, layers=g.layers)
         metrics = problem.metric(both.logits)
-        keys = [(s, i) for s in sites for i in sorted(both.acts[s])]
-        found = torch.autograd.grad(metrics[1], [both.acts[s][i] for s, i in keys], allow_unused=True)
         clean, corrupt = Trace(), Trace()
         grads: dict[str, dict[int, torch.Tensor]] = {s: {} for s in sites}
-        for (s, i), gr in zip(keys, found):
-            act = both.acts[s][i].detach()
-            clean.acts[s][i], corrupt.acts[s][i] = act[0:1], act[1:2]
-            grads[s][i] = gr[1:2] if gr is not None else torch.zeros_like(act[1:2])
+        for s in sites:
+            for i, act in both.acts[s].items():
+                clean.acts[s][i], corrupt.acts[s][i] = act[0:1], act[1:2]
+            grads[s] = {i: gr[1:2] for i, gr in both.grads[s].items()}
         m_clean, m_corrupt = (float(v) for v in metrics.detach())
         if progress:
             progress(1.0, "attribution patching: done")

@@ -1,7 +1,7 @@
 """Where a decoder layer adds to the residual stream, and how a norm acts on a sum of parts.
 
-Built on `analysis.anatomy` (the decoder layers, attention modules, final norm, unembedding); this
-module adds what the residual-stream panel needs beyond it, per layer:
+Built on `analysis.anatomy` (the decoder layers, attention modules, what each layer adds to the
+residual stream, final norm, unembedding; the backend seam reads and writes the same modules), per layer:
 
 - `out_proj`: the attention's output projection; its input holds every head's output side by side
   (B, T, heads * head_dim), so a head is a slice of it (patched there, read there);
@@ -24,8 +24,6 @@ import torch
 from analysis import anatomy
 from analysis.errors import AnatomyError
 
-OUT_PROJ_NAMES = ("o_proj", "c_proj", "dense", "out_proj")
-
 
 @dataclass(frozen=True)
 class LayerParts:
@@ -37,31 +35,15 @@ class LayerParts:
     attn_norm: torch.nn.Module | None  # Gemma 2/3: the norm on the attention output (a head passes it)
 
 
-def _child(module: torch.nn.Module, names: tuple[str, ...]) -> torch.nn.Module | None:
-    for name in names:
-        found = getattr(module, name, None)
-        if isinstance(found, torch.nn.Module):
-            return found
-    return None
-
-
 def layer_parts(obj) -> list[LayerParts]:
     """The parts of every decoder layer, in order; AnatomyError naming what is missing."""
-    name = anatomy._name(obj)
     attentions = anatomy.attention_modules(obj)
     out = []
     for i, block in enumerate(anatomy.decoder_layers(obj)):
-        attention = attentions.get(i)
-        out_proj = _child(attention, OUT_PROJ_NAMES) if attention is not None else None
-        if out_proj is None:
-            raise AnatomyError(f"Could not find layer {i}'s attention output projection in {name}.")
-        sandwich = isinstance(getattr(block, "pre_feedforward_layernorm", None), torch.nn.Module)
-        attn_norm = block.post_attention_layernorm if sandwich else None
-        mlp = _child(block, ("post_feedforward_layernorm",)) if sandwich else None
-        mlp = mlp or _child(block, ("mlp", "feed_forward", "fc2"))
-        if mlp is None:
-            raise AnatomyError(f"Could not find layer {i}'s MLP in {name}.")
-        out.append(LayerParts(block, attention, out_proj, attn_norm or attention, mlp, attn_norm))
+        attn_add, mlp_add = anatomy.residual_writers(obj, i)
+        attention = attentions[i]
+        attn_norm = attn_add if attn_add is not attention else None
+        out.append(LayerParts(block, attention, anatomy.output_projection(obj, i), attn_add, mlp_add, attn_norm))
     return out
 
 

@@ -8,7 +8,7 @@ import streamlit as st
 
 from analysis import residual
 from analysis.models import ModelSpec, all_zoo_models, load_model
-from components.common import analysis_errors, explain, metric_row, stays_local
+from components.common import analysis_errors, explain, metric_row
 from components.figures import residual as F
 from components.share import share_bar
 from components.view import Page, Section, View
@@ -34,6 +34,14 @@ def _other(params: residual.ResidualParams) -> dict:
         return {"other": other_model(params.other_model)}
 
 
+def _weights_here(page: Page) -> None:
+    """The lens and side-by-side views read the model's weights here: one line for a model on NDIF."""
+    why = residual.weights_elsewhere(page.handle)
+    if why:
+        st.info(why, icon=":material/cloud_off:")
+        st.stop()
+
+
 def _others(page: Page) -> list[str]:
     """The zoo models to compare with (every one but this)."""
     return [f"zoo:{n}" for n in all_zoo_models() if f"zoo:{n}" != page.handle.spec.label] or [""]
@@ -53,10 +61,6 @@ class ResidualView(View):
         Section("patching"),
         Section("side"),
     )
-
-    def check_model(self, page: Page) -> None:
-        # its patches are per batch row, copied within one forward (analysis/residual/hooks.py): not yet on NDIF
-        stays_local(page.handle, "Residual stream")
 
     def defaults(self, page: Page) -> dict:
         return {"other_model": _others(page)[0]}
@@ -78,10 +82,12 @@ class ResidualView(View):
         if section == "patching":
             return page.run("patch", residual.patch, params, label="Patching every cell")
         if section == "side":
+            _weights_here(page)
             return page.run("side", residual.side_by_side, params, label="Reading both sides",
                             models=_other(params))
         if section == "pairs":
             return page.run("pairs", residual.pair_sweep, params, label="Patching every offered pair")
+        _weights_here(page)
         return page.run("inspect", residual.inspect, params, label="Reading every layer")
 
     def show(self, page: Page, params: residual.ResidualParams, result) -> None:

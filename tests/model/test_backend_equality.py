@@ -1,5 +1,6 @@
 """Every capture-based panel gives the same result through nnsight's local execution as through plain
-hooks, on the demo LM, the demo VLM and the zoo's real model (tolerance 1e-5; measured: exactly equal).
+hooks, on the demo LM, the demo VLM (the residual panel: its language model) and the zoo's real model
+(tolerance 1e-5; measured: exactly equal).
 
 The panel code is called as the page calls it; only the configured backend changes (`backends.using`),
 and a spy checks that the nnsight trace really ran."""
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis import backends, sae_v
+from analysis import backends, residual, sae_v
 from analysis import captions as C
 from analysis import sharpness as S
 from analysis.backends import traced
@@ -114,3 +115,27 @@ def test_caption_verification_is_the_same_through_nnsight(monkeypatch):
     verifier = C.make_verifier("shapes-vlm", handle)
     claims = W.decompose(W.caption(scene)) + ["there is a green triangle", "the red circle is small"]
     assert both(monkeypatch, lambda: verifier.verify(W.render(scene), claims)) <= TOL
+
+
+def _without_seconds(result) -> dict:
+    """A residual result's JSON form without its measured durations (they differ run by run)."""
+    data = to_jsonable(result)
+    data.pop("seconds", None)
+    return data
+
+
+@pytest.mark.parametrize("spec", MODELS)
+def test_residual_lens_and_logit_attribution_are_the_same_through_nnsight(spec, monkeypatch):
+    handle = handle_of(spec)
+    params = residual.ResidualParams(top_k=5)
+    assert both(monkeypatch, lambda: residual.inspect(handle, params)) <= TOL
+
+
+@pytest.mark.parametrize("spec", MODELS)
+def test_residual_exact_and_attribution_patching_are_the_same_through_nnsight(spec, monkeypatch):
+    """Every component on the zoo models; the residual stream and the heads on SmolLM2 (30 layers)."""
+    handle = handle_of(spec)
+    real = spec.endswith("smollm2-135m-instruct")
+    params = residual.ResidualParams(components=["residual", "heads"] if real else list(residual.COMPONENTS.names()),
+                                     methods=["exact", "attribution"])
+    assert both(monkeypatch, lambda: _without_seconds(residual.patch(handle, params))) <= TOL

@@ -5,6 +5,7 @@ that cannot be reached, and this process's code unchanged by a remote run."""
 from __future__ import annotations
 
 import json
+import math
 import pickle
 
 import pytest
@@ -69,6 +70,25 @@ def test_an_attention_rule_runs_remotely_with_the_same_statistics(remote, local)
     assert KEY not in json.dumps(there.to_dict()) and KEY not in json.dumps(remote.spec.to_dict())
 
 
+def test_residual_patching_runs_remotely_with_the_same_numbers(remote, local, configured):
+    """Exact patching (the clean prompt in row 0, one cell copied per row) and attribution patching (gradients
+    of the corrupted row's logit difference) on every component, run by the stand-in: the same shares."""
+    from analysis import residual
+
+    params = residual.ResidualParams(pair="needle-0", components=list(residual.COMPONENTS.names()),
+                                     methods=["exact", "attribution"], batch=32)
+    there, here = residual.patch(remote, params), residual.patch(local, params)
+    assert there.to_dict() | {"seconds": {}, "model": ""} == here.to_dict() | {"seconds": {}, "model": ""}
+    cells = sum(len(g.share) * len(g.share[0]) for g in there.grids if g.method == "exact")
+    posts = [r for r in configured.log if r.method == "POST"]
+    assert len(posts) == 1 + 1 + math.ceil((cells - 30) / 31)  # attribution: one job; exact: 30 cells, then 31 a job
+    assert all(KEY.encode() not in r.body for r in posts)
+    configured.clear_log()
+    with pytest.raises(residual.ResidualError, match="weights stay on NDIF") as err:  # read here, after the forward
+        residual.inspect(remote, params)
+    assert "\n" not in str(err.value) and configured.log == []
+
+
 def _class_attributes() -> dict:
     """Every attribute of every class defined in `analysis`, by (module, class, attribute)."""
     import sys
@@ -125,7 +145,8 @@ def test_the_key_travels_only_in_the_request_header_and_nothing_else_is_sent(rem
     raw = zstandard.ZstdDecompressor().decompress(post.fields["blob"])
     assert KEY.encode() not in raw and b"analysis.backends" not in raw.replace(b"analysis/backends", b"")
     shipped = post.payload
-    assert set(shipped["locals"]) == {"results", "program", "rule", "keep", "model", "metric", "tracer", "nnsight"}
+    assert set(shipped["locals"]) == {"results", "program", "rule", "keep", "model", "metric", "shape", "tracer",
+                                      "nnsight"}
     assert shipped["globals"] == {}
     assert shipped["locals"]["rule"]["repr"] == "None" and shipped["locals"]["results"]["repr"] == "{}"
     assert "tracer.stop()" in shipped["source"]

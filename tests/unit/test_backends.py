@@ -148,6 +148,120 @@ def test_gradients_of_a_logit_difference_equal_autograd(name, tiny_llama):
     assert float(got.grads[sites[0]].abs().sum()) > 0
 
 
+def _rows_patched_reference(handle, x, edits):
+    """Logits with `edits` [(module, pre, row, positions or None, cols, source row or value)] applied by plain
+    hooks written here, one at a time, each copy reading the value as it arrived at the module."""
+    def apply(t, mine):
+        out = t.clone()
+        for _, _, row, positions, cols, what in mine:
+            where = slice(None) if positions is None else list(positions)
+            out[row, where, cols] = t[what, where, cols] if isinstance(what, int) else what
+        return out
+
+    hooks = []
+    for module in {id(e[0]): e[0] for e in edits}.values():
+        mine = [e for e in edits if e[0] is module]
+        if mine[0][1]:
+            hooks.append(module.register_forward_pre_hook(lambda m, a, mine=mine: (apply(a[0], mine), *a[1:])))
+        else:
+            hooks.append(module.register_forward_hook(
+                lambda m, a, o, mine=mine: (apply(o[0], mine), *o[1:]) if isinstance(o, tuple) else apply(o, mine)))
+    try:
+        with handle.session():
+            return handle.model(input_ids=x).logits
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_per_row_writes_copy_from_another_row_of_the_same_forward_like_plain_hooks(name, tiny_llama):
+    """Row 0 is a clean prompt; rows 1-3 a corrupted one, each patched at its own place from row 0 (a run
+    of one-row copies becomes one indexed copy), plus a value written into chosen rows and positions."""
+    clean, corrupt = _ids(tiny_llama, seed=1)[:1], _ids(tiny_llama, seed=2)[:1]
+    x = torch.cat([clean, corrupt.expand(3, -1)])
+    dh, d = tiny_llama.info.head_dim, tiny_llama.info.hidden_size
+    blocks = anatomy.decoder_layers(tiny_llama.model)
+    oproj = anatomy.output_projection(tiny_llama.model, 1)
+    value = torch.linspace(-1, 1, d)
+    writes = (Write(Site("block_out", 0), rows=(1,), positions=(2,), source=0),
+              Write(Site("block_out", 0), rows=(2,), positions=(5,), source=0),
+              Write(Site("block_out", 0), rows=(3,), positions=(0,), source=0),
+              Write(Site("heads", 1), rows=(2,), head=1, source=0),
+              Write(Site("heads", 1), rows=(3,), head=3, source=0),
+              Write(Site("block_out", 1), value, rows=(1, 3), positions=(4, 6)))
+    ref = _rows_patched_reference(tiny_llama, x, [
+        (blocks[0], False, 1, (2,), slice(None), 0), (blocks[0], False, 2, (5,), slice(None), 0),
+        (blocks[0], False, 3, (0,), slice(None), 0), (oproj, True, 2, None, slice(dh, 2 * dh), 0),
+        (oproj, True, 3, None, slice(3 * dh, 4 * dh), 0), (blocks[1], False, [[1], [3]], (4, 6), slice(None), value)])
+    got = _run(name, tiny_llama, Request(inputs={"input_ids": x}, logits=0, writes=writes))
+    assert torch.equal(got.logits, ref)
+    plain = _run(name, tiny_llama, Request(inputs={"input_ids": x}, logits=0)).logits
+    assert torch.equal(got.logits[0], plain[0])  # the source row itself is untouched
+    assert all(not torch.equal(got.logits[r], plain[r]) for r in (1, 2, 3))
+    with pytest.raises(ValueError, match="either a value or a source row"):
+        Write(Site("block_out", 0))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_gradients_at_the_embeddings_heads_and_mlp_of_chosen_rows_equal_autograd(name, tiny_llama):
+    x = _ids(tiny_llama)
+    kept = {}
+    model = tiny_llama.model
+    hooks = [anatomy.decoder_layers(model)[0].register_forward_pre_hook(
+                 lambda m, a, k: kept.__setitem__("in", k["hidden_states"] if not a else a[0]), with_kwargs=True),
+             anatomy.output_projection(model, 1).register_forward_pre_hook(lambda m, a: kept.__setitem__("heads", a[0])),
+             anatomy.mlp_module(model, 0).register_forward_hook(lambda m, a, o: kept.__setitem__("mlp", o))]
+    try:
+        with tiny_llama.lock, torch.enable_grad():
+            logits = model(input_ids=x).logits
+            metric = logits[1, -1, 7] - logits[1, -1, 9]  # the second row only
+            ref = torch.autograd.grad(metric, [kept["in"], kept["heads"], kept["mlp"]])
+    finally:
+        for h in hooks:
+            h.remove()
+    sites = (Site("block_in", 0), Site("heads", 1), Site("mlp_out", 0))
+    request = Request(inputs={"input_ids": x}, grads=sites, logits=1,
+                      metric=LogitMetric(-1, plus=(7,), minus=(9,), rows=(1,)))
+    layout = anatomy.head_layout(model)
+    embed = anatomy.input_embeddings(model).weight
+    for frozen in (False, True):  # frozen embeddings: the graph starts at the site
+        embed.requires_grad_(not frozen)
+        try:
+            got = _run(name, tiny_llama, request)
+        finally:
+            embed.requires_grad_(True)
+        assert torch.allclose(got.grads[sites[0]], ref[0], atol=1e-6)
+        assert torch.allclose(got.grads[sites[1]], ref[1].reshape(*x.shape, layout.heads, layout.head_dim), atol=1e-6)
+        assert torch.allclose(got.grads[sites[2]], ref[2], atol=1e-6)
+        assert float(got.grads[sites[0]][0].abs().sum()) == 0 < float(got.grads[sites[0]][1].abs().sum())
+        assert all(p.grad is None for p in model.parameters())  # nothing accumulated on the shared weights
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("family", ["gemma2", "opt"])
+def test_attention_and_mlp_sites_are_what_each_layer_adds_to_the_residual(name, family):
+    """Gemma 2 norms what attention and the MLP add ("sandwich" norms); OPT's MLP is fc2 on (B * T, D) rows:
+    block_in + attn_out + mlp_out is block_out on both, and a per-row write reaches OPT's flat rows."""
+    from analysis import tiny_models
+    from analysis.models import ModelHandle, ModelSpec, describe
+
+    model, tok, _ = tiny_models.build_tiny(family)
+    handle = ModelHandle(spec=ModelSpec("local", f"tiny-{family}"), model=model, kind="causal_lm",
+                         info=describe(model, "causal_lm"), language_model=model, tokenizer=tok)
+    x = _ids(handle)
+    sites = tuple(Site(k, 0) for k in ("block_in", "attn_out", "mlp_out", "block_out"))
+    got = _run(name, handle, Request(inputs={"input_ids": x}, reads=sites))
+    parts = [got[s] for s in sites]
+    assert all(p.shape == (*x.shape, handle.info.hidden_size) for p in parts)
+    assert torch.allclose(parts[0] + parts[1] + parts[2], parts[3], atol=1e-5)
+    write = Write(Site("mlp_out", 0), rows=(1,), positions=(3,), source=0)
+    patched = _run(name, handle, Request(inputs={"input_ids": x}, reads=(Site("block_out", 0),), writes=(write,)))
+    expected = parts[3].clone()
+    expected[1, 3] = parts[0][1, 3] + parts[1][1, 3] + parts[2][0, 3]
+    assert torch.allclose(patched[Site("block_out", 0)], expected, atol=1e-5)
+
+
 def test_nnsight_leaves_no_instrumentation_on_the_shared_model(tiny_llama):
     from nnsight.intervention.source import STATE
 
@@ -201,4 +315,4 @@ def test_traced_body_refers_only_to_plain_values():
     read = {n.id for n in ast.walk(body) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     bound = {n.id for n in ast.walk(body) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     outside = read - bound - set(dir(builtins))
-    assert outside == {"nnsight", "results", "program", "rule", "keep", "model", "metric", "tracer"}
+    assert outside == {"nnsight", "results", "program", "rule", "keep", "model", "metric", "shape", "tracer"}
