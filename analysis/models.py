@@ -162,10 +162,16 @@ class Patch:
     def setattr(self, obj: Any, name: str, value: Any) -> None:
         missing = object()
         old = getattr(obj, name, missing)
+        # a value the object only reads from its class (a method such as `forward`) is undone by deleting
+        # the instance's copy, not by writing the class's value onto the instance (which left every patched
+        # module with its own bound `forward`, seen by the next patch as someone else's)
+        from_class = (old is not missing and name not in getattr(obj, "__dict__", {name: None})
+                      and getattr(type(obj), name, missing) is not missing
+                      and not hasattr(type(getattr(type(obj), name)), "__set__"))
         setattr(obj, name, value)
 
         def undo() -> None:
-            if old is missing:
+            if old is missing or from_class:
                 with contextlib.suppress(AttributeError):
                     delattr(obj, name)
             else:

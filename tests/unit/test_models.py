@@ -123,6 +123,27 @@ def test_patch_restores_model_even_on_error(tiny_llama):
     assert h.model.config._attn_implementation == "eager"
 
 
+def test_patch_setattr_leaves_no_copy_of_a_class_attribute_on_the_instance(tiny_llama):
+    """A patched method (an attention module's `forward`) is undone by deleting the instance's value, so
+    the module reads its class's method again, not a bound copy the next patch takes for someone else's;
+    an instance's own value and a data descriptor's (a config's attention setting) come back as they were."""
+    h = tiny_llama
+    attn = h.model.model.layers[0].self_attn
+    own = h.model.model.layers[1].self_attn
+    own.forward = own.forward  # an instance value of its own (as accelerate's device hooks set)
+    try:
+        with h.patch() as p:
+            p.setattr(attn, "forward", lambda *a, **k: None)
+            p.setattr(own, "forward", lambda *a, **k: None)
+            p.attn_implementation(h.model, "sdpa")
+            assert "forward" in vars(attn)
+        assert "forward" not in vars(attn)
+        assert vars(own)["forward"].__func__ is type(own).forward
+        assert h.model.config._attn_implementation == "eager"
+    finally:
+        vars(own).pop("forward", None)
+
+
 def test_patched_and_unpatched_forwards_never_mix(tiny_llama):
     """One thread runs a patched forward, another plain ones; plain results never see the patch."""
     h = tiny_llama
