@@ -79,6 +79,9 @@ class FakeNdif:
         from analysis import paths  # the test's side only: the server cannot import analysis
 
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        # one torch thread, as the tests' own side runs (tests/service/test_ndif_remote.py): a float32 matmul
+        # split over another number of threads sums in another order and differs in the last bits
+        env["OMP_NUM_THREADS"] = "1"
         self.process = subprocess.Popen(
             [sys.executable, str(paths.TESTS / "service" / "fake_ndif.py"), json.dumps(self.settings)],
             stdout=subprocess.PIPE, stderr=self._stderr, env=env, cwd=tempfile.gettempdir(), text=True)

@@ -25,6 +25,17 @@ REPO = "acme/shapes-lm"
 SPEC = ModelSpec("ndif", REPO)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The stand-in computes with one torch thread; so does this side while a test runs, whatever an earlier
+    test left set, so 'the same numbers' can mean bit for bit (a matmul over 2 threads sums in another order:
+    3.4427 vs 3.4428 in one hidden state)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def local():
     return load_model(ModelSpec.parse("zoo:shapes-lm"))
