@@ -27,7 +27,13 @@ class Pair(Result):
 
     @property
     def label(self) -> str:
+        """Both prompts and answers in full (Shapes World prompts run to hundreds of characters)."""
         return f"{self.clean} → {self.answer}  /  {self.corrupt} → {self.foil}"
+
+    @property
+    def short(self) -> str:
+        """What a select box can show whole: the name and the two answers."""
+        return f"{self.name} (→ {self.answer.strip()} / → {self.foil.strip()})"
 
 
 # ---------------------------------------------------------------------------------------------

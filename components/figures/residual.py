@@ -76,20 +76,23 @@ def dla_figure(result: Inspection) -> go.Figure:
     dla = result.dla
     what = f"logit({result.target.strip()})" + (f" − logit({result.foil.strip()})" if result.foil else "")
     layers = list(range(len(dla.attn)))
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.12,
+    # one above the other: side by side, the heat map's layer axis ran into the bars at a 1024-px window
+    bars, grid, gap = 240, max(220, 14 * len(layers)), 110
+    fig = make_subplots(rows=2, cols=1, row_heights=[bars, grid], vertical_spacing=gap / (bars + grid + gap),
                         subplot_titles=("Per layer", "Per head"))
     fig.add_bar(x=layers, y=dla.attn, name="attention", marker_color=A_COLOUR, row=1, col=1)
     fig.add_bar(x=layers, y=dla.mlp, name="MLP", marker_color=B_COLOUR, row=1, col=1)
     top = max((abs(v) for row in dla.heads for v in row), default=1.0) or 1.0
     fig.add_heatmap(z=dla.heads, x=[f"H{h}" for h in range(len(dla.heads[0]))], y=layers, colorscale=DIVERGING,
-                    zmin=-top, zmax=top, colorbar=dict(title="logit units", x=1.02), row=1, col=2)
+                    zmin=-top, zmax=top, colorbar=dict(title="logit units", y=0.0, yanchor="bottom",
+                                                       len=grid / (bars + grid + gap)), row=2, col=1)
     fig.update_xaxes(title_text="layer", row=1, col=1)
-    fig.update_yaxes(title_text="direct effect (logit units)", row=1, col=1)
-    fig.update_xaxes(title_text="head", row=1, col=2)
-    fig.update_yaxes(title_text="layer", row=1, col=2)
-    fig.update_layout(barmode="group", height=max(380, 14 * len(layers) + 200))
+    fig.update_yaxes(title_text="direct effect<br>(logit units)", row=1, col=1)
+    fig.update_xaxes(title_text="head", row=2, col=1)
+    fig.update_yaxes(title_text="layer", row=2, col=1)
+    fig.update_layout(barmode="group", height=bars + grid + gap + 200)
     set_title(fig, f"Direct logit attribution to {what}: embeddings {dla.embed:+.2f}, total {dla.total:+.2f} "
-                   f"(the model: {dla.model_value:+.2f})", chars=90, top=80)
+                   f"(the model: {dla.model_value:+.2f})", chars=60, top=80)
     return panel_titles(legend_below(fig))
 
 

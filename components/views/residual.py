@@ -68,7 +68,7 @@ class ResidualView(View):
     def overrides(self, page: Page, values: dict) -> dict[str, dict]:
         """The pair's choices and the other model's are this model's: offered here, not in the field."""
         pairs = residual.pairs_for(page.handle)
-        labels = {p.name: p.label for p in pairs} | {"": f"{pairs[0].label} (default)",
+        labels = {p.name: p.short for p in pairs} | {"": f"{pairs[0].short} (default)",
                                                       residual.OWN: "Your own two prompts"}
         return {"pair": {"choices": ["", *[p.name for p in pairs], residual.OWN],
                          "format_func": lambda n: labels.get(n, n)},
