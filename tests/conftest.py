@@ -23,12 +23,25 @@ sys.path.insert(0, str(ROOT))
 TIERS = ("unit", "model", "page", "service", "browser")
 
 
+# In parallel (scripts/test.sh: `pytest -n 2 --dist loadgroup`, pytest-xdist) a test file is one unit of
+# work, run whole on one worker, so its module and session fixtures (servers, browsers, models) are built
+# once; files that share one process-wide server say so with a group of their own
+# (`pytestmark = pytest.mark.xdist_group("public-server")`). The heaviest tiers are handed out first, so
+# the many small unit files even out the end (a serial run keeps the folders' order).
+DISPATCH = ("browser", "service", "model", "page", "unit")
+
+
 def pytest_collection_modifyitems(config, items):
+    grouped = getattr(config.option, "dist", "no") == "loadgroup"
     for item in items:
         tier = Path(str(item.path)).parent.name
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: a test file belongs in one of tests/{{{','.join(TIERS)}}}/")
         item.add_marker(getattr(pytest.mark, tier))
+        if grouped and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if grouped:
+        items.sort(key=lambda item: DISPATCH.index(Path(str(item.path)).parent.name))
 
 from analysis import tiny_models  # noqa: E402
 from analysis.models import ZOO_DIR, ModelSpec, load_model  # noqa: E402

@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from analysis.paths import DEPLOY, ROOT, SCRIPTS  # noqa: E402
 
 sys.path.insert(0, str(SCRIPTS))
@@ -135,6 +137,10 @@ class PublicServer:
                 self.proc.kill()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+
+# A test file that uses `shared()` carries this mark: in a parallel run (pytest-xdist, --dist loadgroup) those
+# files run on one worker, one after another, and share the one server as a serial run does.
+ON_SHARED_SERVER = pytest.mark.xdist_group("public-server")
 
 _SHARED: PublicServer | None = None
 _LOCK = threading.Lock()

@@ -21,7 +21,8 @@ import screenshot  # noqa: E402
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 pytestmark = [pytest.mark.skipif(not shutil.which(CHROMIUM), reason="Debian chromium is not installed"),
-              pytest.mark.skipif("shapes-lm" not in zoo_models(), reason="needs the demo zoo")]
+              pytest.mark.skipif("shapes-lm" not in zoo_models(), reason="needs the demo zoo"),
+              public_instance.ON_SHARED_SERVER]
 EVIL = "evil.example"
 HOSTILE_TEXT = (f"**bold** [link](http://{EVIL}/l) ![img](http://{EVIL}/i.png) https://{EVIL}/bare www.{EVIL} "
                 f"me@{EVIL} <img src=http://{EVIL}/h.png> :red[red]")

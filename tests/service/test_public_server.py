@@ -30,7 +30,8 @@ from public_instance import ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import load_test  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not {"shapes-lm", "shapes-vlm"} <= set(zoo_models()), reason="needs the demo zoo")
+pytestmark = [pytest.mark.skipif(not {"shapes-lm", "shapes-vlm"} <= set(zoo_models()), reason="needs the demo zoo"),
+              public_instance.ON_SHARED_SERVER]
 SEEDS = iter(random.Random().sample(range(10_000, 10_000_000), 200))  # fresh views: never a stored result
 KV_VIEW = "context=64&budget=16&new_tokens=4&seed={}"  # a small KV analysis (a few seconds), counted as a run
 SAE_PAGE = ("sae-features", "model=zoo:shapes-vlm")
