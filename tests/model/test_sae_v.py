@@ -693,16 +693,20 @@ def test_cli_out_of_range_arguments_print_one_error_line(args, tiny_llava_dir, c
 DEMO = sae_v.SAE_ROOT / "shapes-vlm"
 
 
-@pytest.mark.skipif(not list(DEMO.glob("layer*/" + sae_v.STORE_FILE)), reason="demo SAE not built")
-def test_demo_store_matches_a_recomputation_from_the_committed_weights():
+def _demo():
+    """The committed demo SAE's folder, shapes-vlm, the SAE, its metadata and its feature store."""
     from analysis.models import ModelSpec, load_model, zoo_models
 
     if "shapes-vlm" not in zoo_models():
         pytest.skip("shapes-vlm not built")
     folder = sorted(DEMO.glob("layer*/" + sae_v.STORE_FILE))[0].parent
-    handle = load_model(ModelSpec("zoo", "shapes-vlm"))
     sae, meta = sae_v.load_sae(folder)
-    store = sae_v.load_store(folder)
+    return folder, load_model(ModelSpec("zoo", "shapes-vlm")), sae, meta, sae_v.load_store(folder)
+
+
+@pytest.mark.skipif(not list(DEMO.glob("layer*/" + sae_v.STORE_FILE)), reason="demo SAE not built")
+def test_demo_store_matches_a_recomputation_from_the_committed_weights():
+    folder, handle, sae, meta, store = _demo()
     assert not sae_v.is_stale(handle, meta), (
         "the demo SAE was trained on other shapes-vlm weights; rebuild it with `python -m analysis sae "
         f"--model zoo:shapes-vlm --layer {meta.layer} --out {folder}`")
@@ -727,14 +731,7 @@ def test_demo_store_matches_a_recomputation_from_the_committed_weights():
 def test_demo_store_omega_and_scores_match_the_official_scripts():
     """On the committed demo SAE and its 300 held-out pairs: the stored omega (official rule) and the
     ranking's s_i equal the references written from the official scripts."""
-    from analysis.models import ModelSpec, load_model, zoo_models
-
-    if "shapes-vlm" not in zoo_models():
-        pytest.skip("shapes-vlm not built")
-    folder = sorted(DEMO.glob("layer*/" + sae_v.STORE_FILE))[0].parent
-    handle = load_model(ModelSpec("zoo", "shapes-vlm"))
-    sae, meta = sae_v.load_sae(folder)
-    store = sae_v.load_store(folder)
+    _, handle, sae, meta, store = _demo()
     assert store.params.score_rule == "official"
     acts = sae_v.collect_activations(handle, store.pairs, meta.layer)
     codes = sae_v.encode(sae, sae_v.scaled(acts, meta.scales))
