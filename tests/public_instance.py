@@ -2,7 +2,7 @@
 test_public_browser.py): `scripts/serve.py` with `deploy/public.toml`, started once per test process.
 
 What differs from the example file, and why:
-- `uploads.keep_seconds = 60`: expiry is observed within the test run (the example keeps uploads an hour);
+- `uploads.keep_seconds = 30`: expiry is observed within the test run (the example keeps uploads an hour);
 - `auth.mode = "oidc"` (signed-out visitors read-only, as the example's `signed_out`) with secrets whose
   issuer is a closed loopback port: the unreachable-provider case; signed-out visitors see what an
   anonymous visitor of the example sees;
@@ -38,7 +38,7 @@ sys.path.insert(0, str(SCRIPTS))
 import screenshot  # noqa: E402
 from appending_proxy import AppendingProxy  # noqa: E402  (nginx's $proxy_add_x_forwarded_for, for the tests)
 
-KEEP_SECONDS = 60  # long enough that a slow machine's five uploads never expire mid-case
+KEEP_SECONDS = 30  # long enough that a slow machine's five uploads never expire mid-case (a case takes ~8 s)
 COOKIE_SECRET = "battery-cookie-secret-not-a-real-one"
 
 AUDIT = '''
