@@ -2,7 +2,8 @@
 
 `rank` (the runner's entry) takes omega from the feature store of (SAE, data) (`sources.store_for`) and
 streams the data through the model in batches: only one batch of residuals is held at a time, and every
-finished batch is appended to a checkpoint file, so a ranking stopped half-way resumes where it stopped.
+finished batch is appended to a checkpoint file, so a ranking stopped half-way resumes where it stopped
+(not on a read-only instance: the file would outlive the visitor's upload, which expires).
 Rows whose image cannot be read are reported (`Ranking.skipped`) and left out.
 
 Exports: the ranked list (CSV or JSONL: rank, image, caption, s_i, kept) and the kept subset in the
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from analysis import config
 from analysis.export import rows_to_csv
 from analysis.models import ModelHandle
 from analysis.registry import check_range
@@ -94,7 +96,11 @@ def _weights(handle, sae, meta, store: FeatureStore, rule: ScoreRule) -> tuple[t
 # Resuming: each finished batch is one line of a checkpoint file
 
 
-def _checkpoint(handle: ModelHandle, params: RankParams) -> Path:
+def _checkpoint(handle: ModelHandle, params: RankParams) -> Path | None:
+    """Where a ranking of a visitor's data keeps its finished batches; None on a read-only instance (#39:
+    nothing written there outlives the upload it came from)."""
+    if config.current().read_only():
+        return None
     key = params.to_json(sort_keys=True) + "|" + (model_fingerprint(handle) or handle.spec.label)
     return T.CACHE_ROOT / "rankings" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.jsonl"
 

@@ -19,3 +19,19 @@ def test_a_read_only_instance_keeps_a_visitors_feature_store_in_memory(tiny_llav
     assert len(store.features) == 24 and len(store.pairs.pairs) == 4
     assert not sae_v.sources.store_folder(tiny_llava, choice).exists()
     assert not (cache / "stores").exists()
+
+
+def test_a_read_only_instance_ranks_a_visitors_data_without_a_checkpoint_on_disk(tiny_llava, outside_sae,  # noqa: F811
+                                                                                  pair_folder, cache,  # noqa: F811
+                                                                                  monkeypatch, tmp_path):
+    """The resumable ranking's checkpoint (one line per finished batch, under the cache folder) is not written
+    either: it would outlive the visitor's upload, which expires, and grow the disk with every new upload."""
+    config = tmp_path / "read-only.toml"
+    config.write_text('[models]\nsources = ["zoo", "local"]\n[gallery]\nwritable = false\n')
+    monkeypatch.setenv(cfg.CONFIG_ENV, str(config))
+    params = sae_v.choose(tiny_llava, str(outside_sae), str(pair_folder), sae_v.RankParams, store_pairs=4,
+                          batch_pairs=2, rules=sae_v.rule_settings(cooccur_threshold=0.0))
+    ranking = sae_v.rank(tiny_llava, params)
+    assert len(ranking.rows) == 7 and ranking.resumed == 0
+    assert sae_v.filtering._checkpoint(tiny_llava, params) is None
+    assert not (cache / "rankings").exists() and not (cache / "stores").exists()
