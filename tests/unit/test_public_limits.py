@@ -191,9 +191,11 @@ def test_zips_and_images_share_one_visitors_limits(upload_cache):
 
 
 def _small_zip(i: int) -> bytes:
+    """The same bytes for the same `i` (a fixed date: writestr stamps the current second otherwise, and a zip
+    made again a second later is another upload)."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("d/texts.txt", f"text {i}\n")
+        zf.writestr(zipfile.ZipInfo("d/texts.txt", date_time=(2026, 1, 1, 0, 0, 0)), f"text {i}\n")
     return buf.getvalue()
 
 
