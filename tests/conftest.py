@@ -120,6 +120,22 @@ def app_with_model(spec: ModelSpec | None, page: str | None = None, query: dict 
     return at
 
 
+def table_with(at, column: str):
+    """The first table an AppTest page shows that has `column` (AppTest does not expose dataframe keys)."""
+    for df in at.dataframe:
+        if column in df.value.columns:
+            return df.value
+    raise AssertionError(f"no table with column {column!r}")
+
+
+def metric_starting(at, label_start: str):
+    """The first metric card whose label starts with `label_start`."""
+    for m in at.metric:
+        if m.label.startswith(label_start):
+            return m
+    raise AssertionError(f"no metric {label_start!r}: {[m.label for m in at.metric]}")
+
+
 def zoo_model_ready(model: str) -> bool:
     """A demo-zoo model (`zoo:shapes-lm`), or a real zoo model already converted here (a test never
     converts one: hundreds of MB and minutes)."""

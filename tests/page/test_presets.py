@@ -12,7 +12,7 @@ from analysis.models import ModelSpec, zoo_models
 from analysis.settings import labelled, url_name
 from components.registry import PANELS
 from components.view import url_fields
-from conftest import app_with_model, zoo_model_ready
+from conftest import app_with_model, metric_starting, table_with, zoo_model_ready
 
 PAGE_OF = {p.url_path: f"views/{p.page}" for p in PANELS}
 ANALYSIS_PANELS = [p for p in PANELS if p.paper]
@@ -54,20 +54,6 @@ def test_a_preset_link_sets_every_setting_of_its_panel():
         assert own <= set(preset.values()) <= set(url_fields(analysis)), preset.name
 
 
-def _frame(at, column: str):
-    for df in at.dataframe:
-        if column in df.value.columns:
-            return df.value
-    raise AssertionError(f"no table with column {column!r}")
-
-
-def _metric(at, label_start: str):
-    for m in at.metric:
-        if m.label.startswith(label_start):
-            return m
-    raise AssertionError(f"no metric {label_start!r}: {[m.label for m in at.metric]}")
-
-
 def _percent(text: str) -> float:
     return float(text.strip().rstrip("%")) / 100
 
@@ -75,7 +61,7 @@ def _percent(text: str) -> float:
 # --- what each preset must show (read from the rendered page) -------------------------------------------
 
 def _dispersion(at):
-    rows = _frame(at, "n").to_dict("records")
+    rows = table_with(at, "n").to_dict("records")
     small, large = rows[0], rows[-1]
     assert small["n"] == 4 and large["n"] == 128
     assert large["softmax accuracy"] <= small["softmax accuracy"] - 0.3  # accuracy falls with n
@@ -84,7 +70,7 @@ def _dispersion(at):
 
 
 def _adaptive(at):
-    rows = _frame(at, "n").to_dict("records")
+    rows = table_with(at, "n").to_dict("records")
     small, large = rows[0], rows[-1]
     assert large["n"] == 128
     assert large["adaptive accuracy"] <= small["adaptive accuracy"] - 0.3  # adaptive θ does not stop it
@@ -94,7 +80,7 @@ def _adaptive(at):
 
 
 def _real_dispersion(at):
-    rows = _frame(at, "n").to_dict("records")
+    rows = table_with(at, "n").to_dict("records")
     by_n = {r["n"]: r for r in rows}
     assert [r["n"] for r in rows] == [2, 4, 8, 16]
     assert by_n[4]["softmax accuracy"] >= 2 * by_n[4]["chance"]  # a task the model can do
@@ -109,7 +95,7 @@ def _lemma(at):
 
 
 def _kv_accuracy(at) -> dict[str, float]:
-    frame = _frame(at, "policy")
+    frame = table_with(at, "policy")
     acc_col = next(c for c in frame.columns if "accuracy" in c.lower())
     return {str(r["policy"]): r[acc_col] for r in frame.to_dict("records")}
 
@@ -125,7 +111,7 @@ def _needle_streaming(at):
 
 
 def _long_rows(at) -> dict[str, dict]:
-    return {str(r["policy"]): r for r in _frame(at, "item recall").to_dict("records")}
+    return {str(r["policy"]): r for r in table_with(at, "item recall").to_dict("records")}
 
 
 def _morph_long_wins(at):  # "keeps 8 of the 12 claims where H2O and SnapKV keep 3 and StreamingLLM 4", flat memory
@@ -145,16 +131,16 @@ def _num(value) -> float:
 
 
 def _shuffle_fails(at):
-    assert _percent(_metric(at, "Tokens recovered").value) == 1.0
+    assert _percent(metric_starting(at, "Tokens recovered").value) == 1.0
 
 
 def _noise_defeats(at):
-    assert _percent(_metric(at, "Tokens recovered").value) <= 0.2
+    assert _percent(metric_starting(at, "Tokens recovered").value) <= 0.2
 
 
 def _real_vocabulary(at):
-    assert _percent(_metric(at, "Tokens recovered").value) == 1.0
-    assert float(_metric(at, "Fewer than exhaustive").value.rstrip("×").replace(",", "")) >= 100
+    assert _percent(metric_starting(at, "Tokens recovered").value) == 1.0
+    assert float(metric_starting(at, "Fewer than exhaustive").value.rstrip("×").replace(",", "")) >= 100
 
 
 def _cascade_blocks(at):
@@ -162,13 +148,13 @@ def _cascade_blocks(at):
 
 
 def _caption_facts(at) -> tuple[float, float, float, float]:
-    fact, cover = _metric(at, "Factuality"), _metric(at, "Coverage")
+    fact, cover = metric_starting(at, "Factuality"), metric_starting(at, "Coverage")
     after_f, after_c = float(fact.value), float(cover.value)
     return after_f - float(fact.delta), after_f, after_c - float(cover.delta), after_c
 
 
 def _position_dropped(at):
-    claims = _frame(at, "claim")
+    claims = table_with(at, "claim")
     dropped = claims[claims["claim"] == "the yellow triangle is at the top middle"]
     assert len(dropped) == 1
     before, after, _, _ = _caption_facts(at)
@@ -186,8 +172,8 @@ def _strict(at):
 
 
 def _cross_modal_list(at):
-    frame = _frame(at, "omega")
-    cross = int(_metric(at, "Cross-modal").value)
+    frame = table_with(at, "omega")
+    cross = int(metric_starting(at, "Cross-modal").value)
     assert 10 <= cross <= 0.15 * len(frame), cross  # "a few dozen features fire on both"
     omega = frame.sort_values("omega", ascending=False)["omega"].head(cross)
     assert omega.median() > 0.9, omega.tolist()  # "most with omega near 1"
@@ -195,13 +181,13 @@ def _cross_modal_list(at):
 
 
 def _cross_modal_feature(at):
-    top = _metric(at, "Top-30 tokens").value
+    top = metric_starting(at, "Top-30 tokens").value
     text, image = (int(x) for x in top.split("/"))
     assert text >= 5 and image >= 5, top  # fires on caption words and on image patches
 
 
 def _ranking_other_scene(at):
-    kinds = {r["kind"]: r for r in _frame(at, "mean rank").to_dict("records")}
+    kinds = {r["kind"]: r for r in table_with(at, "mean rank").to_dict("records")}
     clean, other, swapped = (kinds[k]["mean rank"] for k in ("clean", "other_scene", "swapped"))
     assert other > clean + 50, kinds  # another scene's caption sinks (300 pairs: ranks 1-300)
     assert abs(swapped - clean) < 30, kinds  # a swap ranks like a clean pair
@@ -219,10 +205,10 @@ def _steer_middle_right(at):
 
 
 def _needle_found(at):  # token 15 in the embeddings, the last token from layer 1, L0H3 restores 0.73
-    rows = _frame(at, "share at the last token").to_dict("records")
+    rows = table_with(at, "share at the last token").to_dict("records")
     assert rows[0]["position"] == 15 and rows[0]["token"] == "84" and rows[0]["share there"] >= 0.99
     assert all(r["position"] == 19 and r["share at the last token"] >= 0.99 for r in rows[1:])
-    heads = _frame(at, "head").to_dict("records")
+    heads = table_with(at, "head").to_dict("records")
     assert (heads[0]["layer"], heads[0]["head"]) == (0, "H3") and round(heads[0]["share (exact)"], 2) == 0.73
 
 
@@ -230,7 +216,7 @@ def _tuned_colour(at):  # layer 2: logit 'circle', yellow 80th, 7.6 nats; tuned 
     from analysis.models import ModelSpec, load_model
     from analysis.residual import ResidualParams, inspect
 
-    rows = _frame(at, "target rank (1 = top)").to_dict("records")
+    rows = table_with(at, "target rank (1 = top)").to_dict("records")
     assert (rows[2]["top token"], rows[2]["target rank (1 = top)"], round(rows[2]["KL to final (nats)"], 1)) == ("red", 3, 1.5)
     assert rows[3]["top token"] == "yellow" and round(rows[3]["P(yellow)"], 2) == 0.86
     logit = inspect(load_model(ModelSpec.parse("zoo:shapes-lm")), ResidualParams(pair="colour-1")).lens
@@ -239,10 +225,10 @@ def _tuned_colour(at):  # layer 2: logit 'circle', yellow 80th, 7.6 nats; tuned 
 
 
 def _real_capital(at):  # ' France' through layer 23, the last token from 24, L23H4 restores 0.93; r = 0.99
-    rows = _frame(at, "share at the last token").to_dict("records")
+    rows = table_with(at, "share at the last token").to_dict("records")
     assert all(r["token"] == " France" and r["share there"] >= 0.99 for r in rows[:24])
     assert all(r["share at the last token"] >= 0.98 for r in rows[24:])
-    heads = _frame(at, "head").to_dict("records")
+    heads = table_with(at, "head").to_dict("records")
     assert (heads[0]["layer"], heads[0]["head"]) == (23, "H4") and abs(heads[0]["share (exact)"] - 0.93) < 0.006
     assert any("Residual: share" in str(c.proto.spec) and "r = 0.99" in str(c.proto.spec) for c in at.get("plotly_chart"))
 
@@ -251,8 +237,8 @@ def _real_tuned(at):  # tuned: Paris on top from layer 28, ' capital' at 26, ran
     from analysis.models import ModelSpec, load_model
     from analysis.residual import ResidualParams, inspect
 
-    rows = _frame(at, "target rank (1 = top)").to_dict("records")
-    assert _metric(at, "Target first on top").value == "28" and rows[26]["top token"] == " capital"
+    rows = table_with(at, "target rank (1 = top)").to_dict("records")
+    assert metric_starting(at, "Target first on top").value == "28" and rows[26]["top token"] == " capital"
     assert rows[10]["target rank (1 = top)"] == 11448
     logit = inspect(load_model(ModelSpec.parse("zoo:smollm2-135m-instruct")), ResidualParams(pair="capital-france")).lens
     assert next(i for i, r in enumerate(logit.target_rank) if r[-1] == 0) == 30

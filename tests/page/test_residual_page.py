@@ -5,22 +5,11 @@ from __future__ import annotations
 import pytest
 
 from analysis.models import ModelSpec, zoo_models
-from conftest import app_with_model
+from conftest import app_with_model, metric_starting, table_with
 
 PAGE = "views/residual_stream.py"
 HAS_ZOO = {"shapes-lm", "shapes-vlm"} <= set(zoo_models())
 needs_zoo = pytest.mark.skipif(not HAS_ZOO, reason="needs the demo zoo")
-
-
-def _frame(at, column: str):
-    for df in at.dataframe:
-        if column in df.value.columns:
-            return df.value
-    raise AssertionError(f"no table with column {column!r}")
-
-
-def _metric(at, start: str):
-    return next(m for m in at.metric if m.label.startswith(start))
 
 
 def _ok(at) -> None:
@@ -32,8 +21,8 @@ def _ok(at) -> None:
 def test_lens_view_ends_at_the_models_logits_and_explains_itself():
     at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE)
     _ok(at)
-    assert _metric(at, "Last layer vs the model's logits").value == "0.0e+00"
-    rows = _frame(at, "KL to final (nats)").to_dict("records")
+    assert metric_starting(at, "Last layer vs the model's logits").value == "0.0e+00"
+    rows = table_with(at, "KL to final (nats)").to_dict("records")
     assert len(rows) == 5 and rows[-1]["KL to final (nats)"] == 0.0 and rows[-1]["target rank (1 = top)"] == 1
     assert len(at.get("plotly_chart")) == 3  # lens grid, per-layer curves, logit attribution
     assert any("final norm and unembedding" in e.value for e in list(at.caption) + list(at.markdown))
@@ -45,7 +34,7 @@ def test_patching_view_shows_exact_and_attribution_side_by_side():
     at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={"view": "patching", "pair": "max-0",
                                                                     "components": "attention,residual"})
     _ok(at)
-    rows = _frame(at, "share at the last token").to_dict("records")
+    rows = table_with(at, "share at the last token").to_dict("records")
     assert rows[0]["position"] == 7 and rows[0]["share there"] == pytest.approx(1.0, abs=1e-3)  # the largest number
     assert len(at.get("plotly_chart")) == 3  # residual, attention output, the agreement scatter
     assert "r = " in str(at.get("plotly_chart")[0].proto.spec)
@@ -66,7 +55,7 @@ def test_side_by_side_of_two_prompts_and_a_refused_pair_of_models():
 def test_all_pairs_view_lists_every_offered_pair():
     at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={"view": "pairs"})
     _ok(at)
-    rows = _frame(at, "subject's last token").to_dict("records")
+    rows = table_with(at, "subject's last token").to_dict("records")
     assert len(rows) == 9 and all(r["clean diff"] > 0 > r["corrupted diff"] for r in rows)
 
 
@@ -77,4 +66,4 @@ def test_bad_own_pairs_and_missing_lenses_are_one_line(tiny_llama_dir):
     at = app_with_model(spec, PAGE, query={"lens": "tuned"})
     assert not at.exception and len(at.error) == 1 and "No tuned lens is trained" in at.error[0].value
     at = app_with_model(spec, PAGE)  # a tiny random model: its generic pairs still run through the logit lens
-    assert not at.exception and _metric(at, "Last layer vs the model's logits").value == "0.0e+00"
+    assert not at.exception and metric_starting(at, "Last layer vs the model's logits").value == "0.0e+00"

@@ -5,7 +5,7 @@ import pytest
 
 from analysis import sae_v
 from analysis.models import ModelSpec, zoo_models
-from conftest import app_with_model
+from conftest import app_with_model, table_with
 
 PAGE = "views/sae_features.py"
 HAS_DEMO = "shapes-vlm" in zoo_models() and bool(list((sae_v.SAE_ROOT / "shapes-vlm").glob("layer*/" + sae_v.STORE_FILE)))
@@ -29,19 +29,11 @@ def _errors(at) -> list[str]:
     return [e.value.replace("\\", "") for e in at.error]
 
 
-def _frame(at, column: str):
-    """The first table on the page that has `column` (AppTest does not expose dataframe keys)."""
-    for df in at.dataframe:
-        if column in df.value.columns:
-            return df.value
-    raise AssertionError(f"no table with column {column!r}")
-
-
 def test_feature_list_renders_with_all_features(tiny_llava_dir, tiny_sae):
     at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE)
     assert not at.exception, at.exception
     assert not _errors(at)
-    table = _frame(at, "omega")
+    table = table_with(at, "omega")
     assert set(table["feature"]) <= set(range(16)) and len(table) >= 1
     assert any("What am I looking at?" in c.value for c in at.caption)
     assert at.query_params["view"] == ["list"] or at.query_params["view"] == "list"
@@ -59,15 +51,15 @@ def test_modality_filter_is_one_click_and_travels_in_the_url(tiny_llava_dir, tin
     pills = at.button_group(key="sae_labels")
     assert list(pills.value) == ["cross-modal", "text-only", "image-only"] and _url(at, "labels") == \
         "cross-modal,text-only,image-only"
-    assert {modality[f] for f in _frame(at, "omega")["feature"]} <= {"cross-modal", "text-only", "image-only"}
+    assert {modality[f] for f in table_with(at, "omega")["feature"]} <= {"cross-modal", "text-only", "image-only"}
     at = pills.set_value(["dead", "text-only"]).run()
     assert _url(at, "labels") == "text-only,dead"  # in the labels' own order
     expected = sorted(i for i, m in modality.items() if m in ("text-only", "dead"))
-    assert sorted(_frame(at, "omega")["feature"]) == expected
+    assert sorted(table_with(at, "omega")["feature"]) == expected
     # a shared link opens with its filter; every label off says so and lists nothing
     at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"labels": "text-only"})
     assert list(at.button_group(key="sae_labels").value) == ["text-only"]
-    assert sorted(_frame(at, "omega")["feature"]) == sorted(i for i, m in modality.items() if m == "text-only")
+    assert sorted(table_with(at, "omega")["feature"]) == sorted(i for i, m in modality.items() if m == "text-only")
     at = at.button_group(key="sae_labels").set_value([]).run()
     assert not at.exception and _url(at, "labels") == "none"
     assert [i.value for i in at.info] == ["Choose at least one modality label to list its features."]
@@ -107,15 +99,15 @@ def test_explain_view_lists_features_of_a_dataset_scene(tiny_llava_dir, tiny_sae
     at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "explain"})
     assert not at.exception, at.exception
     assert not _errors(at)
-    assert len(_frame(at, "token")) >= 1
+    assert len(table_with(at, "token")) >= 1
 
 
 def test_ranking_of_unlabelled_pairs_shows_no_roc_and_exports_csv(tiny_llava_dir, tiny_sae):
     """The noise pairs carry no corruption labels: no ROC AUC, precision or recall (issue 31)."""
     at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "ranking"})
     assert not at.exception, at.exception
-    assert len(_frame(at, "score s_i")) == 8
-    assert "corrupted" not in _frame(at, "score s_i").columns
+    assert len(table_with(at, "score s_i")) == 8
+    assert "corrupted" not in table_with(at, "score s_i").columns
     labels = {m.label for m in at.metric}
     assert not {"ROC AUC (s_i)", "Precision: corrupted among removed", "Recall: corrupted pairs removed"} & labels
     assert any("no corruption labels" in c.value for c in at.caption)
@@ -160,7 +152,7 @@ def test_a_new_score_rule_is_one_class_and_appears_in_the_ranking_view(tiny_llav
         box = at.selectbox(key="sae_rank_rule")
         assert "toy-half" in box.options or "Toy: ω = 0.5 for every feature" in box.options
         assert box.value == "toy-half"
-        scores = _frame(at, "score s_i")["score s_i"]
+        scores = table_with(at, "score s_i")["score s_i"]
         assert all(float(s) * 2 == int(float(s) * 2) for s in scores)  # 0.5 per shared feature
     finally:
         sae_v.SCORE_RULES.unregister("toy-half")
@@ -178,7 +170,7 @@ def test_ranking_view_shows_the_committed_filtering_experiment(tiny_llava_dir, t
     at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"view": "ranking"})
     assert not at.exception, at.exception
     assert not any("has not been run" in i.value for i in at.info)
-    table = _frame(at, "condition")
+    table = table_with(at, "condition")
     assert "top share by s_i (SAE-V)" in set(table["condition"])
     if "top_half_by_normalised_s_i" in results["conditions"]:  # the labelled variant's row and AUC
         assert "top share by normalised s_i (variant)" in set(table["condition"])
@@ -213,7 +205,7 @@ def test_text_only_model_with_sae_explains_text_and_refuses_the_ranking(tiny_lla
         assert any("needs a vision-language model" in e for e in _errors(at)), _errors(at)
         at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query={"view": "explain"})
         assert not at.exception, at.exception
-        assert not _errors(at) and len(_frame(at, "token")) >= 1  # a text input's features, per token
+        assert not _errors(at) and len(table_with(at, "token")) >= 1  # a text input's features, per token
         assert not [r for r in at.radio if r.key == "sae_img_source"]  # no image source on a language model
         at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query={"view": "feature"})
         assert not at.exception and not _errors(at), _errors(at)
@@ -222,7 +214,7 @@ def test_text_only_model_with_sae_explains_text_and_refuses_the_ranking(tiny_lla
         assert not at.exception and not _errors(at), _errors(at)
         assert any(m.value == "**Unsteered**" for m in at.markdown)
         at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE)
-        assert "modality" not in _frame(at, "omega").columns  # one modality: no modality columns
+        assert "modality" not in table_with(at, "omega").columns  # one modality: no modality columns
         assert not [b for b in at.button_group if b.key == "sae_labels"]  # and no modality filter
     finally:
         sae_v.types.CACHE_ROOT = old
@@ -232,7 +224,7 @@ def test_text_only_model_with_sae_explains_text_and_refuses_the_ranking(tiny_lla
 def test_demo_feature_list_and_feature_page_render():
     at = app_with_model(ModelSpec("zoo", "shapes-vlm"), PAGE)
     assert not at.exception, at.exception
-    assert len(_frame(at, "omega")) > 10
+    assert len(table_with(at, "omega")) > 10
     at = app_with_model(ModelSpec("zoo", "shapes-vlm"), PAGE, query={"feature": "3"})
     assert not at.exception, at.exception
     assert at.subheader[0].value.startswith("Feature 3 ·")
@@ -247,4 +239,4 @@ def test_text_only_model_offers_the_demo_vlm(tiny_llama_dir):
     at.button(key="sae_use_demo").click().run()
     assert not at.exception, at.exception
     assert at.session_state["model_spec"] == ModelSpec("zoo", "shapes-vlm")
-    assert len(_frame(at, "omega")) > 10
+    assert len(table_with(at, "omega")) > 10
