@@ -6,9 +6,9 @@ import pytest
 
 from analysis import sae_v
 from analysis.models import ModelSpec
-from conftest import app_with_model
+from conftest import app_with_model, table_with
 from sae_lens_factory import save_outside_sae, write_pair_folder
-from test_sae_page import _errors, _frame, _url
+from test_sae_page import _errors, _url
 
 PAGE = "views/sae_features.py"
 
@@ -40,7 +40,7 @@ def test_an_sae_saved_by_sae_lens_is_loaded_from_the_page(tiny_llava_dir, cache,
     assert _url(at, "sae") == outside
     assert at.selectbox(key="sae_pick").value == outside
     assert "from elsewhere" in at.selectbox(key="sae_pick").format_func(outside)
-    table = _frame(at, "omega")
+    table = table_with(at, "omega")
     assert set(table["feature"]) <= set(range(24)) and len(table) >= 1
     assert any("sae-lens folder" in c.value for c in at.caption)  # the summary says where the SAE is from
 
@@ -64,11 +64,11 @@ def test_a_data_folder_with_bad_rows_is_ranked_with_each_row_reported(tiny_llava
     assert not at.exception, at.exception
     assert not _errors(at)
     assert any("3 of 10 rows were left out" in w.value for w in at.warning)
-    left_out = _frame(at, "why")
+    left_out = table_with(at, "why")
     assert dict(zip(left_out["row"], left_out["why"])) == {
         4: "image 'gone.png' is missing", 6: "empty caption",
         8: "'img7.png' is not an image that can be read (PNG, JPEG, GIF, BMP or WebP expected)."}
-    assert len(_frame(at, "score s_i")) == 7
+    assert len(table_with(at, "score s_i")) == 7
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Rows used / read"] == "7 / 10"
     assert "ROC AUC (s_i)" in metrics and "Precision: corrupted among removed" in metrics  # a label column
