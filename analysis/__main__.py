@@ -1,20 +1,21 @@
 """Command line: `python -m analysis <command> ... [--json]`.
 
-The panels' commands come from the panel table (analysis/panels.py): each panel's `ANALYSIS.cli(argv)`.
+The panels' commands come from the panel table (analysis/framework/panels.py): each panel's `ANALYSIS.cli(argv)`.
 A package is imported only when its command runs, so one slow import (sae-lens) never slows the others.
-Every user-facing error (analysis/errors.py) is printed as one `error: ...` line with exit status 1.
+Every user-facing error (analysis/framework/errors.py) is printed as one `error: ...` line with exit status 1.
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-from analysis import panels, threads
-from analysis.errors import UserError
+from analysis.framework import panels
+from analysis.model_access import threads
+from analysis.framework.errors import UserError
 
 # Commands that are not panels: (module with `cli(argv)`, help).
 TOOLS = {
-    "info": ("analysis.models", "describe a model"),
+    "info": ("analysis.model_access.models", "describe a model"),
 }
 
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     except Exception as exc:
-        from analysis.anatomy import raised_by_model
+        from analysis.model_access.anatomy import raised_by_model
 
         if not raised_by_model(exc):  # our own bug: keep the traceback
             raise

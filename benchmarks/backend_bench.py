@@ -24,13 +24,14 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS  # noqa: E402
+from analysis.framework.paths import RESULTS  # noqa: E402
 
 import torch  # noqa: E402
 
-from analysis import anatomy, backends  # noqa: E402
+from analysis.model_access import anatomy  # noqa: E402
+from analysis import backends
 from analysis.backends import LogitMetric, Request, Site  # noqa: E402
-from analysis.models import ModelSpec, load_model  # noqa: E402
+from analysis.model_access.models import ModelSpec, load_model  # noqa: E402
 from analysis.residual import ResidualParams, pairs_for  # noqa: E402
 from analysis.residual import hooks  # noqa: E402
 from analysis.residual.analysis import _problem  # noqa: E402

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
 from analysis import captions as C  # noqa: E402
-from analysis.models import ModelSpec, load_model, zoo_models  # noqa: E402
+from analysis.model_access.models import ModelSpec, load_model, zoo_models  # noqa: E402
 from analysis.world import shapes_world as W  # noqa: E402
 
 # (row label, decomposer/rewriter, ground-truth verifier instead of shapes-vlm)

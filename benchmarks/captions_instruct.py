@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
 from analysis import captions as C  # noqa: E402
-from analysis.models import ModelSpec, all_zoo_models, load_model  # noqa: E402
+from analysis.model_access.models import ModelSpec, all_zoo_models, load_model  # noqa: E402
 
 CAPTIONS = [
     "A brown dog runs along a sandy beach. A red frisbee flies above the dog. Two people sit under a blue umbrella.",

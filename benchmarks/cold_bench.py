@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 OUT = RESULTS / "cold_bench.json"
 
 # url path -> (page file, default model of the panel)
@@ -47,7 +47,7 @@ def one(page: str, model: str, threads: int) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from streamlit.testing.v1 import AppTest  # noqa: F401  (the harness, not the app, is excluded)
 
-    from analysis.models import ModelSpec
+    from analysis.model_access.models import ModelSpec
 
     t_imports = time.perf_counter()
     try:

@@ -6,7 +6,7 @@ with a ViT-B/16-shaped CLIP tower (580 M parameters, its own LM as decomposer/re
 
     python benchmarks/cost_bench.py [--threads 2] [--skip-big] [--only captions|lm]
 
-For each model: `analysis.cost.calibrate` (a few tiny timed forwards), then small runs of the KV,
+For each model: `analysis.framework.cost.calibrate` (a few tiny timed forwards), then small runs of the KV,
 sharpness and prompt-reconstruction analyses (or the caption page's steps: caption, verification,
 rewrite), each estimated first and then timed (on the small model after one untimed run, so that
 lazy imports are not counted). Also prints the estimate for each page's default settings on the big
@@ -26,15 +26,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
 from analysis import captions as C  # noqa: E402
-from analysis import cost  # noqa: E402
+from analysis.framework import cost  # noqa: E402
 from analysis import inversion as inv  # noqa: E402
 from analysis import kv  # noqa: E402
 from analysis import sharpness as S  # noqa: E402
-from analysis.models import ModelHandle, ModelSpec, describe, load_model, zoo_models  # noqa: E402
-from analysis.tiny_models import LLAVA_TEMPLATE, default_words, family_words  # noqa: E402
+from analysis.model_access.models import ModelHandle, ModelSpec, describe, load_model, zoo_models  # noqa: E402
+from analysis.model_access.tiny_models import LLAVA_TEMPLATE, default_words, family_words  # noqa: E402
 from analysis.world.tokenizer import make_word_tokenizer  # noqa: E402
 
 OUT = RESULTS / "cost_bench.json"
@@ -70,7 +70,7 @@ def llava_half_b() -> ModelHandle:
     from transformers import (CLIPImageProcessorPil, CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration,
                               LlavaProcessor, Qwen2Config)
 
-    from analysis.models import causal_lm_view
+    from analysis.model_access.models import causal_lm_view
 
     base = family_words()
     fill = QWEN_HALF_B_TEXT["vocab_size"] - len(make_word_tokenizer(base, extra_special=["<image>"]))

@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil  # pinned in requirements.txt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 import screenshot  # noqa: E402

@@ -39,7 +39,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout first
-from analysis.paths import DEPLOY, ROOT, SCRIPTS, result_file  # noqa: E402
+from analysis.framework.paths import DEPLOY, ROOT, SCRIPTS, result_file  # noqa: E402
 
 sys.path.insert(0, str(SCRIPTS))
 import load_test  # noqa: E402

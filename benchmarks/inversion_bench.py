@@ -21,15 +21,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from analysis import anatomy  # noqa: E402
+from analysis.model_access import anatomy  # noqa: E402
 from analysis import inversion as inv  # noqa: E402
-from analysis import tiny_models  # noqa: E402
-from analysis.models import ModelHandle, ModelSpec, load_model, zoo_models  # noqa: E402
+from analysis.model_access import tiny_models  # noqa: E402
+from analysis.model_access.models import ModelHandle, ModelSpec, load_model, zoo_models  # noqa: E402
 
 
 def gpt2_small_random() -> ModelHandle:
@@ -101,7 +101,7 @@ def noise_model() -> tuple[str, ModelHandle]:
         return "shapes-lm", load_model(ModelSpec("zoo", "shapes-lm"))
     import tempfile
 
-    from analysis.tiny_models import save_tiny_llama
+    from analysis.model_access.tiny_models import save_tiny_llama
 
     folder = save_tiny_llama(Path(tempfile.mkdtemp()) / "tiny-llama")
     os.environ["MODEL_INSPECTOR_ROOTS"] = str(folder.parent)
@@ -130,7 +130,7 @@ REAL_FOLDER = Path("/work/models/smollm2-135m-instruct")  # a converted copy, be
 
 def real_model(spec: str) -> tuple[str, ModelHandle]:
     """The real trained model: the zoo's, else the converted local copy (read-only), else an error."""
-    from analysis.models import ModelLoadError
+    from analysis.model_access.models import ModelLoadError
 
     try:
         return spec, load_model(ModelSpec.parse(spec))
@@ -184,7 +184,7 @@ def default_view(name: str, handle: ModelHandle, prompt: str, layer: int, exhaus
                  repeats: int = 3) -> dict:
     """The page's default view: the attack (estimated, timed, against its floor), the estimates of the
     sections that wait for a click, and exhaustive search on the first position(s) for the comparison."""
-    from analysis import cost
+    from analysis.framework import cost
 
     params = inv.AttackParams(prompt=prompt, layer=layer)
     ids = inv.tokenize(handle, prompt)

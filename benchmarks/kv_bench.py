@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
 from analysis import kv  # noqa: E402
-from analysis import tiny_models  # noqa: E402
-from analysis.models import ModelHandle, ModelSpec, load_model, zoo_models  # noqa: E402
+from analysis.model_access import tiny_models  # noqa: E402
+from analysis.model_access.models import ModelHandle, ModelSpec, load_model, zoo_models  # noqa: E402
 
 
 def gpt2_small_random() -> ModelHandle:

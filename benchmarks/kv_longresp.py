@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
 from analysis import kv  # noqa: E402
 from analysis.kv.longresp import BIN, long_sweep  # noqa: E402
-from analysis.models import ModelSpec, load_model  # noqa: E402
+from analysis.model_access.models import ModelSpec, load_model  # noqa: E402
 from benchmarks.kv_bench import progress_printer  # noqa: E402
 
 VARIANTS = ["morphkv_8903d2a"]

@@ -25,10 +25,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
-from analysis import cost, kv  # noqa: E402
-from analysis.models import ModelHandle, ModelSpec, load_model  # noqa: E402
+from analysis.framework import cost  # noqa: E402
+from analysis import kv
+from analysis.model_access.models import ModelHandle, ModelSpec, load_model  # noqa: E402
 
 
 def record_forwards(handle: ModelHandle, fn) -> list[tuple[int, bool]]:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 OUT = RESULTS / "real_model.json"
 MODEL = "smollm2-135m-instruct"
 
@@ -139,7 +139,7 @@ def table(rows: dict) -> str:
 
 def write_card(rows: dict) -> None:
     """The model card's per-panel lines (committed beside the git-ignored converted folder)."""
-    from analysis import real_models
+    from analysis.model_access import real_models
     from analysis.zoo import cards
 
     json_path, _ = cards.real_card_paths(MODEL, real_models.REAL_DIR)

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import DOCS, RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import DOCS, RESULTS  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
-from analysis.models import ModelLoadError, ModelSpec, load_model  # noqa: E402
+from analysis.model_access.models import ModelLoadError, ModelSpec, load_model  # noqa: E402
 from analysis.residual import ResidualParams, pairs_for  # noqa: E402
 from analysis.residual.pairs import factual_pairs  # noqa: E402
 from analysis.residual.analysis import pair_sweep, patch  # noqa: E402

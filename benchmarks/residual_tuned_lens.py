@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
-from analysis.models import ModelSpec, load_model  # noqa: E402
+from analysis.model_access.models import ModelSpec, load_model  # noqa: E402
 from analysis.residual.translators import LENS_ROOT, META, available  # noqa: E402
 from analysis.zoo.train import tuned_lens as T  # noqa: E402
 

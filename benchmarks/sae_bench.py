@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
 from analysis import sae_v  # noqa: E402
-from analysis.models import ModelSpec, load_model, zoo_models  # noqa: E402
+from analysis.model_access.models import ModelSpec, load_model, zoo_models  # noqa: E402
 
 
 def full_forward_collect(handle, pairs, layer):
@@ -48,7 +48,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.model is None:
-        from analysis import tiny_models
+        from analysis.model_access import tiny_models
 
         folder = tiny_models.save_tiny_llava(Path("/tmp/sae-bench-llava"), image_size=64, patch=8, layers=3,
                                              hidden=128)

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from analysis.sae_v.datasets import ShapesDataset  # noqa: E402
@@ -236,8 +236,8 @@ def clustering_rows(handle, meta, store) -> dict:
 
 def demo_sae() -> dict:
     """The demo SAE's AUCs on its own evaluation pool, under the official and normalised rules."""
-    from analysis import anatomy
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access import anatomy
+    from analysis.model_access.models import ModelSpec, load_model
     from analysis.sae_v import by_kind, load_sae, load_store, rank_dataset
 
     folder = ROOT / "analysis" / "zoo" / "sae" / "shapes-vlm" / "layer1"

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import SAE_STORES  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import SAE_STORES  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
 MODEL = "zoo:shapes-vlm"
 SAE = "analysis/zoo/sae/shapes-vlm/layer1"
@@ -20,7 +20,7 @@ def demo():
     import torch
 
     from analysis import sae_v
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
 
     torch.set_num_threads(1)
     handle = load_model(ModelSpec.parse(MODEL))

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
 from analysis.zoo import cards  # noqa: E402
 from analysis.world import shapes_world as sw  # noqa: E402
@@ -96,7 +96,7 @@ def make_pool(n: int, corrupted: float, seed: int = 0) -> list[dict]:
 def score_pool(model_name: str, layer: int, pool: list[dict]) -> dict:
     """s_i for every pair with the committed demo SAE of `model_name` at `layer`."""
     from analysis import sae_v
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
 
     handle = load_model(ModelSpec("zoo", model_name))
     folder = sae_v.demo_folder(handle, layer)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 from benchmarks.sae_v_demo import MODEL, SAE, demo  # noqa: E402
 
 RESULT_FILE = RESULTS / "sae_v_steering.json"

@@ -8,7 +8,7 @@ model's own forward (eager attention, as loaded) of exactly the token batches th
 chunks of equal-length prompts with their candidate trees, the same attention mask, position ids and kept
 logits, with no temperature function, no recording and no statistics. Each repeat times the sweep and
 then its floor back to back, so load on the shared machine hits both alike; the ratio is the median of
-the per-repeat ratios. The estimate is `analysis.cost.estimate` (calibrated on this machine first).
+the per-repeat ratios. The estimate is `analysis.framework.cost.estimate` (calibrated on this machine first).
 Prints a markdown table and writes benchmarks/results/sharpness_real.json.
 """
 from __future__ import annotations
@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import RESULTS  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import RESULTS  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
-from analysis import cost  # noqa: E402
+from analysis.framework import cost  # noqa: E402
 from analysis import sharpness as S  # noqa: E402
-from analysis.models import ModelHandle, ModelSpec, load_model  # noqa: E402
+from analysis.model_access.models import ModelHandle, ModelSpec, load_model  # noqa: E402
 
 OUT = RESULTS / "sharpness_real.json"
 

@@ -6,8 +6,8 @@ from typing import Any, Callable, Iterator
 
 import streamlit as st
 
-from analysis.errors import UserError
-from analysis.models import DEMO_MODELS, KIND_NAMES, ModelHandle, ModelSpec, zoo_models
+from analysis.framework.errors import UserError
+from analysis.model_access.models import DEMO_MODELS, KIND_NAMES, ModelHandle, ModelSpec, zoo_models
 from components import hosting
 from components.model_picker import current_handle, try_load
 
@@ -93,7 +93,7 @@ def progress(label: str) -> Iterator[Callable[[float, str], None]]:
 URL_TEXT_MAX = 2000  # longest text a link may carry into a control (components/params_form.url_value reads links)
 
 
-# Errors whose message is meant for the user: every panel's error is one (analysis/errors.py).
+# Errors whose message is meant for the user: every panel's error is one (analysis/framework/errors.py).
 USER_ERRORS: tuple[type[BaseException], ...] = (UserError,)
 
 

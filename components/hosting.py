@@ -1,7 +1,7 @@
 """What a hosted instance adds to the pages: the configuration in force, sign-in, embeds, upload checks,
 who the visitor is, and what a visitor may be shown.
 
-All of it is driven by the deployment configuration (`analysis/config.py`, docs/deploy.md); with no
+All of it is driven by the deployment configuration (`analysis/framework/config.py`, docs/deploy.md); with no
 configuration file every function here leaves the app exactly as a local run always was.
 
 - `settings()`: the configuration, or a clear message and a stopped page when the file is bad.
@@ -36,7 +36,7 @@ from typing import Any
 
 import streamlit as st
 
-from analysis import config as cfg
+from analysis.framework import config as cfg
 
 USER_KEY = "_mi_user"  # {"name": ..., "via": "token" | "oidc"} once signed in with the access token
 
@@ -82,7 +82,7 @@ def _server_prefixes() -> tuple[str, ...]:
     import tempfile
     from pathlib import Path
 
-    from analysis.paths import ROOT
+    from analysis.framework.paths import ROOT
 
     found = {str(ROOT), str(Path.home()), tempfile.gettempdir(), sys.prefix, sys.base_prefix,
              os.environ.get("MODEL_INSPECTOR_CACHE", ""), "/usr/", "/opt/", "/srv/", "/var/", "/proc/", "/home/"}
@@ -373,7 +373,7 @@ def upload_problem(data: bytes, name: str, kind: str = "image") -> str | None:
 
 
 def upload_owner() -> str:
-    """Whose upload this is, for the upload area's per-visitor limits (analysis/uploads.py)."""
+    """Whose upload this is, for the upload area's per-visitor limits (analysis/framework/uploads.py)."""
     return visitor_id()
 
 

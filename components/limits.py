@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import streamlit as st
 
-from analysis import config as cfg
+from analysis.framework import config as cfg
 from components import hosting
 from components.hosting import RateLimiter
 
@@ -127,15 +127,15 @@ def _over_limit(config: cfg.Config, wait: float) -> None:
 
 
 def _minutes(seconds: float) -> str:
-    from analysis import cost
+    from analysis.framework import cost
 
     return cost.format_seconds(seconds)
 
 
 def trains(fn: Callable) -> bool:
     """Whether a run function trains (and writes) a model every visitor then sees (`Run.trains`)."""
-    from analysis import panels
-    from analysis.errors import MissingEstimator
+    from analysis.framework import panels
+    from analysis.framework.errors import MissingEstimator
 
     try:
         return panels.run_for(fn).trains

@@ -3,7 +3,7 @@
 The loaded model lives in `st.cache_resource` (bounded), keyed on its spec; the session only keeps
 the spec. A failed load shows `st.error` and leaves the previous model in place.
 
-The deployment configuration (`analysis/config.py`) decides which sources the picker offers, which
+The deployment configuration (`analysis/framework/config.py`) decides which sources the picker offers, which
 Hub ids (a list to pick from instead of a free box) and which default model a visitor gets. A spec
 it does not allow (a shared link's `?model=hub:...`, a local path) is refused here, before the loader
 is called: the visitor is told so and gets the default; nothing is read or downloaded.
@@ -18,8 +18,8 @@ import streamlit as st
 
 from analysis import backends
 from analysis.backends import ndif
-from analysis.models import ModelHandle, ModelLoadError, ModelSpec, all_zoo_models, load_model, zoo_models
-from analysis import real_models
+from analysis.model_access.models import ModelHandle, ModelLoadError, ModelSpec, all_zoo_models, load_model, zoo_models
+from analysis.model_access import real_models
 from components import hosting
 
 SOURCES = {"zoo": "Zoo", "hub": "Hugging Face Hub", "local": "Local folder", "ndif": "NDIF (remote)"}

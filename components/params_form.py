@@ -1,4 +1,4 @@
-"""A page's controls drawn from settings fields (analysis/settings.py): label, range, choices, help and
+"""A page's controls drawn from settings fields (analysis/framework/settings.py): label, range, choices, help and
 URL name come from the field, so they are written once for the page, the link and the command line.
 
     fields = [(f, KvParams) for f in labelled(KvParams) if f.name in ("context", "pairs")]
@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterable
 
 import streamlit as st
 
-from analysis.errors import SettingsError
-from analysis.settings import choices_of, field_default, field_text, kind_of, parse_text, to_text, url_name
+from analysis.framework.errors import SettingsError
+from analysis.framework.settings import choices_of, field_default, field_text, kind_of, parse_text, to_text, url_name
 from components.common import URL_TEXT_MAX, analysis_errors, set_url_params
 
 WIDTH = 135  # px: six fields fit in a row at 1400 px, three at 1024

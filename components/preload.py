@@ -23,15 +23,15 @@ MODULES = [
     "huggingface_hub", "huggingface_hub.errors",
     "transformers", "transformers.cache_utils", "transformers.masking_utils",
     "captum.attr", "sae_lens", "sae_lens.config", "sae_lens.saes.sae",
-    "analysis.registry", "analysis.results", "analysis.models", "analysis.export", "analysis.store",
-    "analysis.anatomy", "analysis.world.shapes_world", "analysis.world.concepts",
+    "analysis.framework.registry", "analysis.framework.results", "analysis.model_access.models", "analysis.hosting.export", "analysis.hosting.store",
+    "analysis.model_access.anatomy", "analysis.world.shapes_world", "analysis.world.concepts",
     "components.common", "components.runs", "components.share",
 ]
 
 
 def _project_modules() -> list[str]:
     """Every panel's package (the panel table) and every figure module (components/figures/)."""
-    from analysis import panels
+    from analysis.framework import panels
     from components import figures
 
     return [e.module for e in panels.TABLE] + [
@@ -52,7 +52,7 @@ FAILED: list[str] = []  # names that could not be imported here (optional extras
 
 def _zoo_names() -> list[str]:
     """Model, processor and image-processor classes named by the installed demo models' configs."""
-    from analysis.models import ZOO_DIR
+    from analysis.model_access.models import ZOO_DIR
 
     names = []
     for config in sorted(ZOO_DIR.glob("*/config.json")) + sorted(ZOO_DIR.glob("*/processor_config.json")):
@@ -100,7 +100,7 @@ def preload() -> float:
 
 
 def calibrate_zoo() -> dict[str, float]:
-    """Measure this machine's speed on each demo model (analysis/cost.py) while nobody is using it.
+    """Measure this machine's speed on each demo model (analysis/framework/cost.py) while nobody is using it.
 
     scripts/serve.py calls this before the server listens. Otherwise the first estimate on a model is
     measured when a page first needs one, and when a room opens the app together that is beside five
@@ -111,8 +111,8 @@ def calibrate_zoo() -> dict[str, float]:
     reports its own error on the page that asks for it."""
     import threading
 
-    from analysis import cost
-    from analysis.models import ModelSpec, load_model, zoo_models
+    from analysis.framework import cost
+    from analysis.model_access.models import ModelSpec, load_model, zoo_models
 
     seconds: dict[str, float] = {}
 

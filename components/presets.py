@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis import presets as P
-from analysis.models import ModelSpec
+from analysis.framework import presets as P
+from analysis.model_access.models import ModelSpec
 from components.model_picker import STATE_KEY, try_load
 
 SEEN_KEY = "_presets_seen"  # presets this session already switched the model for

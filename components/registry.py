@@ -1,12 +1,12 @@
-"""The app's pages: one per panel of the panel table (analysis/panels.py), then the saved-analyses gallery."""
+"""The app's pages: one per panel of the panel table (analysis/framework/panels.py), then the saved-analyses gallery."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis import config
-from analysis import panels
-from analysis.paths import ROOT, VIEWS
+from analysis.framework import config
+from analysis.framework import panels
+from analysis.framework.paths import ROOT, VIEWS
 
 
 @dataclass(frozen=True)

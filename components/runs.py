@@ -10,9 +10,9 @@ that result instead of starting the same work again.
 
 On a miss the run is first looked up among the results shipped with the app (`precomputed`:
 `python scripts/warm.py` stores every default view's and preset's runs, fingerprinted by the model's
-weights and the settings), then estimated (`analysis/cost.py`): long work waits for a click, runs
+weights and the settings), then estimated (`analysis/framework/cost.py`): long work waits for a click, runs
 with a progress bar showing the time left and a Stop button, and says when it is queued behind
-another user's analysis on the shared model (`analysis/model_lock.py`).
+another user's analysis on the shared model (`analysis/model_access/model_lock.py`).
 
 An analysis that also uses other models (caption correction: a captioner, a decomposer/rewriter LM)
 names them in `models={"lm": lm_handle}`: they are passed to it as keyword arguments, their labels
@@ -42,10 +42,10 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import streamlit as st
 
-from analysis import cost, precompute
-from analysis.errors import UserError
-from analysis.model_lock import activity
-from analysis.progress import Progress
+from analysis.framework import cost, precompute
+from analysis.framework.errors import UserError
+from analysis.model_access.model_lock import activity
+from analysis.framework.progress import Progress
 from components import limits
 
 MAX_ENTRIES = 48
@@ -185,7 +185,7 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
                optional: bool = False, models: dict | None = None, **kwargs) -> Any:
     """`fn(handle, params, progress=..., **models, **kwargs)`, computed once per (kind, models, params, kwargs).
 
-    Before computing, the run is estimated (`analysis/cost.py`). Work expected to take longer than
+    Before computing, the run is estimated (`analysis/framework/cost.py`). Work expected to take longer than
     `ASK_ABOVE_S` is not started on page load: the page shows the estimate and a Run button, and
     stops there (`on_demand=False`) or returns None (`on_demand=True`: a section that only runs when
     asked, e.g. a sweep; it shows its button first unless the result is ready). `optional=True`: a section
@@ -258,7 +258,7 @@ def confirm(kind: str, fn: Callable, handle, params: Any, *, label: str, models:
 
 def _gate(key: RunKey, fn: Callable, handle, params, label: str, kwargs: dict,
           on_demand: bool = False) -> tuple[bool, Any]:
-    """(go, estimate): the run's estimate (`analysis/cost.py`) and whether to start it now. Long work, an
+    """(go, estimate): the run's estimate (`analysis/framework/cost.py`) and whether to start it now. Long work, an
     on-demand section or a run the user stopped shows its estimate and a Run button (`_asked`) and
     goes only in the rerun where that button was pressed."""
     queue_slot = st.empty()

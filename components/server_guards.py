@@ -22,7 +22,7 @@ import os
 from streamlit.runtime.memory_uploaded_file_manager import MemoryUploadedFileManager
 from streamlit.runtime.uploaded_file_manager import UploadedFileRec
 
-from analysis import config as cfg
+from analysis.framework import config as cfg
 
 
 class BoundedUploads(MemoryUploadedFileManager):

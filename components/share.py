@@ -5,7 +5,7 @@
 
 Gives the permalink (the page URL with its mirrored controls), the <iframe> snippet that embeds the
 view (`?embed=true`: no sidebar, controls or share bar), downloads (JSON result, CSV per table,
-self-contained HTML report) and a form that saves the analysis to the store (`analysis/store.py`:
+self-contained HTML report) and a form that saves the analysis to the store (`analysis/hosting/store.py`:
 SQLite, or PostgreSQL shared by several servers), to be reopened from the Saved analyses page without
 recomputing. In an embed the bar is not drawn; on a read-only gallery, or for a signed-out visitor
 where sign-in is on, the form says why it is not there.
@@ -25,10 +25,10 @@ from urllib.parse import quote, urlencode
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
-from analysis.export import ReportSection, html_report, result_json, rows_to_csv
-from analysis.results import to_jsonable
-from analysis.store import RefusedAnalysis, SavedAnalysis, Store, open_store, store_location
-from analysis.uploads import owner_key
+from analysis.hosting.export import ReportSection, html_report, result_json, rows_to_csv
+from analysis.framework.results import to_jsonable
+from analysis.hosting.store import RefusedAnalysis, SavedAnalysis, Store, open_store, store_location
+from analysis.framework.uploads import owner_key
 from components import hosting, limits
 from components.common import one_line
 from components.hosting import escape_markdown  # noqa: F401  (pages import it from here)

@@ -6,7 +6,7 @@ Where a panel's page lives:
                                     (`KvView().render()`)
     components/views/<panel>.py     the panel's `View`: intro, sections, `run`, `show`
     analysis/<panel>/params.py      its Params (`ANALYSIS.params`) and its view state (`ANALYSIS.view_state`):
-                                    settings fields (analysis/settings.py) with their page hints
+                                    settings fields (analysis/framework/settings.py) with their page hints
     analysis/<panel>/presets.py     its presets: a Params value and a view-state value each (`ANALYSIS.presets`)
     components/figures/<panel>.py   its figures
 
@@ -41,9 +41,9 @@ from typing import Any, Callable, ClassVar
 
 import streamlit as st
 
-from analysis import panels
-from analysis.models import ModelHandle
-from analysis.settings import Flat, check_settings, field_default, field_text, labelled, url_name
+from analysis.framework import panels
+from analysis.model_access.models import ModelHandle
+from analysis.framework.settings import Flat, check_settings, field_default, field_text, labelled, url_name
 from components.common import analysis_errors, field_row, require_model, set_url_params
 from components.params_form import ParamsForm, url_value
 from components.presets import preset_bar
@@ -226,7 +226,7 @@ class Page:
 class View:
     """A panel's page; subclasses declare what differs (see the module docstring)."""
 
-    panel: ClassVar[str]  # the panel's name in analysis/panels.py's TABLE
+    panel: ClassVar[str]  # the panel's name in analysis/framework/panels.py's TABLE
     prefix: ClassVar[str]  # the widgets' key prefix ("kv_")
     intro: ClassVar[str] = ""  # the paragraph under the title
     intro_caption: ClassVar[str] = ""  # or a caption there instead

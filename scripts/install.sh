@@ -19,7 +19,7 @@ fi
 .venv/bin/python - <<'PY'
 import os, sys
 import torch
-from analysis.models import zoo_models
+from analysis.model_access.models import zoo_models
 missing = {"shapes-lm", "shapes-vlm"} - set(zoo_models())
 if missing:
     sys.exit(f"error: the demo zoo is incomplete (missing {', '.join(sorted(missing))}); rebuild it with "

@@ -17,14 +17,14 @@ configuration: Streamlit's upload limit (server.maxUploadSize) follows `uploads.
 here; a public instance (`public = true`) shows visitors no error details (client.showErrorDetails
 none); without the Hub among the model sources nothing may reach the Hub (HF_HUB_OFFLINE=1). The
 server's own guards (uploads held in memory, the sign-in error page: components/server_guards.py) and
-the sweeper that deletes expired uploads (analysis/uploads.py) start with it.
+the sweeper that deletes expired uploads (analysis/framework/uploads.py) start with it.
 
 Secrets (OIDC's [auth]) come from Streamlit's secrets files, or from $MODEL_INSPECTOR_SECRETS: the text
 of a secrets.toml (a Space secret, `docker run -e`), written to a file only this user can read, outside
 the checkout, and given to Streamlit as `--secrets.files` (an explicit `--secrets.files` flag wins).
 
 Torch's threads: every core, waiting passively between parallel regions, or MODEL_INSPECTOR_THREADS=N
-(analysis/threads.py), set before anything imports torch.
+(analysis/model_access/threads.py), set before anything imports torch.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import ROOT  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -81,8 +81,8 @@ def check_deployment(argv: list[str]) -> list[str]:
     import math
     import os
 
-    from analysis import config
-    from analysis.store import StoreError, open_store
+    from analysis.framework import config
+    from analysis.hosting.store import StoreError, open_store
 
     try:
         settings = config.current()
@@ -108,14 +108,14 @@ if __name__ == "__main__":
     if _option(sys.argv[1:], "--secrets.files") is None:  # before the checks: they read the same secrets
         sys.argv[1:] = [*secrets_from_env(), *sys.argv[1:]]
     extra = check_deployment(sys.argv[1:])  # in a second, before the heavy imports below
-    from analysis import threads
+    from analysis.model_access import threads
 
-    try:  # before torch is imported (components.preload): see analysis/threads.py
+    try:  # before torch is imported (components.preload): see analysis/model_access/threads.py
         threads.configure()
     except threads.ThreadsError as exc:
         sys.exit(f"error: {exc}")
     import components.preload  # (the same module app.py imports first)
-    from analysis import uploads
+    from analysis.framework import uploads
     from components import server_guards
     from streamlit.web import cli as streamlit_cli
     # Each demo model's speed, measured now while the machine is idle (a fraction of a second each):

@@ -1,6 +1,6 @@
 """The support matrix: every panel on a tiny random-weight model of every Hugging Face family.
 
-Each model is built offline from a config (`analysis.tiny_models.FAMILIES`), saved in
+Each model is built offline from a config (`analysis.model_access.tiny_models.FAMILIES`), saved in
 save_pretrained layout and loaded through `load_model` like a user's local folder. A cell "works"
 when the panel's analysis runs and its invariant holds; otherwise it is the panel's own one-line
 refusal. Anything else (a traceback) is a crash, which `tests/model/test_support_matrix.py` rejects.
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import ROOT  # noqa: E402  (every project path comes from analysis/paths.py)
+from analysis.framework.paths import ROOT  # noqa: E402  (every project path comes from analysis/framework/paths.py)
 
 README = ROOT / "docs" / "models.md"  # the file holding the table
 BEGIN, END = "<!-- support-matrix:begin -->", "<!-- support-matrix:end -->"
@@ -111,7 +111,7 @@ def check_captions(handle) -> None:
     from PIL import Image
 
     from analysis import captions as C
-    from analysis.models import require_kind
+    from analysis.model_access.models import require_kind
 
     require_kind(handle, "vlm", panel="Caption correction")
     image = Image.new("RGB", (40, 40), (200, 30, 30))
@@ -159,9 +159,9 @@ def _refusal(exc: BaseException, folder: Path, family: str) -> str:
 
 
 def measure_family(family: str, workdir: Path) -> dict[str, Cell]:
-    from analysis.models import ModelLoadError, ModelSpec, load_model
-    from analysis.registry import SettingsError
-    from analysis.tiny_models import save_tiny
+    from analysis.model_access.models import ModelLoadError, ModelSpec, load_model
+    from analysis.framework.registry import SettingsError
+    from analysis.model_access.tiny_models import save_tiny
 
     folder = save_tiny(family, workdir / family)
     from analysis.captions import CaptionError
@@ -190,7 +190,7 @@ def measure_family(family: str, workdir: Path) -> dict[str, Cell]:
 
 
 def measure(families: list[str] | None = None) -> dict[str, dict[str, Cell]]:
-    from analysis.tiny_models import FAMILIES
+    from analysis.model_access.tiny_models import FAMILIES
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -211,7 +211,7 @@ def measure(families: list[str] | None = None) -> dict[str, dict[str, Cell]]:
 
 
 def render(matrix: dict[str, dict[str, Cell]]) -> str:
-    from analysis.tiny_models import FAMILIES
+    from analysis.model_access.tiny_models import FAMILIES
 
     head = "| family | kind | " + " | ".join(PANELS.values()) + " |"
     rule = "|---|---|" + "---|" * len(PANELS)

@@ -1,10 +1,10 @@
 """Compute every panel's default view (and presets) ahead, store it on disk: `python scripts/warm.py`.
 
 The pages themselves decide what they compute, so the surest way to precompute exactly what a new
-user's first view asks for is to open that view: each panel's default view (and each preset's permalink, from analysis/presets.py)
+user's first view asks for is to open that view: each panel's default view (and each preset's permalink, from analysis/framework/presets.py)
 runs once in Streamlit's AppTest with the precomputed store switched off and the cost gate open
 (on-demand sections such as sweeps too, with --extras); every analysis it computes is written to `analysis/precomputed/` with the
-model's weight fingerprint (`analysis/precompute.py`). It is a script, above the pages it drives,
+model's weight fingerprint (`analysis/framework/precompute.py`). It is a script, above the pages it drives,
 because it needs Streamlit; `analysis/` stays free of it.
 
     python scripts/warm.py [--panels kv-cache,...] [--no-presets] [--prune] [--extras] [--list]
@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.paths import ROOT  # noqa: E402
+from analysis.framework.paths import ROOT  # noqa: E402
 
 
 def targets(panels: list[str] | None = None, presets: bool = True) -> list[tuple[str, str, str, dict]]:
     """(name, page file, model label, query) for every default view and preset link."""
-    from analysis.models import DEMO_MODELS
+    from analysis.model_access.models import DEMO_MODELS
     from components.registry import panel_pages
 
     demo = {kind: f"zoo:{name}" for kind, name in DEMO_MODELS.items()}
@@ -49,9 +49,9 @@ def targets(panels: list[str] | None = None, presets: bool = True) -> list[tuple
 
 
 def _presets(panel) -> list[tuple[str, dict]]:
-    """Each preset of a panel (analysis/presets.py) as its permalink's query: `?preset=name&model=...`."""
+    """Each preset of a panel (analysis/framework/presets.py) as its permalink's query: `?preset=name&model=...`."""
     try:
-        from analysis import presets as P
+        from analysis.framework import presets as P
     except ImportError:
         return []
     return [(p.name, {"preset": p.name, "model": p.model}) for p in P.for_panel(panel.url_path)]
@@ -63,8 +63,8 @@ def warm(panels: list[str] | None = None, presets: bool = True, prune: bool = Fa
     os.environ["MODEL_INSPECTOR_PRECOMPUTED"] = "0"  # compute afresh, so every result is recorded
     from streamlit.testing.v1 import AppTest
 
-    from analysis import precompute
-    from analysis.models import ModelSpec
+    from analysis.framework import precompute
+    from analysis.model_access.models import ModelSpec
     from components import runs
 
     saved: list[Path] = []

@@ -43,8 +43,8 @@ def pytest_collection_modifyitems(config, items):
     if grouped:
         items.sort(key=lambda item: DISPATCH.index(Path(str(item.path)).parent.name))
 
-from analysis import tiny_models  # noqa: E402
-from analysis.models import ZOO_DIR, ModelSpec, load_model  # noqa: E402
+from analysis.model_access import tiny_models  # noqa: E402
+from analysis.model_access.models import ZOO_DIR, ModelSpec, load_model  # noqa: E402
 from analysis.world.tokenizer import make_word_tokenizer  # noqa: E402
 
 
@@ -139,13 +139,13 @@ def metric_starting(at, label_start: str):
 def zoo_model_ready(model: str) -> bool:
     """A demo-zoo model (`zoo:shapes-lm`), or a real zoo model already converted here (a test never
     converts one: hundreds of MB and minutes)."""
-    from analysis.models import zoo_models
+    from analysis.model_access.models import zoo_models
 
     name = model.removeprefix("zoo:")
     if name in zoo_models():
         return True
     try:
-        from analysis import real_models
+        from analysis.model_access import real_models
     except ImportError:
         return False
     return name in real_models.REAL_MODELS and real_models.is_built(name)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.paths import DEPLOY, ROOT, SCRIPTS  # noqa: E402
+from analysis.framework.paths import DEPLOY, ROOT, SCRIPTS  # noqa: E402
 
 sys.path.insert(0, str(SCRIPTS))
 import screenshot  # noqa: E402

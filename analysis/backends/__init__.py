@@ -2,7 +2,7 @@
 deployment configures. Panels build a `Request`, call `run(handle, request)` and get a `Captured`;
 they never know which backend ran it.
 
-Backends (configuration `[backend] kind`, `analysis/config.py`):
+Backends (configuration `[backend] kind`, `analysis/framework/config.py`):
 
 - `local`          forward hooks on the handle's model in this process (`native.py`; the default);
 - `nnsight-local`  the same request as an nnsight trace on the handle's model, in this process (`traced.py`);
@@ -70,7 +70,7 @@ def name_for(handle) -> str:
     forced = _FORCED.get()
     if forced is not None:
         return forced
-    from analysis import config
+    from analysis.framework import config
 
     kind = config.current().backend.kind
     return kind if kind != "ndif" else "local"
@@ -94,12 +94,12 @@ def run(handle, request: Request) -> Captured:
 
 def load(spec):
     """A `ModelHandle` for `spec`: an NDIF model (`ndif:owner/name`: config and tokenizer here, weights
-    there) or, for every other source, `analysis.models.load_model`."""
+    there) or, for every other source, `analysis.model_access.models.load_model`."""
     if spec.source == "ndif":
         from analysis.backends import ndif
 
         return ndif.load_remote(spec)
-    from analysis.models import load_model
+    from analysis.model_access.models import load_model
 
     return load_model(spec)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from analysis import anatomy
+from analysis.model_access import anatomy
 from analysis.backends.plan import (
     INPUT, Step, batch_shape, finish, head_dim, model_inputs, plan, root_module, write_into, write_ops,
 )

@@ -2,7 +2,7 @@
 
 A remote model is `ndif:owner/name` (the picker offers `[backend] remote_models`). Loading it reads
 its config and tokenizer/processor only (the Hub or its local cache; never weights) and builds the
-architecture on the meta device, so `analysis.anatomy` answers every question about it as for a local
+architecture on the meta device, so `analysis.model_access.anatomy` answers every question about it as for a local
 model. Its requests are nnsight traces (`traced.trace`) sent to NDIF as non-blocking jobs: the job is
 submitted, then polled every `poll_s` seconds; each poll reports to the page (the runner's queue line),
 which is also where a Stop click ends the wait.
@@ -24,9 +24,9 @@ from typing import Any, Iterator
 
 import torch
 
-from analysis import config
+from analysis.framework import config
 from analysis.backends.request import Captured, Request
-from analysis.errors import ModelLoadError, UserError
+from analysis.framework.errors import ModelLoadError, UserError
 
 NAME = "ndif"
 KEY_ENV = "NDIF_API_KEY"
@@ -51,7 +51,7 @@ class RemoteModel:
         """The cost gate's speeds: every forward is one NDIF job of about `[backend] job_s` seconds
         (queueing and transfer dominate; the GPU work is small beside them), so an analysis of many
         forwards is estimated as that many jobs, and asks first like long local work."""
-        from analysis.cost import Throughput
+        from analysis.framework.cost import Throughput
 
         job = settings().job_s
         return Throughput(per_call=job, per_token=1e-6, per_pair=1e-9, per_logit=1e-7, model=label,
@@ -115,7 +115,7 @@ def require_key() -> str:
 def load_remote(spec, folder: str | Path | None = None):
     """A `ModelHandle` for `ndif:<hub id>` whose model lives on the meta device. `folder` (tests, a mirror)
     holds the config and tokenizer instead of the Hub."""
-    from analysis import models
+    from analysis.model_access import models
 
     why = refusal(spec.name)
     if why:
@@ -158,7 +158,7 @@ def _envoy(model: torch.nn.Module):
 def _preprocessors(folder: Path, kind: str) -> tuple[Any, Any, str]:
     from transformers import AutoTokenizer
 
-    from analysis import models
+    from analysis.model_access import models
 
     if kind != "vlm":
         return AutoTokenizer.from_pretrained(folder, trust_remote_code=False), None, ""
@@ -237,7 +237,7 @@ def _backend(remote: RemoteModel, key: str):
 def _wait(backend, name: str, key: str) -> dict:
     """Poll the submitted job until its saves arrive; each poll is reported to the page, whose Stop
     raises out of `on_wait` and ends the wait (the job itself finishes on NDIF, unread)."""
-    from analysis.model_lock import current_activity
+    from analysis.model_access.model_lock import current_activity
 
     cfg = settings()
     _, on_wait = current_activity()

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from analysis import anatomy
+from analysis.model_access import anatomy
 from analysis.backends.request import RULE_PHASE, Request, Site, Write
-from analysis.errors import AnatomyError
+from analysis.framework.errors import AnatomyError
 
 INPUT, OUTPUT = "input", "output"
 WRITABLE = ("block_in", "block_out", "attn_out", "mlp_out", "heads", "final_norm")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from analysis import anatomy
+from analysis.model_access import anatomy
 from analysis.backends.plan import Step, batch_shape, finish, head_dim, model_inputs, plan, root_module, write_ops
 from analysis.backends.request import Captured, Request
 

@@ -72,7 +72,7 @@ from analysis.captions.verifiers import (
 from analysis.captions.world import (
     CaptionError, grammar_covers, has_shapes_world, scene_image, shapes_text, shapes_world,
 )
-from analysis.panels import Analysis, Run
+from analysis.framework.panels import Analysis, Run
 
 ANALYSIS = Analysis(
     name="captions", title="Caption correction", icon=":material/fact_check:", page="caption_correction.py",

@@ -1,5 +1,5 @@
 """The decomposer and the rewriter: small dataclasses registered by stable name (the names appear in URLs and
-saved analyses), each owning and checking its settings (`setting(...)` fields, analysis/settings.py).
+saved analyses), each owning and checking its settings (`setting(...)` fields, analysis/framework/settings.py).
 
 - a decomposer turns a caption into atomic claims;
 - a rewriter turns (caption, true claims, false claims) into a caption without the false content.
@@ -18,9 +18,9 @@ from typing import ClassVar
 
 from analysis.captions import generation
 from analysis.captions.world import CaptionError, shapes_text, shapes_world
-from analysis.models import ModelHandle
-from analysis.registry import Method, Registry
-from analysis.settings import setting
+from analysis.model_access.models import ModelHandle
+from analysis.framework.registry import Method, Registry
+from analysis.framework.settings import setting
 
 DECOMPOSERS: Registry["Decomposer"] = Registry("decomposer")
 REWRITERS: Registry["Rewriter"] = Registry("rewriter")

@@ -1,5 +1,5 @@
 """`python -m analysis captions ...`: verify and correct one caption claim by claim. The flags are made from the
-settings of CorrectionParams and of every agent (analysis/settings.py), so ranges and help are the page's."""
+settings of CorrectionParams and of every agent (analysis/framework/settings.py), so ranges and help are the page's."""
 from __future__ import annotations
 
 import argparse
@@ -12,9 +12,9 @@ from analysis.captions.records import CorrectionResult
 from analysis.captions.score import LOW_MASS, PROBABILITY_FORMS
 from analysis.captions.verifiers import VERIFIERS
 from analysis.captions.world import CaptionError, scene_image
-from analysis.models import ModelHandle, ModelSpec, load_model
-from analysis.registry import check_range
-from analysis.settings import ArgumentParser, add_arguments, labelled, read_arguments
+from analysis.model_access.models import ModelHandle, ModelSpec, load_model
+from analysis.framework.registry import check_range
+from analysis.framework.settings import ArgumentParser, add_arguments, labelled, read_arguments
 
 PARAM_FIELDS = [(f, CorrectionParams) for f in labelled(CorrectionParams)]
 AGENT_FIELDS = {"decomposer": DECOMPOSERS.settings(), "verifier": VERIFIERS.settings(),
@@ -54,7 +54,7 @@ def load_agent_lm(text: str | None, vlm: ModelHandle) -> ModelHandle | None:
     Shapes World's), else the VLM's own language model."""
     if text:
         return load_model(ModelSpec.parse(text))
-    from analysis.models import zoo_models
+    from analysis.model_access.models import zoo_models
 
     if speaks_shapes_world(vlm) and "shapes-lm" in zoo_models():
         return load_model(ModelSpec("zoo", "shapes-lm"))
@@ -76,7 +76,7 @@ def cli(argv: list[str]) -> int:
 
 
 def read_image(path: str):
-    from analysis.images import open_image
+    from analysis.framework.images import open_image
 
     try:
         with open(path, "rb") as fh:

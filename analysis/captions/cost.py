@@ -1,18 +1,18 @@
-"""How much work each caption step is, counted from its settings before it runs (analysis/cost.py prices it).
+"""How much work each caption step is, counted from its settings before it runs (analysis/framework/cost.py prices it).
 
 Work on the decomposer/rewriter's own model is priced with that model's calibration and carried as seconds.
 """
 from __future__ import annotations
 
-from analysis import anatomy
+from analysis.model_access import anatomy
 from analysis.captions.agents import GrammarDecomposer
 from analysis.captions.generation import CAPTION_TOKENS, caption_prompt, vlm_inputs
 from analysis.captions.params import CorrectionParams
 from analysis.captions.params import verification_params
 from analysis.captions.pipeline import agent_of, flag_claims, kept_verification, scene_key, upload_key, verifier_of
 from analysis.captions.world import has_shapes_world, scene_image
-from analysis.cost import INPUT_GRADIENT, Work, calibrate, sequence
-from analysis.models import ModelHandle
+from analysis.framework.cost import INPUT_GRADIENT, Work, calibrate, sequence
+from analysis.model_access.models import ModelHandle
 
 CLAIM_WORDS = 2  # a caption the Shapes World grammar cannot parse: one claim per two words (assumed)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from analysis import anatomy
+from analysis.model_access import anatomy
 from analysis.captions.world import CaptionError, shapes_text
-from analysis.models import ModelHandle, require_kind
+from analysis.model_access.models import ModelHandle, require_kind
 from analysis.tasks import tasks_for
 
 GENERIC_CAPTION_PROMPT = "Describe this image in detail."

@@ -5,7 +5,7 @@ import torch
 
 from analysis.captions.generation import vlm_inputs
 from analysis.captions.verifiers import YesNoVerifier
-from analysis.progress import Progress
+from analysis.framework.progress import Progress
 
 
 def ground_claims(verifier: YesNoVerifier, image, claims: list[str], steps: int = 8,

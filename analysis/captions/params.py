@@ -16,10 +16,10 @@ from analysis.captions.agents import DECOMPOSERS, REWRITERS
 from analysis.captions.generation import CAPTION_TOKENS
 from analysis.captions.score import DEFAULT_EPS, DEFAULT_PI, DEFAULT_PROBABILITIES, PROBABILITY_FORMS
 from analysis.captions.verifiers import VERIFIERS
-from analysis.errors import SettingsError
-from analysis.registry import Registry, check_range
-from analysis.results import Result
-from analysis.settings import Flat, check_settings, labelled, setting
+from analysis.framework.errors import SettingsError
+from analysis.framework.registry import Registry, check_range
+from analysis.framework.results import Result
+from analysis.framework.settings import Flat, check_settings, labelled, setting
 
 CAPTION_CHARS = 20_000
 ROLES: dict[str, Registry] = {"decomposer": DECOMPOSERS, "verifier": VERIFIERS, "rewriter": REWRITERS,
@@ -140,7 +140,7 @@ class CaptionState:
 
 
 class Upload:
-    """An uploaded image's bytes, decoded once (analysis/images.py). Its repr names its SHA-256, so a run
+    """An uploaded image's bytes, decoded once (analysis/framework/images.py). Its repr names its SHA-256, so a run
     given it is keyed, and shared between sessions, by the bytes (components/runs.py)."""
 
     def __init__(self, data: bytes) -> None:
@@ -149,7 +149,7 @@ class Upload:
 
     @cached_property
     def image(self):
-        from analysis.images import open_image
+        from analysis.framework.images import open_image
 
         return open_image(self.data)
 

@@ -22,8 +22,8 @@ from analysis.captions.records import (CaptionMetrics, ClaimVerdict, CorrectionR
 from analysis.captions.score import hallucination_score, probability_form
 from analysis.captions.verifiers import YesNoVerifier, make_verifier, resolve_verifier
 from analysis.captions.world import CaptionError, scene_image, shapes_world
-from analysis.models import ModelHandle
-from analysis.progress import Progress, silent
+from analysis.model_access.models import ModelHandle
+from analysis.framework.progress import Progress, silent
 
 NO_SCENE = ("The image is not a Shapes World scene: there is no ground truth, so factuality, coverage and "
             "CHAIR cannot be measured.")

@@ -1,11 +1,11 @@
 """The caption-correction panel's presets: settings that show one finding of CapMAS on the demo zoo
-(analysis/presets.py; tests/page/test_presets.py re-checks each sentence on the page)."""
+(analysis/framework/presets.py; tests/page/test_presets.py re-checks each sentence on the page)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 from analysis.captions.params import SHAPES_LM, CorrectionParams
-from analysis.presets import Preset
+from analysis.framework.presets import Preset
 
 CORRECTION = CorrectionParams(pi=1.0, ground=False)  # the raw p_True/p_False, as CapMAS defines H
 WEAK = {"source": "scene", "seed": 20000003, "cap": "weak", "lm": SHAPES_LM}  # shapes-vlm-weak hallucinates

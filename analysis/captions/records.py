@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from analysis.captions.params import CorrectionParams
 from analysis.captions.score import LOW_MASS
-from analysis.results import Result
+from analysis.framework.results import Result
 
 
 @dataclass

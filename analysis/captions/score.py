@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from analysis.registry import Method, Registry
+from analysis.framework.registry import Method, Registry
 
 DEFAULT_PI = 1.0
 DEFAULT_EPS = 1e-4

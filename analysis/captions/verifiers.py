@@ -11,12 +11,13 @@ from typing import ClassVar
 
 import torch
 
-from analysis import anatomy, backends
+from analysis.model_access import anatomy
+from analysis import backends
 from analysis.captions.generation import answer_token_ids, vlm_inputs, vlm_prompt
 from analysis.captions.world import CaptionError, grammar_claim, shapes_world
-from analysis.models import ModelHandle, require_kind
-from analysis.registry import Method, Registry
-from analysis.settings import setting
+from analysis.model_access.models import ModelHandle, require_kind
+from analysis.framework.registry import Method, Registry
+from analysis.framework.settings import setting
 from analysis.tasks import tasks_for
 
 VERIFIERS: Registry["YesNoVerifier"] = Registry("verifier")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from analysis.errors import SettingsError
+from analysis.framework.errors import SettingsError
 
 
 class CaptionError(SettingsError):

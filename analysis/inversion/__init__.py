@@ -39,7 +39,7 @@ from analysis.inversion.records import (
 )
 from analysis.inversion.shardings import SHARDINGS, Blocks, RoundRobin, Sharding
 from analysis.inversion.sweeps import compare_exhaustive, sweep_layers, sweep_noise, with_changes, with_noise
-from analysis.panels import Analysis, Run
+from analysis.framework.panels import Analysis, Run
 
 ANALYSIS = Analysis(
     name="invert", title="Prompt reconstruction", icon=":material/lock_open:", page="prompt_reconstruction.py",

@@ -17,14 +17,14 @@ from typing import Iterator
 
 import torch
 
-from analysis import anatomy
+from analysis.model_access import anatomy
 from analysis.inversion.defences import Defence
 from analysis.inversion.orders import Context, Order, Vocabulary
 from analysis.inversion.params import AttackParams, build_defences, make_order
 from analysis.inversion.probe import Probe, check_layer, observed_states, token_text, tokenize, vocab_size
 from analysis.inversion.records import AttackResult, TokenRecovery
-from analysis.models import ModelHandle
-from analysis.progress import Progress
+from analysis.model_access.models import ModelHandle
+from analysis.framework.progress import Progress
 
 CALIBRATION_POSITIONS = 4  # random-token positions whose recomputation noise sets ε
 CALIBRATION_BATCH = 32

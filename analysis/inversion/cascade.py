@@ -16,8 +16,8 @@ from analysis.inversion.params import CascadeParams, InversionError
 from analysis.inversion.probe import Probe, check_layer, observed_states, token_text, tokenize, vocab_size
 from analysis.inversion.records import CascadeResult, PartyView
 from analysis.inversion.shardings import SHARDINGS
-from analysis.models import ModelHandle
-from analysis.progress import Progress
+from analysis.model_access.models import ModelHandle
+from analysis.framework.progress import Progress
 
 BREAKABLE_LOG10 = 9  # about 15 minutes at a million candidate sequences a second
 EXPENSIVE_LOG10 = 13  # about four months at that rate

@@ -1,5 +1,5 @@
 """`python -m analysis invert ...`: reconstruct a prompt from its layer-L states. Flags made from the settings
-of AttackParams and of every defence and proposal order (analysis/settings.py), so ranges and help are the
+of AttackParams and of every defence and proposal order (analysis/framework/settings.py), so ranges and help are the
 page's; `--defence` (repeatable), `--exhaustive` and `--json` are the command's own."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 from analysis.inversion.attack import reconstruct
 from analysis.inversion.defences import DEFENCES, NO_DEFENCE
 from analysis.inversion.params import AttackParams, method_fields, method_settings, validate_params
-from analysis.settings import ArgumentParser, add_arguments, labelled, read_arguments
+from analysis.framework.settings import ArgumentParser, add_arguments, labelled, read_arguments
 
 ATTACK_FIELDS = [(f, AttackParams) for f in labelled(AttackParams) if f.metadata.get("cli", f.name)]
 
@@ -34,7 +34,7 @@ def params_from(args: argparse.Namespace) -> AttackParams:
 
 
 def cli(argv: list[str]) -> int:
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
 
     args = parser().parse_args(argv)
     params = params_from(args)

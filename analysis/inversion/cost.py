@@ -1,4 +1,4 @@
-"""How much work a reconstruction is, counted before it starts (analysis/cost.py prices it).
+"""How much work a reconstruction is, counted before it starts (analysis/framework/cost.py prices it).
 
 The attack's search depends on the data: a clean attack stops at the first certified candidate, so
 its cost is set by where the true token sits in the proposal order. The model's own next-token
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from analysis.cost import BACKWARD, Work
+from analysis.framework.cost import BACKWARD, Work
 from analysis.inversion.attack import CALIBRATION_BATCH, CALIBRATION_POSITIONS
 from analysis.inversion.cascade import BRUTE_FORCE_BATCH, attacker_view
 from analysis.inversion.defences import defence_names
@@ -26,7 +26,7 @@ from analysis.inversion.orders import GradientOrder, HybridOrder, ModelOrder
 from analysis.inversion.params import AttackParams, CascadeParams, build_defences, make_order
 from analysis.inversion.probe import MAX_START_CONTEXTS, Probe, tokenize, vocab_size
 from analysis.inversion.sweeps import with_changes, with_noise
-from analysis.models import ModelHandle
+from analysis.model_access.models import ModelHandle
 
 # Ranking the vocabulary, in elementwise passes over one row of the embedding table (`Throughput.per_row`;
 # measured on SmolLM2's 49,152 x 576 table: the directions 3.1 passes, once per attack; an observed row's

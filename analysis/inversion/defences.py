@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import torch
 
-from analysis.registry import Method, Registry
-from analysis.settings import setting
+from analysis.framework.registry import Method, Registry
+from analysis.framework.settings import setting
 
 DEFENCES: Registry["Defence"] = Registry("defence")
 NO_DEFENCE = "none"  # the selectboxes' "no defence" choice (not a class: it changes nothing)

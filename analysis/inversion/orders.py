@@ -12,8 +12,8 @@ from typing import Callable, ClassVar, Iterator
 
 import torch
 
-from analysis.registry import Method, Registry
-from analysis.settings import setting
+from analysis.framework.registry import Method, Registry
+from analysis.framework.settings import setting
 
 
 class Vocabulary:

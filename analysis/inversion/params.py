@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from analysis.errors import SettingsError
+from analysis.framework.errors import SettingsError
 from analysis.inversion.defences import DEFENCES, NO_DEFENCE, Defence, defence_label, defence_names
 from analysis.inversion.orders import ORDERS, Order
 from analysis.inversion.shardings import SHARDINGS
-from analysis.registry import Registry
-from analysis.results import Result
-from analysis.settings import Flat, check_settings, labelled, like, setting, url_name
+from analysis.framework.registry import Registry
+from analysis.framework.results import Result
+from analysis.framework.settings import Flat, check_settings, labelled, like, setting, url_name
 
 MAX_TOKENS = 64
 FAMILIES: tuple[Registry, ...] = (DEFENCES, ORDERS)  # the method families whose settings AttackParams carries

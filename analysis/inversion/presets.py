@@ -1,11 +1,11 @@
 """The prompt-reconstruction panel's presets: settings that show one finding of *Hidden No More* and
-*Cascade* on the demo zoo (analysis/presets.py; tests/page/test_presets.py re-checks each sentence)."""
+*Cascade* on the demo zoo (analysis/framework/presets.py; tests/page/test_presets.py re-checks each sentence)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 from analysis.inversion.params import AttackParams
-from analysis.presets import REAL_MODEL, Preset, real_model_in_zoo
+from analysis.framework.presets import REAL_MODEL, Preset, real_model_in_zoo
 from analysis.tasks.generic import PLAIN_PROMPT  # the page's prompt on a model outside Shapes World
 
 ATTACK = AttackParams(prompt="there is a large red circle at the top left . there is a small blue square at the "

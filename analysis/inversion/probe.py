@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from analysis import anatomy, backends
+from analysis.model_access import anatomy
+from analysis import backends
 from analysis.inversion.orders import Vocabulary
 from analysis.inversion.params import MAX_TOKENS, InversionError
-from analysis.models import ModelHandle
+from analysis.model_access.models import ModelHandle
 
 MAX_START_CONTEXTS = 32  # special tokens whose next-token distributions make the start-of-text prior
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from analysis.inversion.params import AttackParams, CascadeParams
-from analysis.results import Result
+from analysis.framework.results import Result
 
 
 @dataclass

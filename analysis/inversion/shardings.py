@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from analysis.registry import Method, Registry
+from analysis.framework.registry import Method, Registry
 
 SHARDINGS: Registry["Sharding"] = Registry("sharding")
 

@@ -9,8 +9,8 @@ from analysis.inversion.defences import NO_DEFENCE, defence_label, defence_names
 from analysis.inversion.params import AttackParams
 from analysis.inversion.probe import tokenize
 from analysis.inversion.records import LayerPoint, LayerSweep, NoisePoint, NoiseSweep, SpeedComparison
-from analysis.models import ModelHandle
-from analysis.progress import Progress
+from analysis.model_access.models import ModelHandle
+from analysis.framework.progress import Progress
 
 NOISE_DEFENCE = "gaussian_noise"  # the defence whose σ the noise sweep varies
 

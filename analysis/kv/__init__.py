@@ -33,7 +33,7 @@ from analysis.kv.presets import PRESETS
 from analysis.kv.records import GeneratedText, KvResult, PolicyRun, SweepPoint, SweepResult
 from analysis.kv.runner import Trace, evictable_layers, run_policy
 from analysis.kv.task import build_task, text_start
-from analysis.panels import Analysis, Run
+from analysis.framework.panels import Analysis, Run
 from analysis.tasks import KvTask
 
 ANALYSIS = Analysis(

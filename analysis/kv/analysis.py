@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from analysis.anatomy import head_layout
+from analysis.model_access.anatomy import head_layout
 from analysis.kv.compare import compare
 from analysis.kv.metrics import Metric, metric, sweep_metrics
 from analysis.kv.params import KvEvictionError, KvParams, main_policies, validate_params
@@ -17,8 +17,8 @@ from analysis.kv.policies import POLICIES, Policy
 from analysis.kv.records import GeneratedText, KvResult, PolicyRun, SweepPoint, SweepResult, token_pieces
 from analysis.kv.runner import Trace, evictable_layers, run_policy
 from analysis.kv.task import build_task, text_start
-from analysis.models import ModelHandle
-from analysis.progress import Progress
+from analysis.model_access.models import ModelHandle
+from analysis.framework.progress import Progress
 from analysis.tasks import KvTask
 
 

@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from analysis.registry import Method, Registry, SettingsError
+from analysis.framework.registry import Method, Registry, SettingsError
 
 POLICIES: Registry = Registry("eviction policy")
 

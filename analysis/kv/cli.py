@@ -1,22 +1,22 @@
 """`python -m analysis kv ...`: every policy at one budget, or a budget sweep; flags made from the settings
-of the panel's Params (KvParams, as ANALYSIS declares it) and of every policy (analysis/settings.py), so
+of the panel's Params (KvParams, as ANALYSIS declares it) and of every policy (analysis/framework/settings.py), so
 ranges and help are the page's, and a setting added to the Params is a flag with no edit here."""
 from __future__ import annotations
 
 import argparse
 
-from analysis.errors import SettingsError
+from analysis.framework.errors import SettingsError
 from analysis.kv.analysis import analyze, budget_sweep
 from analysis.kv.longresp import LongResult, long_response
 from analysis.kv.metrics import sweep_metrics, table_metrics
 from analysis.kv.params import KvParams, validate_params
 from analysis.kv.policies import POLICIES
-from analysis.settings import ArgumentParser, add_arguments, labelled, parse_text, read_arguments
+from analysis.framework.settings import ArgumentParser, add_arguments, labelled, parse_text, read_arguments
 
 
 def params_class() -> type[KvParams]:
     """The Params the panel declares (ANALYSIS.params: KvParams, or a subclass a test declares)."""
-    from analysis import panels
+    from analysis.framework import panels
 
     return panels.load("kv").params
 
@@ -52,7 +52,7 @@ def params_from(args: argparse.Namespace) -> KvParams:
 
 
 def cli(argv: list[str]) -> int:
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
 
     args = parser().parse_args(argv)
     params = params_from(args)

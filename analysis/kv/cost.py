@@ -1,11 +1,11 @@
-"""How much work a KV-cache analysis is, counted from its settings (analysis/cost.py prices it)."""
+"""How much work a KV-cache analysis is, counted from its settings (analysis/framework/cost.py prices it)."""
 from __future__ import annotations
 
-from analysis.cost import Work, continuation, sequence
+from analysis.framework.cost import Work, continuation, sequence
 from analysis.kv.params import KvParams, main_policies, validate_params
 from analysis.kv.policies import POLICIES
 from analysis.kv.task import build_task, text_start
-from analysis.models import ModelHandle
+from analysis.model_access.models import ModelHandle
 
 HOOK_OVERHEAD = 1.6  # decode steps with eviction hooks (select + gather per layer) vs a plain call
 

@@ -19,9 +19,9 @@ from analysis.kv.params import KvParams, main_policies, make_policy, validate_pa
 from analysis.kv.policies import FullCache
 from analysis.kv.records import token_pieces
 from analysis.kv.runner import Trace, evictable_layers, run_policy
-from analysis.models import ModelHandle
-from analysis.progress import Progress
-from analysis.results import Result
+from analysis.model_access.models import ModelHandle
+from analysis.framework.progress import Progress
+from analysis.framework.results import Result
 from analysis.tasks import tasks_for
 from analysis.tasks.long_response import Item, LongTask, answer_items, custom_prompt, recalled
 

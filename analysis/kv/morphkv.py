@@ -31,7 +31,7 @@ from typing import ClassVar
 import torch
 
 from analysis.kv.base import Policy, Selection, group_reduce, top_plus_recent
-from analysis.settings import setting
+from analysis.framework.settings import setting
 
 
 @dataclass

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from analysis.errors import SettingsError
+from analysis.framework.errors import SettingsError
 from analysis.kv.metrics import metric, sweep_metrics
 from analysis.kv.policies import POLICIES, Policy
-from analysis.results import Result
-from analysis.settings import Flat, check_settings, setting
+from analysis.framework.results import Result
+from analysis.framework.settings import Flat, check_settings, setting
 
 
 class KvEvictionError(SettingsError):
@@ -31,7 +31,7 @@ TASKS = {"retrieval": "Retrieval (needles)", "long-response": "Long response"}  
 
 @dataclass
 class KvParams(Flat, Result):
-    """Everything one analysis needs; every field is validated from its description (analysis/settings.py).
+    """Everything one analysis needs; every field is validated from its description (analysis/framework/settings.py).
     Page groups: `main` (one row), `policies` (each policy's settings), `retrieval` / `long` (the task's),
     `task` (both tasks'), `prompt`, `sweep` (drawn by the budget sweep)."""
 

@@ -22,7 +22,7 @@ from analysis.kv.base import (  # noqa: F401  (the policies' face: helpers re-ex
 )
 from analysis.kv.morphkv import MorphKV, MorphKV8903
 from analysis.kv.snapkv import PyramidKV, PyramidKVPrefill, SnapKV, SnapKVPrefill
-from analysis.settings import setting
+from analysis.framework.settings import setting
 
 
 @dataclass

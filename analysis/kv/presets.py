@@ -1,11 +1,11 @@
 """The KV-cache panel's presets: settings that show one finding of MorphKV's paper on the demo zoo
-(analysis/presets.py; tests/page/test_presets.py re-checks each sentence on the page)."""
+(analysis/framework/presets.py; tests/page/test_presets.py re-checks each sentence on the page)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 from analysis.kv.params import KvParams
-from analysis.presets import REAL_MODEL, Preset, real_model_in_zoo
+from analysis.framework.presets import REAL_MODEL, Preset, real_model_in_zoo
 
 RETRIEVAL = KvParams(budget=32, seed=7)  # 189 context tokens, the needles at 64-65
 LONG = KvParams(task="long-response", budget=48)

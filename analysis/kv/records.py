@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from analysis.kv.params import KvParams
-from analysis.results import Result
+from analysis.framework.results import Result
 from analysis.tasks.records import KvTask
 
 

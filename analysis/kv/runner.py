@@ -27,11 +27,11 @@ from typing import Callable
 
 import torch
 
-from analysis.anatomy import attention_modules, head_layout
+from analysis.model_access.anatomy import attention_modules, head_layout
 from analysis.kv.base import LayerState, Policy, Selection, gather_kv
 from analysis.kv.params import KvEvictionError
-from analysis.models import ModelHandle
-from analysis.progress import Progress
+from analysis.model_access.models import ModelHandle
+from analysis.framework.progress import Progress
 
 ATTENTION_NAME = "model_inspector_kv_eviction"
 BOUND = "_model_inspector_kv_evictor"  # the attribute a patch sets on each evictable attention module

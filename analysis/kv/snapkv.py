@@ -9,8 +9,8 @@ from typing import ClassVar
 import torch.nn.functional as F
 
 from analysis.kv.base import Policy, group_reduce, keep_rows, recent_rows, top_plus_recent
-from analysis.registry import SettingsError
-from analysis.settings import setting
+from analysis.framework.registry import SettingsError
+from analysis.framework.settings import setting
 
 
 @dataclass

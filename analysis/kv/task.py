@@ -5,7 +5,7 @@ from __future__ import annotations
 from analysis.kv.params import KvEvictionError, KvParams
 from analysis.kv.policies import FullCache
 from analysis.kv.runner import run_policy
-from analysis.models import ModelHandle
+from analysis.model_access.models import ModelHandle
 from analysis.tasks import KvTask, tasks_for, with_questions
 
 

@@ -15,7 +15,7 @@ Read in this order:
 """
 from __future__ import annotations
 
-from analysis.panels import Analysis, Run
+from analysis.framework.panels import Analysis, Run
 from analysis.residual.analysis import inspect, pair_sweep, patch, side_by_side, weights_elsewhere
 from analysis.residual.cli import cli
 from analysis.residual.cost import inspect_work, patch_work, side_work, sweep_work

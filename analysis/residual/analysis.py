@@ -8,9 +8,10 @@ import time
 
 import torch
 
-from analysis import anatomy, backends
-from analysis.progress import Progress
-from analysis.models import ModelHandle, require_kind
+from analysis.model_access import anatomy
+from analysis import backends
+from analysis.framework.progress import Progress
+from analysis.model_access.models import ModelHandle, require_kind
 from analysis.residual.dla import attribute
 from analysis.residual.errors import ResidualError
 from analysis.residual.hooks import SITES, trace

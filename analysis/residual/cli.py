@@ -1,11 +1,11 @@
 """`python -m analysis residual [lens|patch|side|sweep] ...`: the panel from the shell; flags made from the
-settings of ResidualParams (analysis/settings.py), so ranges and help are the page's."""
+settings of ResidualParams (analysis/framework/settings.py), so ranges and help are the page's."""
 from __future__ import annotations
 
 import argparse
 
 from analysis.residual.params import ResidualParams, validate_params
-from analysis.settings import ArgumentParser, add_arguments, labelled, read_arguments
+from analysis.framework.settings import ArgumentParser, add_arguments, labelled, read_arguments
 
 FIELDS = [(f, ResidualParams) for f in labelled(ResidualParams)]
 WHAT = ("lens", "patch", "side", "sweep")
@@ -62,7 +62,7 @@ def print_sweep(r) -> None:
 
 
 def cli(argv: list[str]) -> int:
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
     from analysis.residual import analysis
 
     args = parser().parse_args(argv)

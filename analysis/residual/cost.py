@@ -1,11 +1,11 @@
-"""How much work a residual-stream analysis is, counted from its settings (analysis/cost.py prices it)."""
+"""How much work a residual-stream analysis is, counted from its settings (analysis/framework/cost.py prices it)."""
 from __future__ import annotations
 
 import math
 
-from analysis import anatomy
-from analysis.cost import INPUT_GRADIENT, Work
-from analysis.models import ModelHandle
+from analysis.model_access import anatomy
+from analysis.framework.cost import INPUT_GRADIENT, Work
+from analysis.model_access.models import ModelHandle
 from analysis.residual.pairs import pairs_for
 from analysis.residual.params import ResidualParams, validate_params
 from analysis.residual.patching import COMPONENTS, Geometry

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from analysis.errors import SettingsError
+from analysis.framework.errors import SettingsError
 
 
 class ResidualError(SettingsError):

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from analysis import anatomy, backends
+from analysis.model_access import anatomy
+from analysis import backends
 from analysis.backends import LogitMetric, Request, Site, Write
-from analysis.models import ModelHandle
+from analysis.model_access.models import ModelHandle
 
 SITES = ("resid", "z", "attn", "mlp")
 _SEAM = {"z": "heads", "attn": "attn_out", "mlp": "mlp_out"}

@@ -17,9 +17,9 @@ from typing import ClassVar
 
 import torch
 
-from analysis import anatomy
-from analysis.models import ModelHandle
-from analysis.registry import Method, Registry
+from analysis.model_access import anatomy
+from analysis.model_access.models import ModelHandle
+from analysis.framework.registry import Method, Registry
 from analysis.residual import translators
 from analysis.residual.sites import project_out
 

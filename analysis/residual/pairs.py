@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from analysis.results import Result
+from analysis.framework.results import Result
 
 OWN = "own"  # the user's own pair (the prompts typed in)
 

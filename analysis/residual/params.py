@@ -1,16 +1,16 @@
 """The settings of the residual-stream panel: one dataclass, every labelled field validated from its
-description (analysis/settings.py), so the page, a link and the command line check them the same way."""
+description (analysis/framework/settings.py), so the page, a link and the command line check them the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from analysis.registry import SettingsError
+from analysis.framework.registry import SettingsError
 from analysis.residual.errors import ResidualError
 from analysis.residual.lenses import LENSES
 from analysis.residual.pairs import OWN, all_names
 from analysis.residual.patching import COMPONENTS, METHODS
-from analysis.results import Result
-from analysis.settings import check_settings, setting
+from analysis.framework.results import Result
+from analysis.framework.settings import check_settings, setting
 
 SIDES = ["corrupt", "model"]
 SIDE_LABELS = {"corrupt": "corrupted prompt", "model": "other model"}

@@ -20,9 +20,9 @@ from typing import ClassVar
 
 import torch
 
-from analysis.progress import Progress
-from analysis.models import ModelHandle
-from analysis.registry import Method, Registry
+from analysis.framework.progress import Progress
+from analysis.model_access.models import ModelHandle
+from analysis.framework.registry import Method, Registry
 from analysis.backends import LogitMetric, Write
 from analysis.residual.hooks import Trace, copy, trace
 

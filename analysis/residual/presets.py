@@ -2,7 +2,7 @@
 real model (factual recall). tests/page/test_presets.py re-checks each sentence on the page."""
 from __future__ import annotations
 
-from analysis.presets import REAL_MODEL, Preset, real_model_in_zoo
+from analysis.framework.presets import REAL_MODEL, Preset, real_model_in_zoo
 from analysis.residual.params import ResidualParams
 
 REAL_CAPITAL = ("SmolLM2-135M-Instruct, 'The capital of France is' vs '... Italy is': patching the residual "

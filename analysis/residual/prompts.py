@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from analysis.models import ModelHandle
+from analysis.model_access.models import ModelHandle
 from analysis.residual.errors import ResidualError
 from analysis.residual.pairs import OWN, Pair, find, pairs_for
 from analysis.residual.params import ResidualParams

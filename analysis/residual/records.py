@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from analysis.residual.pairs import Pair
 from analysis.residual.params import ResidualParams
-from analysis.results import Result
+from analysis.framework.results import Result
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Where a decoder layer adds to the residual stream, and how a norm acts on a sum of parts.
 
-Built on `analysis.anatomy` (the decoder layers, attention modules, what each layer adds to the
+Built on `analysis.model_access.anatomy` (the decoder layers, attention modules, what each layer adds to the
 residual stream, final norm, unembedding; the backend seam reads and writes the same modules), per layer:
 
 - `out_proj`: the attention's output projection; its input holds every head's output side by side
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from analysis import anatomy
-from analysis.errors import AnatomyError
+from analysis.model_access import anatomy
+from analysis.framework.errors import AnatomyError
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from analysis import anatomy, paths
-from analysis.models import ModelHandle
+from analysis.model_access import anatomy
+from analysis.framework import paths
+from analysis.model_access.models import ModelHandle
 from analysis.residual.errors import ResidualError
 
 LENS_ROOT = paths.ZOO / "lenses"

@@ -23,9 +23,9 @@ Read in this order:
 """
 from __future__ import annotations
 
-from analysis.anatomy import decoder_layers
-from analysis.errors import SettingsError
-from analysis.panels import Analysis, Run
+from analysis.model_access.anatomy import decoder_layers
+from analysis.framework.errors import SettingsError
+from analysis.framework.panels import Analysis, Run
 from analysis.sae_v.activations import collect_activations, iter_activations, modality_scales, scaled
 from analysis.sae_v.architectures import ARCHITECTURES, JumpReLU, SaeType, Standard, TopK, architecture_settings
 from analysis.sae_v.build import (

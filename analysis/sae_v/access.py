@@ -1,5 +1,5 @@
 """What this instance lets a locator reach: SAE and data locators obey the deployment configuration's model
-allow-list (analysis/config.py), checked here in analysis code before anything is read or fetched, so the
+allow-list (analysis/framework/config.py), checked here in analysis code before anything is read or fetched, so the
 page, a shared link and the command line are held to it alike.
 
 - `sae-lens:RELEASE/SAE_ID` fetches from the Hugging Face Hub: only where `models.sources` has "hub" (and,
@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from analysis import config
-from analysis.errors import SettingsError
+from analysis.framework import config
+from analysis.framework.errors import SettingsError
 
 RELEASE_PREFIX = "sae-lens:"
 PATH_LIKE = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][^\s'\"/\\:]+){2,}[/\\]?")  # /a/b, C:\a\b: a server path
@@ -80,7 +80,7 @@ def server_path(locator: str, what: str) -> Path:
     """The server folder or file a locator names, when this instance reads server paths and it lies under the
     allowed roots; RefusedLocator (one message, whether the path exists or not) otherwise. `what`: "an SAE
     folder", "data", "an image"."""
-    from analysis.models import allowed_roots
+    from analysis.model_access.models import allowed_roots
 
     text = str(locator).strip()
     if not text:

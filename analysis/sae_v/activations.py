@@ -13,8 +13,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from analysis import anatomy, backends
-from analysis.models import ModelHandle
+from analysis.model_access import anatomy
+from analysis import backends
+from analysis.model_access.models import ModelHandle
 from analysis.sae_v.prompts import pair_prompt
 from analysis.sae_v.types import IMAGE, TEXT, Activations, PairSet, Progress, _noop
 
@@ -123,7 +124,7 @@ def usable_batches(handle: ModelHandle, pairs: PairSet, layer: int, which, batch
                    progress: Progress | None = None) -> Iterator[tuple[Activations | None, list[int], list]]:
     """Like `iter_activations`, for data whose images may be unreadable: per batch (activations of the
     usable pairs or None, their indices, [(index, reason)] of the pairs whose image could not be read)."""
-    from analysis.images import ImageError
+    from analysis.framework.images import ImageError
     from analysis.sae_v.userdata import pair_image
 
     progress = progress or _noop

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from analysis.errors import SettingsError
-from analysis.registry import Method, Registry
-from analysis.settings import setting
+from analysis.framework.errors import SettingsError
+from analysis.framework.registry import Method, Registry
+from analysis.framework.settings import setting
 
 ARCHITECTURES: Registry["SaeType"] = Registry("SAE architecture")
 NORMALISE = "expected_average_only_in"  # sae-lens scales inputs to a fixed mean norm while training

@@ -6,10 +6,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis import anatomy
-from analysis.models import ModelHandle
-from analysis.precompute import weights_fingerprint
-from analysis.results import Result
+from analysis.model_access import anatomy
+from analysis.model_access.models import ModelHandle
+from analysis.framework.precompute import weights_fingerprint
+from analysis.framework.results import Result
 from analysis.sae_v import types as T
 from analysis.sae_v.activations import collect_activations, modality_scales, scaled
 from analysis.sae_v.datasets import default_dataset, make_pairs
@@ -20,7 +20,7 @@ from analysis.sae_v.types import IMAGE, STORE_FILE, TEXT, Progress, SaeMeta, _no
 
 
 def model_fingerprint(handle: ModelHandle) -> str:
-    """The SHA-256 of the model's weight files (analysis/precompute.py's, the one fingerprint of the app);
+    """The SHA-256 of the model's weight files (analysis/framework/precompute.py's, the one fingerprint of the app);
     empty when they are not on disk."""
     return weights_fingerprint(handle.path) if handle.path else ""
 

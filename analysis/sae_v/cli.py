@@ -1,7 +1,7 @@
 """`python -m analysis sae ...`: train or load an SAE (ours, or one saved by sae-lens), summarise its
 features, rank pairs by s_i (the SAE's own evaluation pairs, or your data) and export them, or steer.
 
-Flags come from the settings' fields (analysis/settings.py) where one exists, so ranges and help are the
+Flags come from the settings' fields (analysis/framework/settings.py) where one exists, so ranges and help are the
 page's; errors are one `error:` line (exit 1).
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from analysis import anatomy
-from analysis.errors import SettingsError
+from analysis.model_access import anatomy
+from analysis.framework.errors import SettingsError
 from analysis.sae_v.architectures import ARCHITECTURES
 from analysis.sae_v.build import available_saes, build, demo_folder, rebuild_store
 from analysis.sae_v.filtering import rank, write_exports
@@ -28,7 +28,7 @@ from analysis.sae_v.scores import by_kind, keep_top
 from analysis.sae_v.access import shown
 from analysis.sae_v.sources import Source, choose, locate, store_for
 from analysis.sae_v.types import FeatureCard, Ranking
-from analysis.settings import ArgumentParser, add_arguments, check_settings, labelled, read_arguments
+from analysis.framework.settings import ArgumentParser, add_arguments, check_settings, labelled, read_arguments
 
 TRAIN = [(f, TrainParams) for f in labelled(TrainParams)]
 BUILD = [(f, BuildParams) for f in labelled(BuildParams) if f.name != "layer"]
@@ -76,7 +76,7 @@ def cli(argv: list[str]) -> int:
 def _also_allowed(*paths: str | None):
     """The folders named on the command line may be read, for this command only (the app reads only those
     under MODEL_INSPECTOR_ROOTS)."""
-    from analysis.models import allowed_roots
+    from analysis.model_access.models import allowed_roots
 
     old = os.environ.get("MODEL_INSPECTOR_ROOTS")
     named = [str(Path(p).expanduser().resolve()) for p in paths if p and not str(p).startswith("sae-lens:")]
@@ -91,7 +91,7 @@ def _also_allowed(*paths: str | None):
 
 
 def _run(args) -> int:
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
 
     values = read_arguments(args, TRAIN + BUILD + CHOICE + RANK + KEEP + STEER)
     rules = rule_settings(**read_arguments(args, SCORE_RULES.settings()))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from analysis.errors import SettingsError
+from analysis.framework.errors import SettingsError
 
 SUPPORTED = ("standard", "gated", "jumprelu", "topk", "matching_pursuit")
 REFUSED = {

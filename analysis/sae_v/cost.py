@@ -1,4 +1,4 @@
-"""How much work each SAE-V run is, counted from its settings (analysis/cost.py prices it).
+"""How much work each SAE-V run is, counted from its settings (analysis/framework/cost.py prices it).
 
 Collecting activations is a forward per batch stopped after the SAE's layer (`Work.stopped`), with each
 image's patches through the vision tower; the SAE's own matmuls (encode, training steps) are counted as
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from analysis import cost
-from analysis.cost import Work
-from analysis.models import ModelHandle
+from analysis.framework import cost
+from analysis.framework.cost import Work
+from analysis.model_access.models import ModelHandle
 from analysis.sae_v import userdata
 from analysis.sae_v.datasets import default_dataset, make_pairs
 from analysis.sae_v.params import BuildParams, ExplainParams, RankParams, SaeChoice, SteerParams, StoreParams

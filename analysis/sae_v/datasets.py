@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import random
 
-from analysis.anatomy import image_token  # noqa: F401  (re-exported by analysis.sae_v)
-from analysis.models import ModelHandle
-from analysis.registry import Registry, SettingsError
+from analysis.model_access.anatomy import image_token  # noqa: F401  (re-exported by analysis.sae_v)
+from analysis.model_access.models import ModelHandle
+from analysis.framework.registry import Registry, SettingsError
 from analysis.sae_v.types import Pair, PairSet
 from analysis.tasks import tasks_for
 

@@ -1,8 +1,8 @@
 """SAE-V on one input: the active features at every text token and image patch."""
 from __future__ import annotations
 
-from analysis.errors import SettingsError
-from analysis.models import ModelHandle
+from analysis.framework.errors import SettingsError
+from analysis.model_access.models import ModelHandle
 from analysis.sae_v.activations import collect_activations, scaled
 from analysis.sae_v.params import ExplainParams
 from analysis.sae_v.prompts import too_long, too_long_reason

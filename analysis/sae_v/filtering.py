@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from analysis import config
-from analysis.export import rows_to_csv
-from analysis.models import ModelHandle
-from analysis.registry import check_range
+from analysis.framework import config
+from analysis.hosting.export import rows_to_csv
+from analysis.model_access.models import ModelHandle
+from analysis.framework.registry import check_range
 from analysis.sae_v import types as T
 from analysis.sae_v import userdata
 from analysis.sae_v.activations import collect_activations, scaled, usable_batches

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from analysis import anatomy
-from analysis.models import ModelHandle
+from analysis.model_access import anatomy
+from analysis.model_access.models import ModelHandle
 from analysis.sae_v.access import RELEASE_PREFIX, check_release, shown, without_paths
 from analysis.sae_v.codec import Codec, SaeFitError, as_codec, fold_saved_scaler
 

@@ -1,6 +1,6 @@
 """SAE-V settings: training, the feature store, and what each run of the panel is asked to do.
 
-Every user-facing setting is a `setting(...)` field (analysis/settings.py): its label, range and help are
+Every user-facing setting is a `setting(...)` field (analysis/framework/settings.py): its label, range and help are
 written once for the page, the link and the command line. The SAE types (architectures.py) and the score
 rules (rules.py) own their settings; the params here hold them as `{name: its settings}`, and read the
 old flat layout (`k`, `l1_coefficient`, `omega_top` beside the others) of saved SAEs and stores.
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, field
 
-from analysis.errors import SettingsError
-from analysis.results import Result
+from analysis.framework.errors import SettingsError
+from analysis.framework.results import Result
 from analysis.sae_v.architectures import ARCHITECTURES, SaeType, architecture_settings
 from analysis.sae_v.rules import SCORE_RULES, ScoreRule, rule_settings
 from analysis.sae_v.modality import LABELS
 from analysis.sae_v.rules import OfficialRule
-from analysis.settings import check_settings, field_default, labelled, like, setting
+from analysis.framework.settings import check_settings, field_default, labelled, like, setting
 
 
 def _without_defaults(registry, nested: dict[str, dict]) -> dict[str, dict]:

@@ -1,11 +1,11 @@
-"""The SAE-V panel's presets: settings that show one finding of SAE-V on the demo zoo (analysis/presets.py;
+"""The SAE-V panel's presets: settings that show one finding of SAE-V on the demo zoo (analysis/framework/presets.py;
 tests/page/test_presets.py re-checks each sentence on the page). Two read the demo SAE's feature cards (the
 feature with the largest ω, the 'middle right' feature), when the link is made."""
 from __future__ import annotations
 
 import functools
 
-from analysis.presets import Preset
+from analysis.framework.presets import Preset
 from analysis.sae_v.params import SaeChoice
 from analysis.sae_v.store import read_store_json
 from analysis.sae_v.types import SAE_ROOT

@@ -13,8 +13,8 @@ pair is reported and left out (`sources.data_pairs`), as steering and explain re
 """
 from __future__ import annotations
 
-from analysis import anatomy
-from analysis.models import ModelHandle
+from analysis.model_access import anatomy
+from analysis.model_access.models import ModelHandle
 from analysis.tasks import tasks_for
 
 GENERIC_CAPTION = "Describe the image."

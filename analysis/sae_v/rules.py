@@ -24,10 +24,10 @@ from typing import ClassVar
 
 import torch
 
-from analysis.errors import SettingsError
-from analysis.registry import Method, Registry
+from analysis.framework.errors import SettingsError
+from analysis.framework.registry import Method, Registry
 from analysis.sae_v.modality import IMAGE, TEXT
-from analysis.settings import setting
+from analysis.framework.settings import setting
 
 SCORE_RULES: Registry["ScoreRule"] = Registry("SAE-V score rule")
 

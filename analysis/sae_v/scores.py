@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from analysis.models import ModelHandle
-from analysis.errors import SettingsError
-from analysis.registry import check_range
+from analysis.model_access.models import ModelHandle
+from analysis.framework.errors import SettingsError
+from analysis.framework.registry import check_range
 from analysis.sae_v.activations import collect_activations, scaled
 from analysis.sae_v.rules import (  # noqa: F401  (re-exported: the panel's face)
     SCORE_RULES, AllSharedRule, NormalisedRule, OfficialRule, ScoreRule, mean_top_cosine, pair_scores, per_pair_max,

@@ -17,9 +17,9 @@ import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from analysis import config
-from analysis.errors import SettingsError
-from analysis.models import ModelHandle
+from analysis.framework import config
+from analysis.framework.errors import SettingsError
+from analysis.model_access.models import ModelHandle
 from analysis.sae_v import types as T
 from analysis.sae_v import userdata
 from analysis.sae_v.activations import concat, scaled, usable_batches

@@ -14,9 +14,9 @@ import difflib
 
 import torch
 
-from analysis import anatomy
-from analysis.errors import SettingsError
-from analysis.models import ModelHandle
+from analysis.model_access import anatomy
+from analysis.framework.errors import SettingsError
+from analysis.model_access.models import ModelHandle
 from analysis.sae_v.codec import as_codec
 from analysis.sae_v.params import SteerParams
 from analysis.sae_v.prompts import caption_prompt

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from analysis import anatomy
-from analysis.models import ModelHandle
+from analysis.model_access import anatomy
+from analysis.model_access.models import ModelHandle
 from analysis.sae_v.datasets import DATASETS, dataset_for
 from analysis.sae_v.activations import scaled
 from analysis.sae_v.params import StoreParams

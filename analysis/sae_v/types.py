@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from analysis import paths
-from analysis.progress import Progress, silent as _noop  # noqa: F401  (the package's names for them)
-from analysis.results import Result
+from analysis.framework import paths
+from analysis.framework.progress import Progress, silent as _noop  # noqa: F401  (the package's names for them)
+from analysis.framework.results import Result
 from analysis.sae_v.modality import IMAGE, LABELS, MODALITY_NAMES, TEXT  # noqa: F401  (the records' face)
 from analysis.sae_v.params import StoreParams, TrainParams
 

@@ -34,8 +34,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis import images, uploads
-from analysis.errors import SettingsError
+from analysis.framework import images, uploads
+from analysis.framework.errors import SettingsError
 from analysis.sae_v import access
 from analysis.sae_v import types as T
 from analysis.sae_v.datasets import render_pair
@@ -82,7 +82,7 @@ def upload_root() -> Path:
     return T.CACHE_ROOT / "uploads"
 
 
-uploads.register(upload_root)  # the server sweeps expired uploads (analysis/uploads.py)
+uploads.register(upload_root)  # the server sweeps expired uploads (analysis/framework/uploads.py)
 
 
 def resolve(locator: str) -> Path:
@@ -107,14 +107,14 @@ def _hex(text: str) -> str:
 
 def zip_limit_bytes() -> int:
     """The largest zip this instance takes: the configuration's `uploads.max_mb`, at most MAX_ZIP_BYTES."""
-    from analysis import config
+    from analysis.framework import config
 
     return min(MAX_ZIP_BYTES, int(config.current().uploads.max_mb * 2**20))
 
 
 def save_zip(data: bytes, name: str = "the zip", owner: str = "") -> str:
     """Extract an uploaded zip into this server's upload area (content-addressed) and return its locator.
-    The area's limits (analysis/uploads.py: files, bytes per visitor and in all, expiry) hold for the
+    The area's limits (analysis/framework/uploads.py: files, bytes per visitor and in all, expiry) hold for the
     unpacked size; `owner` is the visitor's id. A refused or broken zip leaves nothing on disk."""
     limit = zip_limit_bytes()
     if len(data) > limit:
@@ -472,7 +472,7 @@ def pair_image(pairs: PairSet, i: int):
 
 
 def save_image(data: bytes, name: str = "The file", owner: str = "") -> str:
-    """Check an uploaded image (the one decoder, analysis/images.py) and keep it in the upload area (its
+    """Check an uploaded image (the one decoder, analysis/framework/images.py) and keep it in the upload area (its
     limits as for zips; `owner` is the visitor's id); returns `sha:HEX`."""
     images.open_image(data, name=name)
     sha = hashlib.sha256(data).hexdigest()

@@ -16,7 +16,7 @@ loaded model. Read in this order:
 """
 from __future__ import annotations
 
-from analysis.panels import Analysis, Run
+from analysis.framework.panels import Analysis, Run
 from analysis.sharpness.attention import (
     Recorder, attention_rule, temperature_patch, tempered_attention, tempered_logits,
 )

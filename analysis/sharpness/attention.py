@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 
 from analysis import backends
-from analysis.models import ModelHandle
+from analysis.model_access.models import ModelHandle
 from analysis.sharpness.errors import SharpnessError
 from analysis.sharpness.rules import Rule, Temperature, method_softmax, row_entropy
 

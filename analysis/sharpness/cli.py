@@ -1,11 +1,11 @@
 """`python -m analysis sharpness ...`: the size sweep from the shell; flags made from the settings of
-SweepParams and of the temperature rules (analysis/settings.py), so ranges and help are the page's."""
+SweepParams and of the temperature rules (analysis/framework/settings.py), so ranges and help are the page's."""
 from __future__ import annotations
 
 import argparse
 
-from analysis.errors import SettingsError
-from analysis.settings import ArgumentParser, add_arguments, labelled, read_arguments, to_text
+from analysis.framework.errors import SettingsError
+from analysis.framework.settings import ArgumentParser, add_arguments, labelled, read_arguments, to_text
 from analysis.sharpness.params import SweepParams, validate_params
 from analysis.sharpness.records import SweepResult
 from analysis.sharpness.rules import RULES, rule_settings
@@ -61,7 +61,7 @@ def _markdown(rows: list[dict]) -> None:
 
 
 def cli(argv: list[str]) -> int:
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
 
     args = parser().parse_args(argv)
     params = params_from(args)

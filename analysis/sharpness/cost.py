@@ -1,8 +1,8 @@
-"""How much work a sharpness analysis is, counted from its settings (analysis/cost.py prices it)."""
+"""How much work a sharpness analysis is, counted from its settings (analysis/framework/cost.py prices it)."""
 from __future__ import annotations
 
-from analysis.cost import Work
-from analysis.models import ModelHandle
+from analysis.framework.cost import Work
+from analysis.model_access.models import ModelHandle
 from analysis.sharpness.params import SweepParams, validate_params
 from analysis.sharpness.prompt import PromptParams, prompt_ids
 from analysis.sharpness.scoring import tree_nodes

@@ -1,7 +1,7 @@
 """The panel's error: bad settings or a model it cannot run on; the message is meant for the user."""
 from __future__ import annotations
 
-from analysis.errors import SettingsError
+from analysis.framework.errors import SettingsError
 
 
 class SharpnessError(SettingsError):

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from analysis.results import Result
+from analysis.framework.results import Result
 from analysis.sharpness.attention import Recorder
 from analysis.sharpness.rules import entropy_nats
 

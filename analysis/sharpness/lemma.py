@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from analysis.results import Result
-from analysis.settings import check_settings, setting
+from analysis.framework.results import Result
+from analysis.framework.settings import check_settings, setting
 from analysis.sharpness.rules import Temperature, entropy_nats, tempered_softmax
 
 

@@ -1,5 +1,5 @@
 """The settings of one size sweep; every labelled field is validated from its description
-(analysis/settings.py), so the page, the link and the command line check them the same way.
+(analysis/framework/settings.py), so the page, the link and the command line check them the same way.
 
 The temperature rules own their settings (`rules.py`); `SweepParams.rules` holds them as
 `{rule name: {setting: value}}` (the adaptive rule's; the fixed θs of the sweep are `thetas`).
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from analysis.results import Result
-from analysis.settings import Flat, check_settings, like, setting
+from analysis.framework.results import Result
+from analysis.framework.settings import Flat, check_settings, like, setting
 from analysis.sharpness.errors import SharpnessError
 from analysis.sharpness.lemma import LemmaParams
 from analysis.sharpness.prompt import PromptParams
@@ -17,7 +17,7 @@ from analysis.sharpness.rules import RULES, Temperature
 
 DEFAULT_NS = (4, 8, 16, 32, 64, 128)
 DEFAULT_THETAS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
-# A model above analysis.cost.LARGE_MODEL parameters (a real LM) starts from fewer, shorter prompts: the sizes
+# A model above analysis.framework.cost.LARGE_MODEL parameters (a real LM) starts from fewer, shorter prompts: the sizes
 # a small instruct LM still answers, and few enough forwards to open without asking.
 LARGE_MODEL_NS = (2, 4, 8, 16)
 LARGE_MODEL_SAMPLES = 4
@@ -82,7 +82,7 @@ class SharpnessState:
 
 def default_params(handle) -> SweepParams:
     """The page's first view of this model (what `scripts/warm.py` precomputes for the zoo)."""
-    from analysis.cost import default_for
+    from analysis.framework.cost import default_for
 
     return SweepParams(ns=list(default_for(handle, DEFAULT_NS, LARGE_MODEL_NS)),
                        thetas=list(default_for(handle, DEFAULT_THETAS, LARGE_MODEL_THETAS)),

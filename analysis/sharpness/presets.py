@@ -1,10 +1,10 @@
 """The attention-sharpness panel's presets: settings that show one finding of *Softmax is not enough* on
-the demo zoo (analysis/presets.py; tests/page/test_presets.py re-checks each sentence on the page)."""
+the demo zoo (analysis/framework/presets.py; tests/page/test_presets.py re-checks each sentence on the page)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
-from analysis.presets import REAL_MODEL, Preset, real_model_in_zoo
+from analysis.framework.presets import REAL_MODEL, Preset, real_model_in_zoo
 from analysis.sharpness.params import SweepParams
 
 SWEEP = SweepParams(ns=[4, 8, 16, 32, 64, 128], samples=16)

@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from analysis.models import ModelHandle
-from analysis.results import Result
-from analysis.settings import check_settings, setting
+from analysis.model_access.models import ModelHandle
+from analysis.framework.results import Result
+from analysis.framework.settings import check_settings, setting
 from analysis.sharpness.attention import Recorder, tempered_logits
 from analysis.sharpness.errors import SharpnessError
 from analysis.sharpness.heads import HeadStats, head_stats, mean_stats

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from analysis.results import Result
+from analysis.framework.results import Result
 from analysis.sharpness.heads import HeadStats
 from analysis.sharpness.params import SweepParams
 from analysis.sharpness.rules import Temperature

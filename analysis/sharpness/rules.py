@@ -17,10 +17,10 @@ from typing import ClassVar
 
 import torch
 
-from analysis.errors import SettingsError
-from analysis.registry import Method, Registry
-from analysis.results import Result
-from analysis.settings import setting
+from analysis.framework.errors import SettingsError
+from analysis.framework.registry import Method, Registry
+from analysis.framework.results import Result
+from analysis.framework.settings import setting
 from analysis.sharpness.errors import SharpnessError
 
 # "Softmax is not enough", adaptive temperature: poly(H) coefficients, highest degree first.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from analysis.models import ModelHandle
+from analysis.model_access.models import ModelHandle
 from analysis.sharpness.attention import Recorder, tempered_logits
 from analysis.sharpness.rules import Temperature
 from analysis.tasks.retrieval import RetrievalPrompt

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from analysis.models import ModelHandle, require_kind
-from analysis.progress import Progress
+from analysis.model_access.models import ModelHandle, require_kind
+from analysis.framework.progress import Progress
 from analysis.sharpness.attention import Recorder
 from analysis.sharpness.errors import SharpnessError
 from analysis.sharpness.heads import head_stats, mean_stats

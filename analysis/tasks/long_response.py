@@ -16,7 +16,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from analysis.results import Result
+from analysis.framework.results import Result
 from analysis.tasks.records import TaskError
 
 PEOPLE = ("Anna", "Ben", "Clara", "David", "Emma", "Felix", "Grace", "Hugo", "Iris", "Jack", "Kate", "Liam",

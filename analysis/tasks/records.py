@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from analysis.errors import SettingsError
-from analysis.results import Result
+from analysis.framework.errors import SettingsError
+from analysis.framework.results import Result
 
 
 class TaskError(SettingsError):

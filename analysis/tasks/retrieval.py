@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from analysis.results import Result
+from analysis.framework.results import Result
 from analysis.tasks.records import TaskError
 
 MAX_RETRIEVAL = "max retrieval"

@@ -1,7 +1,7 @@
 """A word-level tokenizer: one token per whitespace-separated word, specials first.
 
 Shapes World's prompts are words of one vocabulary, so a token position is a word position; the zoo's
-models are trained with it (analysis/zoo/train/) and the tests' tiny models use it (analysis/tiny_models.py).
+models are trained with it (analysis/zoo/train/) and the tests' tiny models use it (analysis/model_access/tiny_models.py).
 """
 from __future__ import annotations
 

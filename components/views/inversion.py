@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from analysis import cost, inversion
+from analysis.framework import cost
+from analysis import inversion
 from analysis.tasks import tasks_for
 from components.common import charts_side_by_side, explain, metric_row
 from components.figures import inversion as F

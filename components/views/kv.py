@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis import kv
-from analysis.cost import default_for
+from analysis.framework.cost import default_for
 from components.common import charts_side_by_side, explain, metric_row, stays_local
 from components.figures import kv as F
 from components.figures import kv_long as L

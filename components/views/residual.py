@@ -7,7 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis import residual
-from analysis.models import ModelSpec, all_zoo_models, load_model
+from analysis.model_access.models import ModelSpec, all_zoo_models, load_model
 from components.common import analysis_errors, explain, metric_row
 from components.figures import residual as F
 from components.share import share_bar

@@ -11,7 +11,7 @@ import dataclasses
 import streamlit as st
 
 from analysis import sae_v
-from analysis.errors import UserError
+from analysis.framework.errors import UserError
 from components import hosting  # uploads under the deployment's limits
 from components.common import analysis_errors, demo_model, field_row, show_error
 from components.figures import sae as figs

@@ -9,8 +9,8 @@ import datetime as dt
 import plotly.graph_objects as go
 import streamlit as st
 
-from analysis.export import ReportSection, html_report, result_json
-from analysis.store import StoreError
+from analysis.hosting.export import ReportSection, html_report, result_json
+from analysis.hosting.store import StoreError
 from components import hosting
 from components.common import explain, one_line
 from components.share import current_url, escape_markdown, get_store, owner

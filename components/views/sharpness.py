@@ -8,7 +8,7 @@ from dataclasses import replace
 import streamlit as st
 
 from analysis import sharpness
-from analysis.errors import SettingsError
+from analysis.framework.errors import SettingsError
 from components.common import explain, field_row, metric_row
 from components.figures import sharpness as F
 from components.share import share_bar

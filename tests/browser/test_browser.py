@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from analysis import presets
+from analysis.framework import presets
 from components.registry import PANELS
 
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import screenshot  # noqa: E402
 
@@ -71,7 +71,7 @@ def test_page_renders_in_browser(browser_page, url_path, panel):
     page.screenshot(path=str(ARTIFACTS / f"{url_path}.png"), full_page=True)
     assert page.locator("[data-testid='stException']").count() == 0
     assert page.locator("h1").first.inner_text().strip() != ""
-    from analysis.models import zoo_models
+    from analysis.model_access.models import zoo_models
 
     if panel is not None and panel.page != "saved_analyses.py" and zoo_models():
         # every panel shows at least one chart on the default demo model

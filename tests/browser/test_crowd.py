@@ -13,9 +13,9 @@ import threading
 
 import pytest
 
-from analysis.models import zoo_models
+from analysis.model_access.models import zoo_models
 
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import crowd_bench  # noqa: E402
 

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from analysis.paths import BENCHMARKS, ROOT  # noqa: E402
+from analysis.framework.paths import BENCHMARKS, ROOT  # noqa: E402
 sys.path.insert(0, str(BENCHMARKS))
 import crowd_bench  # noqa: E402
 

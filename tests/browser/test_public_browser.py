@@ -12,8 +12,8 @@ from urllib.parse import quote, urlsplit
 import pytest
 
 import public_instance
-from analysis.models import zoo_models
-from analysis.store import SavedAnalysis, open_store
+from analysis.model_access.models import zoo_models
+from analysis.hosting.store import SavedAnalysis, open_store
 from public_instance import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.models import zoo_models
+from analysis.model_access.models import zoo_models
 
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import load_test  # noqa: E402
 import local_postgres  # noqa: E402
@@ -91,7 +91,7 @@ def instance(tmp_path_factory):
 
 
 def _store(url: str):
-    from analysis.store import open_store
+    from analysis.hosting.store import open_store
 
     return open_store(url)
 
@@ -130,7 +130,7 @@ def test_twenty_clients_for_a_minute(instance):
 
 
 def test_two_servers_see_each_others_saves(instance):
-    from analysis.store import SavedAnalysis
+    from analysis.hosting.store import SavedAnalysis
 
     store = _store(instance["db"])
     from_a = instance["figures"].get("confirmed") or [store.save(SavedAnalysis(title="seed", panel="kv", model="m"))]
@@ -181,7 +181,7 @@ def _visible(page, selector: str) -> int:
 def test_embeds_show_the_view_alone_in_a_browser(instance):
     from playwright.sync_api import sync_playwright
 
-    from analysis.store import SavedAnalysis
+    from analysis.hosting.store import SavedAnalysis
 
     base = instance["a"]
     saved_id = _store(instance["db"]).save(SavedAnalysis(

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from analysis import paths
-from analysis.models import zoo_models
+from analysis.framework import paths
+from analysis.model_access.models import zoo_models
 
 sys.path.insert(0, str(paths.SCRIPTS))
 import screenshot  # noqa: E402

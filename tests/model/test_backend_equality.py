@@ -13,8 +13,8 @@ from analysis import captions as C
 from analysis import sharpness as S
 from analysis.backends import traced
 from analysis.inversion import AttackParams, observed_states, reconstruct
-from analysis.models import ModelSpec, load_model
-from analysis.results import to_jsonable
+from analysis.model_access.models import ModelSpec, load_model
+from analysis.framework.results import to_jsonable
 from analysis.world import shapes_world as W
 from tests.conftest import zoo_model_ready
 

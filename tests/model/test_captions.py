@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from analysis import captions as C
-from analysis import tiny_models
-from analysis.images import ImageError, open_image
-from analysis.models import ModelSpec, load_model, zoo_models
+from analysis.model_access import tiny_models
+from analysis.framework.images import ImageError, open_image
+from analysis.model_access.models import ModelSpec, load_model, zoo_models
 from analysis.world import shapes_world as W
 
 

@@ -57,7 +57,7 @@ def test_an_equal_looking_new_result_is_drawn_from_its_own_values():
 
 
 def test_memoised_builders_draw_what_the_plain_function_draws(tiny_llama_dir):
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
 
     handle = load_model(ModelSpec("local", str(tiny_llama_dir)))
     result = kv.analyze(handle, kv.KvParams(context=32, budget=12, new_tokens=4, policies=kv.policy_settings(snap_window=4, morph_window=4)))

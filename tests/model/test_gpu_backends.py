@@ -8,8 +8,8 @@ import torch
 
 from analysis import backends
 from analysis.backends import Request, Site
-from analysis.models import ModelSpec, load_model
-from analysis.tiny_models import FAMILIES, save_tiny
+from analysis.model_access.models import ModelSpec, load_model
+from analysis.model_access.tiny_models import FAMILIES, save_tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

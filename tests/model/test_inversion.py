@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from analysis import inversion as inv
-from analysis.models import ModelSpec, load_model, zoo_models
+from analysis.model_access.models import ModelSpec, load_model, zoo_models
 
 PERMUTATIONS = [[], ["shuffle_positions"], ["shuffle_dims"], ["shuffle_both"]]
 

@@ -8,9 +8,10 @@ import json
 import pytest
 import torch
 
-from analysis import anatomy, kv, tasks
-from analysis.models import ModelSpec, load_model, zoo_models
-from analysis.registry import SettingsError
+from analysis.model_access import anatomy
+from analysis import kv, tasks
+from analysis.model_access.models import ModelSpec, load_model, zoo_models
+from analysis.framework.registry import SettingsError
 
 PROMPT, STEPS, BUDGET, WINDOW, SINKS, KERNEL = 24, 6, 12, 4, 2, 3
 SETTINGS = dict(sinks=SINKS, heavy_share=0.5, snap_window=WINDOW, kernel=KERNEL, morph_window=WINDOW)
@@ -293,7 +294,7 @@ def test_an_analysis_builds_each_policy_and_its_task_once(tiny_llama, monkeypatc
     them down; the sweep builds each policy once per budget it runs at, and one task per prompt averaged.
     Before: analyze built 29 policies, the 2-prompt sweep 86."""
     from analysis.kv import analysis as kv_analysis
-    from analysis.registry import Method
+    from analysis.framework.registry import Method
 
     built = {"policies": 0, "tasks": 0}
     post_init, build_task = Method.__post_init__, kv_analysis.build_task

@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 
-from analysis import cost, kv
-from analysis.models import ModelSpec, load_model, zoo_models
+from analysis.framework import cost
+from analysis import kv
+from analysis.model_access.models import ModelSpec, load_model, zoo_models
 from analysis.tasks.long_response import LongTask, answer_items, recalled
-from analysis.tiny_models import default_words
+from analysis.model_access.tiny_models import default_words
 from analysis.world.tokenizer import make_word_tokenizer
 
 SMALL = dict(budget=12, response=10, policies=kv.policy_settings(snap_window=4, morph_window=4, sinks=2))

@@ -25,8 +25,9 @@ import math
 import pytest
 import torch
 
-from analysis import anatomy, kv
-from analysis.models import ModelSpec, load_model, zoo_models
+from analysis.model_access import anatomy
+from analysis import kv
+from analysis.model_access.models import ModelSpec, load_model, zoo_models
 
 PROMPT, STEPS, BUDGET, WINDOW, SINKS, KERNEL = 24, 6, 12, 4, 2, 3
 SETTINGS = dict(sinks=SINKS, heavy_share=0.5, snap_window=WINDOW, kernel=KERNEL, morph_window=WINDOW)

@@ -3,7 +3,7 @@ would then see (#39): the feature store of an SAE on a visitor's data is built a
 memory only; a writable instance still caches it on disk (tests/model/test_sae_data.py)."""
 from __future__ import annotations
 
-from analysis import config as cfg
+from analysis.framework import config as cfg
 from analysis import sae_v
 from test_sae_data import cache, outside_sae, pair_folder  # noqa: F401  (fixtures of the same SAE and data)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analysis import anatomy, tiny_models
-from analysis.models import ModelHandle, ModelSpec, causal_lm_view, describe
+from analysis.model_access import anatomy, tiny_models
+from analysis.model_access.models import ModelHandle, ModelSpec, causal_lm_view, describe
 from analysis.residual import ResidualParams, analysis
 from analysis.residual.hooks import SITES, trace
 from analysis.residual.sites import NormLinear, head_weights, layer_parts

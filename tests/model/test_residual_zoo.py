@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analysis.models import ModelSpec, load_model
+from analysis.model_access.models import ModelSpec, load_model
 from analysis.residual import ResidualParams, analysis, pairs_for
 from analysis.residual.hooks import trace
 from analysis.residual.lenses import readout

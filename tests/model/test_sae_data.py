@@ -410,7 +410,7 @@ def test_settings_are_the_methods_own_and_old_flat_layouts_still_read():
 
 
 def _demo_ready() -> bool:
-    from analysis.models import zoo_models
+    from analysis.model_access.models import zoo_models
 
     return "shapes-vlm" in zoo_models() and (sae_v.SAE_ROOT / "shapes-vlm" / "layer1" / sae_v.STORE_FILE).is_file()
 

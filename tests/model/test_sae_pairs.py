@@ -17,8 +17,8 @@ from sae_lens_factory import cache, save_sae_lens  # noqa: F401  (cache: a fixtu
 def shapes_llava(model_root):
     """A tiny LLaVA whose tokenizer speaks Shapes World: its task provider gives it the demo VLM's captioning
     prompt and the `shapes` pairs, the case where user pairs used to be read without that prompt."""
-    from analysis import tiny_models
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access import tiny_models
+    from analysis.model_access.models import ModelSpec, load_model
     from analysis.world import shapes_world as sw
 
     folder = tiny_models.save_tiny_llava(model_root / "shapes-llava", words=list(sw.VOCAB))

@@ -663,7 +663,7 @@ def test_cli_trains_and_prints_json(tiny_llava_dir, tmp_path, capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["meta"]["layer"] == 1 and out["summary"]["features"] == 16
-    from analysis.precompute import weights_fingerprint
+    from analysis.framework.precompute import weights_fingerprint
 
     assert out["meta"]["model_fingerprint"] == weights_fingerprint(tiny_llava_dir)  # the app's one fingerprint
     assert {"roc_auc", "roc_auc_weighted", "precision", "recall"} <= set(out["ranking"])
@@ -695,7 +695,7 @@ DEMO = sae_v.SAE_ROOT / "shapes-vlm"
 
 def _demo():
     """The committed demo SAE's folder, shapes-vlm, the SAE, its metadata and its feature store."""
-    from analysis.models import ModelSpec, load_model, zoo_models
+    from analysis.model_access.models import ModelSpec, load_model, zoo_models
 
     if "shapes-vlm" not in zoo_models():
         pytest.skip("shapes-vlm not built")

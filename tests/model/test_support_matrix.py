@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 spec = importlib.util.spec_from_file_location("support_matrix", ROOT / "scripts" / "support_matrix.py")
 support_matrix = importlib.util.module_from_spec(spec)
 sys.modules["support_matrix"] = support_matrix  # dataclasses look their module up there
@@ -24,7 +24,7 @@ def test_no_cell_crashes(matrix):
 
 
 def test_families_and_panels_covered(matrix):
-    from analysis.tiny_models import FAMILIES
+    from analysis.model_access.tiny_models import FAMILIES
 
     works = {f for f, cells in matrix.items() if any(c.status == "works" for c in cells.values())}
     vlms = {f for f in works if FAMILIES[f][0] == "vlm" and matrix[f]["captions"].status == "works"}

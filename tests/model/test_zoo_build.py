@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from analysis.models import ModelSpec, load_model
+from analysis.model_access.models import ModelSpec, load_model
 from analysis.world import shapes_world as sw
 
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from analysis.models import ZOO_DIR, ModelSpec, load_model
+from analysis.model_access.models import ZOO_DIR, ModelSpec, load_model
 from analysis.zoo import cards
 from analysis.world import shapes_world as sw
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.models import ModelSpec
+from analysis.model_access.models import ModelSpec
 from conftest import app_with_model
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analysis.models import ModelSpec
-from analysis.store import AnalysisStore, SavedAnalysis
+from analysis.model_access.models import ModelSpec
+from analysis.hosting.store import AnalysisStore, SavedAnalysis
 from conftest import app_with_model
 
 SHARE_PAGE = """
@@ -106,7 +106,7 @@ def test_unknown_id_gives_clear_message(store_path, tiny_llama_dir):
 
 def test_delete_with_confirmation(store_path, tiny_llama_dir):
     store = AnalysisStore(store_path)
-    from analysis.uploads import owner_key
+    from analysis.framework.uploads import owner_key
 
     # saved by this visitor (AppTest has no connection: every session is the visitor "local")
     saved_id = store.save(SavedAnalysis(title="to delete", panel="kv", model="m", owner=owner_key("ip:local")))

@@ -7,8 +7,8 @@ import zlib
 import pytest
 from conftest import app_with_model
 
-from analysis import tiny_models
-from analysis.models import ModelSpec, zoo_models
+from analysis.model_access import tiny_models
+from analysis.model_access.models import ModelSpec, zoo_models
 from analysis.world import shapes_world as W
 
 PAGE = "views/caption_correction.py"

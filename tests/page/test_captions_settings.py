@@ -9,10 +9,10 @@ import pytest
 from conftest import app_with_model
 
 from analysis import captions as C
-from analysis import tiny_models
+from analysis.model_access import tiny_models
 from analysis.__main__ import main
-from analysis.models import ModelSpec, load_model, zoo_models
-from analysis.registry import SettingsError
+from analysis.model_access.models import ModelSpec, load_model, zoo_models
+from analysis.framework.registry import SettingsError
 from analysis.world import shapes_world as W
 
 PAGE = "views/caption_correction.py"

@@ -9,9 +9,9 @@ import pytest
 from conftest import app_with_model
 
 from analysis import captions as C
-from analysis import tiny_models
+from analysis.model_access import tiny_models
 from analysis.__main__ import main
-from analysis.models import ModelSpec, load_model
+from analysis.model_access.models import ModelSpec, load_model
 from analysis.world import shapes_world as W
 
 PAGE = "views/caption_correction.py"
@@ -112,7 +112,7 @@ def test_english_claims_have_no_truth_and_nothing_kept_means_no_rewrite(shapes_l
     assert result.before is None and result.after is None
     assert all(p.factuality is None and p.coverage is None for p in result.sweep)
     # its cost estimate counts no rewrite either
-    from analysis import cost
+    from analysis.framework import cost
 
     verification = C.Verification(caption=ENGLISH, claims=result.claims, grid=0, agents={})
     assert cost.estimate_work(C.rewrite_verified, lm, params, {"verification": verification}).calls == 0

@@ -11,15 +11,15 @@ import pytest
 import torch
 from conftest import app_with_model
 
-from analysis import cost
-from analysis.errors import MissingEstimator
-from analysis.paths import SCRIPTS
+from analysis.framework import cost
+from analysis.framework.errors import MissingEstimator
+from analysis.framework.paths import SCRIPTS
 from analysis import inversion as inv
 from analysis.inversion import cost as C
 from analysis import kv
 from analysis import sharpness as S
-from analysis.models import ModelHandle, ModelSpec, describe, load_model, zoo_models
-from analysis.tiny_models import default_words
+from analysis.model_access.models import ModelHandle, ModelSpec, describe, load_model, zoo_models
+from analysis.model_access.tiny_models import default_words
 from analysis.world.tokenizer import make_word_tokenizer
 
 KV_SMALL = kv.KvParams(context=48, budget=16, new_tokens=4, policies=kv.policy_settings(snap_window=4, morph_window=4))
@@ -185,7 +185,7 @@ def test_long_work_waits_for_a_click_then_runs(tiny_llama_dir, monkeypatch):
 def caption_vlms(model_root):
     """Two tiny random LLaVAs: one whose vocabulary is Shapes World's (the demo's prompts and verifier)
     and one with the family's chat template (the generic caption prompt and yes/no question)."""
-    from analysis import tiny_models
+    from analysis.model_access import tiny_models
     from analysis.world import shapes_world as W
 
     shapes = tiny_models.save_tiny_llava(model_root / "tiny-llava-shapes-cost", words=list(W.VOCAB))
@@ -388,7 +388,7 @@ def test_a_reading_serves_every_load_of_the_same_model(tiny_llama_dir, monkeypat
 def test_server_start_measures_each_demo_model_for_the_sessions(monkeypatch):
     """scripts/serve.py calls preload.calibrate_zoo() before it listens: afterwards a session's own load
     of each demo model finds its reading (taken on the idle machine) and measures nothing."""
-    from analysis.models import zoo_models
+    from analysis.model_access.models import zoo_models
     from components import preload
 
     import threading

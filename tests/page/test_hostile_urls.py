@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.models import ModelSpec, zoo_models
+from analysis.model_access.models import ModelSpec, zoo_models
 from conftest import app_with_model
 
 HOSTILE = {
@@ -24,7 +24,7 @@ HOSTILE = {
 def url_names(page: str) -> list[str]:
     """Every URL name a page reads, from its panel's fields (Params and view state, components/view.py),
     read when the test runs: a field added later is fuzzed with no edit here. The home page reads none."""
-    from analysis import panels
+    from analysis.framework import panels
     from components.view import url_fields
 
     for analysis in panels.analyses():
@@ -154,9 +154,9 @@ def test_no_page_reads_a_url_name_of_its_own():
 
 def test_no_two_fields_of_a_page_share_a_url_name():
     """One URL name, one meaning: a panel's Params and view state never name two fields alike."""
-    from analysis import panels
+    from analysis.framework import panels
     from components.view import params_fields, state_fields
-    from analysis.settings import url_name
+    from analysis.framework.settings import url_name
 
     for analysis in panels.analyses():
         names = [url_name(f) for f, _ in params_fields(analysis) + state_fields(analysis) if url_name(f)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from conftest import app_with_model
 
-from analysis.models import ModelSpec, zoo_models
+from analysis.model_access.models import ModelSpec, zoo_models
 
 PAGE = "views/prompt_reconstruction.py"
 PROMPT = "w3 w17 w42 w8 w99 w5"

@@ -13,9 +13,9 @@ from conftest import app_with_model
 
 from analysis import inversion as inv
 from analysis.__main__ import main
-from analysis.models import ModelSpec
-from analysis.registry import SettingsError
-from analysis.settings import setting
+from analysis.model_access.models import ModelSpec
+from analysis.framework.registry import SettingsError
+from analysis.framework.settings import setting
 
 PAGE = "views/prompt_reconstruction.py"
 

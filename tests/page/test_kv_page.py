@@ -9,7 +9,7 @@ import torch
 from conftest import app_with_model
 
 from analysis import kv
-from analysis.models import ModelSpec, zoo_models
+from analysis.model_access.models import ModelSpec, zoo_models
 
 PAGE = "views/kv_cache.py"
 SMALL = {"context": "64", "budget": "24", "snap_window": "4", "morph_window": "4", "examples": "1"}

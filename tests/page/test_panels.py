@@ -1,4 +1,4 @@
-"""The panel table (analysis/panels.py): every panel declares itself once, and the runner, the cost gate,
+"""The panel table (analysis/framework/panels.py): every panel declares itself once, and the runner, the cost gate,
 the command line and the navigation read that declaration.
 
 - Every function a page hands to the runner (`cached_run`, `confirm`) is declared with a work estimate:
@@ -14,11 +14,11 @@ import textwrap
 
 import pytest
 
-from analysis import cost, panels
-from analysis.errors import MissingEstimator
-from analysis.models import ModelSpec
+from analysis.framework import cost, panels
+from analysis.framework.errors import MissingEstimator
+from analysis.model_access.models import ModelSpec
 
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 RUNNER_CALLS = {"cached_run", "confirm"}
 PAGE_CALLS = {"run", "confirm"}
 
@@ -109,10 +109,10 @@ TOY_PACKAGE = '''
 """A toy panel: counts the tokens of a prompt."""
 from dataclasses import dataclass
 
-from analysis.cost import Work
-from analysis.panels import Analysis, Run
-from analysis.results import Result
-from analysis.settings import ArgumentParser, setting
+from analysis.framework.cost import Work
+from analysis.framework.panels import Analysis, Run
+from analysis.framework.results import Result
+from analysis.framework.settings import ArgumentParser, setting
 
 
 @dataclass

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.models import ModelSpec, zoo_models
+from analysis.model_access.models import ModelSpec, zoo_models
 from conftest import app_with_model
 
 TIME_WORDS = ("ms", "time", "second", "(s)")

@@ -9,8 +9,8 @@ import torch
 from conftest import app_with_model, zoo_model_ready
 
 from analysis import kv
-from analysis import precompute
-from analysis.models import ModelSpec, load_model, zoo_models
+from analysis.framework import precompute
+from analysis.model_access.models import ModelSpec, load_model, zoo_models
 
 
 def assert_close(a, b, path="result"):
@@ -120,7 +120,7 @@ def test_an_entry_cannot_name_code_outside_the_package(tmp_path, tiny_llama_dir)
 
 def _converted(model: str) -> bool:
     """A demo model, or a real zoo model that is converted here (the suite never converts one)."""
-    from analysis import real_models
+    from analysis.model_access import real_models
 
     name = model.split(":", 1)[-1]
     return name not in real_models.REAL_MODELS or real_models.is_built(name)
@@ -168,7 +168,7 @@ STORED_PAGES = {"kv-cache": ("views/kv_cache.py", ["zoo:shapes-lm", "zoo:shapes-
 
 def _lm_views() -> list[tuple[str, str, dict]]:
     """Each panel's default view (on each demo model) and every preset's permalink (`?preset=name&model=...`)."""
-    from analysis import presets as P
+    from analysis.framework import presets as P
 
     views = []
     for panel, (page, models) in STORED_PAGES.items():

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from analysis import panels
-from analysis import presets as P
-from analysis.models import ModelSpec, zoo_models
-from analysis.settings import labelled, url_name
+from analysis.framework import panels
+from analysis.framework import presets as P
+from analysis.model_access.models import ModelSpec, zoo_models
+from analysis.framework.settings import labelled, url_name
 from components.registry import PANELS
 from components.view import url_fields
 from conftest import app_with_model, metric_starting, table_with, zoo_model_ready
@@ -213,7 +213,7 @@ def _needle_found(at):  # token 15 in the embeddings, the last token from layer 
 
 
 def _tuned_colour(at):  # layer 2: logit 'circle', yellow 80th, 7.6 nats; tuned 'red', yellow 3rd, 1.5 nats; layer 3
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
     from analysis.residual import ResidualParams, inspect
 
     rows = table_with(at, "target rank (1 = top)").to_dict("records")
@@ -234,7 +234,7 @@ def _real_capital(at):  # ' France' through layer 23, the last token from 24, L2
 
 
 def _real_tuned(at):  # tuned: Paris on top from layer 28, ' capital' at 26, rank 11,448 at 10; logit: 30, ' ', 3,384
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
     from analysis.residual import ResidualParams, inspect
 
     rows = table_with(at, "target rank (1 = top)").to_dict("records")
@@ -329,7 +329,7 @@ def test_a_toggle_is_as_wide_as_its_label_not_a_fixed_field_width():
     'Check the…' (caption correction's agent settings)."""
     import dataclasses
 
-    from analysis.settings import setting
+    from analysis.framework.settings import setting
     from components.params_form import widget
 
     @dataclasses.dataclass

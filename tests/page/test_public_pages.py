@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analysis import config as cfg
-from analysis.models import zoo_models
-from analysis.store import AnalysisStore, SavedAnalysis
-from analysis.uploads import owner_key
+from analysis.framework import config as cfg
+from analysis.model_access.models import zoo_models
+from analysis.hosting.store import AnalysisStore, SavedAnalysis
+from analysis.framework.uploads import owner_key
 from conftest import ROOT
 
 PUBLIC = ROOT / "deploy" / "public.toml"
@@ -110,7 +110,7 @@ def test_one_prompt_reconstruction_view_counts_as_one_run(instance, computations
     """A non-default view starts several analyses (the attack, the sweeps): before, each counted and one
     view spent the visitor's whole budget; now the view counts once (checked by breaking: with no mark
     per script run, the view counts once per analysis)."""
-    from analysis import cost
+    from analysis.framework import cost
     from components import limits, runs
 
     monkeypatch.setattr(runs, "ASK_ABOVE_S", cost.LIMIT_S)  # as on a server: long sections wait for a click

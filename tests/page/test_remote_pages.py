@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from analysis.backends import ndif
-from analysis.models import ZOO_DIR, ModelSpec
+from analysis.model_access.models import ZOO_DIR, ModelSpec
 from tests.conftest import app_with_model
 
 

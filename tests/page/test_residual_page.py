@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.models import ModelSpec, zoo_models
+from analysis.model_access.models import ModelSpec, zoo_models
 from conftest import app_with_model, metric_starting, table_with
 
 PAGE = "views/residual_stream.py"

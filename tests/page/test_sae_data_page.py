@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from analysis import sae_v
-from analysis.models import ModelSpec
+from analysis.model_access.models import ModelSpec
 from conftest import app_with_model, table_with
 from sae_lens_factory import save_outside_sae, write_pair_folder
 from test_sae_page import _errors, _url

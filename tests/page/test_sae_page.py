@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from analysis import sae_v
-from analysis.models import ModelSpec, zoo_models
+from analysis.model_access.models import ModelSpec, zoo_models
 from conftest import app_with_model, table_with
 
 PAGE = "views/sae_features.py"
@@ -161,7 +161,7 @@ def test_a_new_score_rule_is_one_class_and_appears_in_the_ranking_view(tiny_llav
 def test_ranking_view_shows_the_committed_filtering_experiment(tiny_llava_dir, tiny_sae):
     """The committed benchmarks/results/sae_v_filtering.json is shown (its table, and the variant's AUC when it
     has one); a missing or broken file fails here instead of the page quietly saying it has not been run."""
-    from analysis import paths
+    from analysis.framework import paths
     from components.figures import sae as figs
 
     assert figs.FILTERING_RESULTS == paths.result_file("sae_v_filtering.json")

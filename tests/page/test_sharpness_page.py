@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.models import ZOO_DIR, ModelSpec
+from analysis.model_access.models import ZOO_DIR, ModelSpec
 from conftest import app_with_model
 
 PAGE = "views/attention_sharpness.py"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from analysis import sharpness as S
-from analysis.models import ModelSpec, load_model
+from analysis.model_access.models import ModelSpec, load_model
 from analysis.tasks.retrieval import RECALL_KEYS, recall_builder
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -42,7 +42,7 @@ def recall_llama_dir(model_root):
     """A tiny random Llama whose tokenizer splits digits and has a chat template."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from analysis import tiny_models
+    from analysis.model_access import tiny_models
 
     folder = model_root / "tiny-llama-recall"
     tok = recall_tokenizer(split_digits=True, chat=True)
@@ -231,7 +231,7 @@ REAL_LM = "smollm2-135m-instruct"
 
 def _real_lm_built() -> bool:
     try:
-        from analysis import real_models
+        from analysis.model_access import real_models
     except ImportError:
         return False
     return real_models.is_built(REAL_LM)

@@ -12,10 +12,10 @@ import pytest
 from conftest import app_with_model
 
 from analysis import kv
-from analysis import presets as P
-from analysis.errors import SettingsError
-from analysis.models import ModelSpec
-from analysis.settings import setting
+from analysis.framework import presets as P
+from analysis.framework.errors import SettingsError
+from analysis.model_access.models import ModelSpec
+from analysis.framework.settings import setting
 from components import runs
 from components.view import url_fields
 

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.models import ModelLoadError, ModelSpec, all_zoo_models, load_model, zoo_models
-from analysis import real_models
+from analysis.model_access.models import ModelLoadError, ModelSpec, all_zoo_models, load_model, zoo_models
+from analysis.model_access import real_models
 
 NAME = "smollm2-135m-instruct"
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def test_a_missing_package_is_one_clear_load_error(monkeypatch, tmp_path):
 FAKE = '''
 import json, os, sys, time
 from pathlib import Path
-from analysis import real_models
+from analysis.model_access import real_models
 
 def fake_convert(name, out, progress=None):
     with open(sys.argv[2], "a") as log:

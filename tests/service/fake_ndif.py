@@ -76,7 +76,7 @@ class FakeNdif:
         self._stderr = tempfile.TemporaryFile()
 
     def __enter__(self) -> "FakeNdif":
-        from analysis import paths  # the test's side only: the server cannot import analysis
+        from analysis.framework import paths  # the test's side only: the server cannot import analysis
 
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         # one torch thread, as the tests' own side runs (tests/service/test_ndif_remote.py): a float32 matmul

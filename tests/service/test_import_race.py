@@ -14,15 +14,15 @@ import textwrap
 
 import pytest
 
-from analysis.models import zoo_models
+from analysis.model_access.models import zoo_models
 
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 
 SCRIPT = textwrap.dedent("""
     import json, sys, threading
     sys.path.insert(0, {root!r})
     from streamlit.testing.v1 import AppTest
-    from analysis.models import ModelSpec
+    from analysis.model_access.models import ModelSpec
 
     PAGES = [
         ("views/sae_features.py", "shapes-vlm", {{}}),

@@ -14,10 +14,10 @@ import torch
 from analysis import backends
 from analysis import sharpness as S
 from analysis.backends import ndif
-from analysis.errors import ModelLoadError
+from analysis.framework.errors import ModelLoadError
 from analysis.inversion import observed_states
-from analysis.model_lock import activity
-from analysis.models import ZOO_DIR, ModelSpec, load_model
+from analysis.model_access.model_lock import activity
+from analysis.model_access.models import ZOO_DIR, ModelSpec, load_model
 from tests.service.fake_ndif import FakeNdif
 
 KEY = "ndif-test-key-3f9c2a71"
@@ -119,7 +119,7 @@ def test_a_remote_run_leaves_this_process_code_as_it_was(remote):
     value. Unpickled in the process that pickled them, cloudpickle rebuilt them into these very classes,
     with methods compiled from the shipped source (whose `gc_paused` lost its decorator): later results
     failed to load. A server is another process; nothing here may change."""
-    from analysis import results
+    from analysis.framework import results
 
     params = S.PromptParams(text="there is a red circle . where is the red circle", target="red circle",
                             rule=S.Temperature.fixed(0.5))

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from analysis import config as cfg
-from analysis.models import ModelLoadError, ModelSpec, load_model, zoo_models
-from analysis.store import AnalysisStore, SavedAnalysis
+from analysis.framework import config as cfg
+from analysis.model_access.models import ModelLoadError, ModelSpec, load_model, zoo_models
+from analysis.hosting.store import AnalysisStore, SavedAnalysis
 from conftest import ROOT
 
 PUBLIC = ROOT / "deploy" / "public.toml"
@@ -174,7 +174,7 @@ def test_hub_allow_list_is_a_pick_list_and_other_ids_are_refused(monkeypatch, tm
 
 
 def test_loader_itself_refuses_what_the_configuration_refuses(public, monkeypatch):
-    """Second line: analysis/models.py checks the same allow-list before reading or fetching anything
+    """Second line: analysis/model_access/models.py checks the same allow-list before reading or fetching anything
     (the command line and any other caller go through it)."""
     import huggingface_hub
 
@@ -359,7 +359,7 @@ def test_script_in_saved_title_and_note_is_escaped_everywhere(monkeypatch, publi
 
 RATE_PAGE = """
 import streamlit as st
-from analysis.registry import SettingsError
+from analysis.framework.registry import SettingsError
 from components.runs import cached_run
 import dataclasses
 
@@ -594,7 +594,7 @@ def test_broken_configuration_is_one_line_not_a_traceback(monkeypatch, tmp_path)
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "analysis.config", str(bad)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "analysis.framework.config", str(bad)], capture_output=True, text=True,
                          cwd=ROOT)
     assert out.returncode == 1 and out.stderr.startswith("error: unknown setting")
     monkeypatch.setenv("MODEL_INSPECTOR_CONFIG", str(tmp_path / "missing.toml"))

@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 

@@ -24,7 +24,7 @@ import zipfile
 import pytest
 
 import public_instance
-from analysis.models import zoo_models
+from analysis.model_access.models import zoo_models
 from public_instance import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))

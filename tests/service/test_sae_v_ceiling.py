@@ -12,7 +12,7 @@ import pytest
 from analysis.world import concepts
 from analysis.world import shapes_world as sw
 
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 SENTENCE = re.compile(r"there is a (\w+) (\w+) (\w+) at the ([a-z ]+?) \.")
 
 

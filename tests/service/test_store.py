@@ -9,9 +9,9 @@ import textwrap
 import threading
 import time
 
-from analysis.store import SCHEMA_VERSION, AnalysisStore, SavedAnalysis
+from analysis.hosting.store import SCHEMA_VERSION, AnalysisStore, SavedAnalysis
 
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 
 
 def _analysis(i: int = 0) -> SavedAnalysis:
@@ -32,7 +32,7 @@ def test_saved_analysis_reopens_identical_after_restart(tmp_path):
     code = textwrap.dedent(f"""
         import json, sys
         sys.path.insert(0, {str(ROOT)!r})
-        from analysis.store import AnalysisStore
+        from analysis.hosting.store import AnalysisStore
         a = AnalysisStore({str(path)!r}).get({saved_id!r})
         print(json.dumps(a.to_dict()))
     """)
@@ -109,7 +109,7 @@ def test_process_killed_during_saves_leaves_committed_analyses_readable(tmp_path
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
-        from analysis.store import AnalysisStore, SavedAnalysis
+        from analysis.hosting.store import AnalysisStore, SavedAnalysis
         store = AnalysisStore({str(path)!r})
         big = {{"blob": "x" * 200000}}
         i = 0

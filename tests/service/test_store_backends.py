@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.store import (
+from analysis.hosting.store import (
     SCHEMA_VERSION,
     PostgresStore,
     SavedAnalysis,
@@ -28,7 +28,7 @@ from analysis.store import (
     store_location,
 )
 
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import local_postgres  # noqa: E402
 
@@ -104,7 +104,7 @@ def test_round_trip_summaries_and_delete(location):
 CLIENT = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {root!r})
-    from analysis.store import open_store, SavedAnalysis
+    from analysis.hosting.store import open_store, SavedAnalysis
     store = open_store({location!r})
     while time.time() < {start}:
         time.sleep(0.005)
@@ -135,7 +135,7 @@ def test_twenty_concurrent_clients_saves_all_land(location):
 KILLED = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
-    from analysis.store import open_store, SavedAnalysis
+    from analysis.hosting.store import open_store, SavedAnalysis
     store = open_store({location!r})
     big = {{"blob": "x" * 200000}}
     i = 0
@@ -172,7 +172,7 @@ def test_replicas_migrating_a_fresh_postgres_database_together(postgres):
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from analysis.store import open_store
+        from analysis.hosting.store import open_store
         while time.time() < {time.time() + 3}:
             time.sleep(0.002)
         print(open_store({url!r}).schema_version())
@@ -206,7 +206,7 @@ def test_postgres_store_survives_a_dropped_connection(postgres):
 def test_a_nul_character_is_refused_the_same_way_by_every_backend(location):
     """PostgreSQL cannot store NUL in text and failed with its own error; SQLite stored it. Both now refuse
     it with one message before writing (checked by breaking: without the check SQLite saves it)."""
-    from analysis.store import RefusedAnalysis
+    from analysis.hosting.store import RefusedAnalysis
 
     store = open_store(location)
     for field, words in (("title", "title"), ("note", "note"), ("saved_by", "name"), ("url", "link")):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from analysis import panels
-from analysis.paths import ROOT, SCRIPTS
+from analysis.framework import panels
+from analysis.framework.paths import ROOT, SCRIPTS
 
 
 def _warm(*args: str, cwd=None) -> subprocess.CompletedProcess:

@@ -1,11 +1,11 @@
-"""Torch's thread policy for the CLI and the server (analysis/threads.py), set before torch loads."""
+"""Torch's thread policy for the CLI and the server (analysis/model_access/threads.py), set before torch loads."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 PROBE = ("from analysis import threads; threads.configure(); import os, torch; "
          "print(torch.get_num_threads(), os.environ.get('OMP_WAIT_POLICY'))")
 

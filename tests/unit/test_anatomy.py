@@ -1,13 +1,13 @@
-"""analysis/anatomy.py against each family's own module paths and HF's own hidden states."""
+"""analysis/model_access/anatomy.py against each family's own module paths and HF's own hidden states."""
 from __future__ import annotations
 
 import pytest
 import torch
 from PIL import Image
 
-from analysis import anatomy
-from analysis.models import ModelHandle, ModelLoadError, ModelSpec, describe
-from analysis.tiny_models import build_tiny
+from analysis.model_access import anatomy
+from analysis.model_access.models import ModelHandle, ModelLoadError, ModelSpec, describe
+from analysis.model_access.tiny_models import build_tiny
 
 # Written from each architecture's modeling file, independently of anatomy.py's search.
 LAYER_PATHS = {
@@ -155,7 +155,7 @@ def test_layer_out_of_range_is_one_clear_message(tiny):
 
 
 def test_model_step_names_model_and_step():
-    from analysis.registry import SettingsError
+    from analysis.framework.registry import SettingsError
 
     handle = type("H", (), {"spec": ModelSpec("local", "m"), "model": torch.nn.Linear(1, 1)})()
     with pytest.raises(anatomy.ModelRunError, match=r"^local:m failed while verifying claims: Image features and"):
@@ -172,7 +172,7 @@ def test_cli_reports_an_error_inside_the_model_as_one_line(tmp_path, monkeypatch
     import json
 
     from analysis.__main__ import main
-    from analysis.tiny_models import save_tiny
+    from analysis.model_access.tiny_models import save_tiny
 
     folder = save_tiny("llava", tmp_path / "llava")
     config = json.loads((folder / "processor_config.json").read_text())
@@ -193,7 +193,7 @@ def test_nested_model_steps_name_the_step_the_user_asked_for():
     keeps what the model said, and the model's own exception stays the cause."""
     from types import SimpleNamespace
 
-    from analysis.errors import ModelRunError
+    from analysis.framework.errors import ModelRunError
 
     handle = SimpleNamespace(spec=SimpleNamespace(label="zoo:m"))
     with pytest.raises(ModelRunError) as err:
@@ -221,8 +221,8 @@ def test_task_provider_gives_shapes_world_tasks_only_to_its_tokenizers():
     from transformers import AutoTokenizer
 
     from analysis import tasks
-    from analysis.models import ZOO_DIR
-    from analysis.tiny_models import family_words, qwen2_char_tokenizer
+    from analysis.model_access.models import ZOO_DIR
+    from analysis.model_access.tiny_models import family_words, qwen2_char_tokenizer
     from analysis.world.tokenizer import make_word_tokenizer
 
     zoo = AutoTokenizer.from_pretrained(ZOO_DIR / "shapes-lm")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analysis import config
-from analysis.devices import placement
+from analysis.framework import config
+from analysis.model_access.devices import placement
 
 
 def test_backend_defaults_to_local_hooks():

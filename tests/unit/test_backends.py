@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from analysis import anatomy, backends
+from analysis.model_access import anatomy
+from analysis import backends
 from analysis.backends import LogitMetric, Request, Site, Write, native, traced
 from analysis.backends.plan import plan
 
@@ -243,8 +244,8 @@ def test_gradients_at_the_embeddings_heads_and_mlp_of_chosen_rows_equal_autograd
 def test_attention_and_mlp_sites_are_what_each_layer_adds_to_the_residual(name, family):
     """Gemma 2 norms what attention and the MLP add ("sandwich" norms); OPT's MLP is fc2 on (B * T, D) rows:
     block_in + attn_out + mlp_out is block_out on both, and a per-row write reaches OPT's flat rows."""
-    from analysis import tiny_models
-    from analysis.models import ModelHandle, ModelSpec, describe
+    from analysis.model_access import tiny_models
+    from analysis.model_access.models import ModelHandle, ModelSpec, describe
 
     model, tok, _ = tiny_models.build_tiny(family)
     handle = ModelHandle(spec=ModelSpec("local", f"tiny-{family}"), model=model, kind="causal_lm",

@@ -8,7 +8,7 @@ import re
 
 import plotly.graph_objects as go
 
-from analysis.export import ReportSection, html_report, result_json, rows_to_csv, safe_json_for_script
+from analysis.hosting.export import ReportSection, html_report, result_json, rows_to_csv, safe_json_for_script
 
 EVIL = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 
@@ -56,7 +56,7 @@ def test_csv_neutralises_formulas_and_keeps_values():
 def test_result_json_serialises_dataclasses_and_tensors():
     import torch
 
-    from analysis.models import ModelSpec
+    from analysis.model_access.models import ModelSpec
 
     assert json.loads(result_json({"spec": ModelSpec("zoo", "x"), "t": torch.tensor([1.0, 2.0])})) == {
         "spec": {"source": "zoo", "name": "x", "revision": None, "dtype": "float32"}, "t": [1.0, 2.0]}

@@ -1,15 +1,17 @@
 """The project's import graph, read from the source with ast: no circles between modules, and none between
 rooms, so every import runs downward.
 
-A room is a top-level file or folder of the layout: `analysis/zoo/`, `analysis/models.py`, `components/`,
-`views/`, `scripts/`, `benchmarks/`, `app.py`. Two rooms that import each other (through any files) are one
+A room is a top-level file or folder of the layout (`analysis/zoo/`, `components/`, `views/`, `scripts/`,
+`benchmarks/`, `app.py`), and each module of the three shared packages (`analysis/framework/`,
+`analysis/model_access/`, `analysis/hosting/`) is a room of its own: `analysis/model_access/models.py`,
+as each was when they lay flat. Two rooms that import each other (through any files) are one
 concern cut in two, or a lower floor reaching up: the room graph must be acyclic.
 
 Every import counts, also one inside a function: a lazy import hides a circle from Python's loader, not
 from the reader who has to hold both modules in mind. Importing a package runs its `__init__`, so
 `from analysis.kv import runner` is an edge to `analysis.kv` and to `analysis.kv.runner`. A string import
 with a literal name (`importlib.import_module("x.y")`, `__import__("x.y")`) counts as an import. The panel
-table (analysis/panels.py) names the panel packages by string on purpose (a plugin table: each package
+table (analysis/framework/panels.py) names the panel packages by string on purpose (a plugin table: each package
 imports `panels`, never the other way), so only literal call arguments count as imports; but analysis/
 must not name a module of the app's upper floors at all, not even in a string.
 """
@@ -18,11 +20,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from analysis.paths import ROOT
+from analysis.framework.paths import ROOT
 
 TOPS = ("analysis", "components", "views", "scripts", "benchmarks", "app.py")
 UPPER = ("components", "views", "scripts", "benchmarks", "app")  # what analysis/ never reaches
 STRING_IMPORTERS = {"import_module", "__import__"}
+KIND_PACKAGES = ("framework", "model_access", "hosting")  # analysis/'s shared code, grouped by kind
 
 
 def module_name(path: Path) -> str:
@@ -41,9 +44,11 @@ def our_modules() -> dict[str, Path]:
 
 
 def room(module: str) -> str:
-    """`analysis.zoo.train.lm` -> `analysis.zoo`; `analysis.models` -> itself; `components.x.y` -> `components`."""
+    """`analysis.zoo.train.lm` -> `analysis.zoo`; `analysis.model_access.models` -> itself; `components.x.y` -> `components`."""
     parts = module.split(".")
-    return ".".join(parts[:2]) if parts[0] == "analysis" else parts[0]
+    if parts[0] != "analysis":
+        return parts[0]
+    return ".".join(parts[:3] if len(parts) > 1 and parts[1] in KIND_PACKAGES else parts[:2])
 
 
 def string_imports(tree: ast.AST) -> set[str]:
@@ -163,10 +168,10 @@ def test_a_string_import_with_a_literal_name_counts(tmp_path):
 
 def test_rooms_are_a_top_file_or_folder():
     assert room("analysis.zoo.train.lm") == "analysis.zoo"
-    assert room("analysis.models") == "analysis.models"
+    assert room("analysis.model_access.models") == "analysis.model_access.models"
     assert room("components.figures.kv") == "components"
-    assert cycles(room_graph({"analysis.zoo.cards": {"analysis.models"}, "analysis.models": {"analysis.zoo.real"},
-                              "analysis.zoo.real": set()})) == [["analysis.models", "analysis.zoo"]]
+    assert cycles(room_graph({"analysis.zoo.cards": {"analysis.model_access.models"}, "analysis.model_access.models": {"analysis.zoo.real"},
+                              "analysis.zoo.real": set()})) == [["analysis.model_access.models", "analysis.zoo"]]
 
 
 def test_no_import_circles():

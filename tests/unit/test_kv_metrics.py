@@ -10,7 +10,7 @@ import pytest
 
 from analysis import kv
 from analysis.kv import metrics as M
-from analysis.settings import choices_of
+from analysis.framework.settings import choices_of
 from components.params_form import labeller
 from components.figures import kv as F
 

@@ -10,7 +10,7 @@ import pytest
 from analysis import kv
 from analysis.tasks.kv_recall import recall_task, speaks_english
 from analysis.tasks.long_response import generic_list
-from analysis import real_models
+from analysis.model_access import real_models
 
 
 def _real_tokenizer():

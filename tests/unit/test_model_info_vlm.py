@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from analysis import anatomy, tiny_models
-from analysis.models import ModelSpec, describe, load_model
+from analysis.model_access import anatomy, tiny_models
+from analysis.model_access.models import ModelSpec, describe, load_model
 
 
 def _inserted(handle, image: Image.Image) -> tuple[int, tuple[int, ...]]:
@@ -58,7 +58,7 @@ def test_without_a_processor_the_towers_config_is_all_there_is():
 
 
 def test_the_demo_vlm_is_unchanged():
-    from analysis.models import zoo_models
+    from analysis.model_access.models import zoo_models
 
     if "shapes-vlm" not in zoo_models():
         pytest.skip("needs the demo zoo")

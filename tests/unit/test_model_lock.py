@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from analysis.model_lock import LockStatus, ModelLock, activity
+from analysis.model_access.model_lock import LockStatus, ModelLock, activity
 
 
 def _wait_until(cond, timeout=5.0):

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from analysis.models import ModelLoadError, ModelSpec, load_model
+from analysis.model_access.models import ModelLoadError, ModelSpec, load_model
 
 
 def test_llama_info_counts_grouped_kv_heads(tiny_llama):

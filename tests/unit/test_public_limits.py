@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis import config as cfg
-from analysis import uploads
-from analysis.paths import DEPLOY
-from analysis.uploads import Quota, UploadArea, UploadRefused
+from analysis.framework import config as cfg
+from analysis.framework import uploads
+from analysis.framework.paths import DEPLOY
+from analysis.framework.uploads import Quota, UploadArea, UploadRefused
 from components.hosting import RateLimiter, client_address, escape_markdown
 from components.limits import Slots
 
@@ -212,7 +212,7 @@ def test_escaped_text_has_no_link_image_or_bare_url_left():
 
 
 def test_a_public_instance_hides_operator_instructions_and_server_paths(monkeypatch, tmp_path):
-    from analysis.paths import ROOT
+    from analysis.framework.paths import ROOT
     from components import hosting
 
     message = (f"'{ROOT / 'data'}' is outside the folders data may be read from ({ROOT}). Set MODEL_INSPECTOR_ROOTS "

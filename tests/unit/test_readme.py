@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from analysis import panels
-from analysis.paths import ROOT
+from analysis.framework import panels
+from analysis.framework.paths import ROOT
 
 README = (ROOT / "README.md").read_text()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from analysis.paths import DOCS, RESULTS
+from analysis.framework.paths import DOCS, RESULTS
 
 DOC = (DOCS / "readme_residual.md").read_text()
 

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from analysis import tiny_models
-from analysis.models import ModelHandle, ModelSpec, describe
+from analysis.model_access import tiny_models
+from analysis.model_access.models import ModelHandle, ModelSpec, describe
 from analysis.residual import ResidualParams, analysis
 from analysis.residual.hooks import SITES, trace
 

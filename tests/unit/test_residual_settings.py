@@ -9,7 +9,7 @@ from analysis.residual import ResidualParams, validate_params
 from analysis.residual.errors import ResidualError
 from analysis.residual.pairs import factual_pairs, shapes_pairs
 from analysis.residual.translators import Translators, load
-from analysis.registry import SettingsError
+from analysis.framework.registry import SettingsError
 
 
 @pytest.mark.parametrize("argv, words", [

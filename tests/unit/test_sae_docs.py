@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from analysis import paths
+from analysis.framework import paths
 
 DOC = (paths.DOCS / "readme_sae.md").read_text(encoding="utf-8")
 FLAT = " ".join(DOC.split())  # sentences wrap anywhere

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from analysis import images, sae_v
+from analysis.framework import images
+from analysis import sae_v
 from components.figures import sae as figs
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from analysis.paths import VIEWS
+from analysis.framework.paths import VIEWS
 
 
 def test_every_view_file_is_a_docstring_imports_and_one_call():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from analysis.progress import Progress
+from analysis.framework.progress import Progress
 from analysis.world import shapes_world as sw
 from analysis.world.tokenizer import make_word_tokenizer
 from analysis.zoo.train.common import (

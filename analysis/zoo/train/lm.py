@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from analysis.progress import Progress
+from analysis.framework.progress import Progress
 from analysis.world import shapes_world as sw
 from analysis.zoo.train.common import (
     LMConfig, collate, lm_tokenizer, lr_schedule, needle_training_example, shifted_loss,

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from analysis import paths
+from analysis.framework import paths
 from analysis.residual.hooks import trace
 from analysis.residual.lenses import readout
 from analysis.residual.translators import LENS_ROOT, Translators, probe
@@ -259,7 +259,7 @@ RECIPES = {  # model -> (corpus kind, steps, batch, lr, rank or None)
 
 def build(model: str, *, steps: int | None = None, rank: int | None = None, out: Path | None = None,
           log=print) -> dict:
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
 
     spec = ModelSpec.parse(model)
     name = spec.name

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from analysis.progress import Progress
+from analysis.framework.progress import Progress
 from analysis.world import shapes_world as sw
 from analysis.zoo.train.common import (
     IMAGE_TOKEN, VLMConfig, collate, encode, lr_schedule, shifted_loss, vlm_tokenizer,

@@ -1,5 +1,5 @@
 """Where a local model's weights go on this machine: the CPU, one GPU, or several (accelerate's
-device map), and in which dtype. Read by `analysis.models.load_model`."""
+device map), and in which dtype. Read by `analysis.model_access.models.load_model`."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from analysis.errors import ModelLoadError
+from analysis.framework.errors import ModelLoadError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 GPU_DTYPE_ENV = "MODEL_INSPECTOR_GPU_DTYPE"

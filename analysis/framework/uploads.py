@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from analysis.errors import UserError
+from analysis.framework.errors import UserError
 
 RECORD = ".upload.json"
 PARTIAL = ".partial"
@@ -47,7 +47,7 @@ class Quota:
 
     @classmethod
     def current(cls) -> "Quota":
-        from analysis import config
+        from analysis.framework import config
 
         u = config.current().uploads
         return cls(files=u.files, visitor_bytes=u.visitor_mb * 2**20, total_bytes=u.total_mb * 2**20,

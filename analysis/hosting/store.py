@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from analysis.results import Result, to_jsonable
+from analysis.framework.results import Result, to_jsonable
 
 SCHEMA_VERSION = 4
 DEFAULT_PATH = Path(".model_inspector") / "analyses.db"
@@ -110,7 +110,7 @@ def default_store_path() -> Path:
 
 def store_location() -> str:
     """$MODEL_INSPECTOR_STORE, else the configuration's `store`, else .model_inspector/analyses.db."""
-    from analysis import config
+    from analysis.framework import config
 
     return config.current().store or str(DEFAULT_PATH)
 

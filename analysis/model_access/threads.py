@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from analysis.errors import SettingsError
+from analysis.framework.errors import SettingsError
 
 ENV = "MODEL_INSPECTOR_THREADS"
 

@@ -40,7 +40,7 @@ import typing
 from dataclasses import MISSING, Field
 from typing import Any, Callable, ClassVar, Iterable
 
-from analysis.errors import SettingsError
+from analysis.framework.errors import SettingsError
 
 _UNSET = object()
 EMPTY_LIST = "none"  # the text of a list the user emptied on purpose (`allow_empty`): an empty text means "default"

@@ -17,7 +17,7 @@ class SettingsError(UserError, ValueError):
 
 
 class UnknownMethod(SettingsError):
-    """A name that no class of a method family registered (analysis/registry.py)."""
+    """A name that no class of a method family registered (analysis/framework/registry.py)."""
 
 
 class ModelLoadError(UserError):

@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
-from analysis import paths
+from analysis.framework import paths
 
 STORE_DIR = paths.PRECOMPUTED
 FORMAT = 1
@@ -205,7 +205,7 @@ def _same_as_stored(path: Path, entry: Entry) -> bool:
 
 def recompute(entry: Entry, handle) -> Any:
     """Run the entry's analysis again on `handle` with its stored settings (helper models loaded by label)."""
-    from analysis.models import ModelSpec, load_model
+    from analysis.model_access.models import ModelSpec, load_model
 
     fn = _resolve(entry.function)
     params = _resolve(entry.params_type).from_json(entry.params)

@@ -3,7 +3,7 @@
 A preset is data, declared in its panel's package (`ANALYSIS.presets`): a stable name (it appears in
 links as `?preset=name`), the zoo model, a value of the panel's Params, and the values it pins of the
 page's own controls (its view state: layer, head, metric), by field name. Its link holds the URL value
-of every Params field, named by the fields (analysis/settings.py), so a setting added to the Params
+of every Params field, named by the fields (analysis/framework/settings.py), so a setting added to the Params
 later is in every preset's link too; view-state fields it does not pin start from the page's defaults. A page
 applies a preset by writing these values into its URL, so a preset is also a permalink. Each finding
 sentence was checked by running the preset on the zoo (tests/page/test_presets.py re-checks the numbers
@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.settings import Flat, field_text, labelled, url_name, url_values
+from analysis.framework.settings import Flat, field_text, labelled, url_name, url_values
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def of(analysis) -> list[Preset]:
 
 def all_presets() -> list[Preset]:
     """Every panel's presets, in the panel table's order."""
-    from analysis import panels
+    from analysis.framework import panels
 
     return [p for a in panels.analyses() for p in of(a)]
 
@@ -84,7 +84,7 @@ REAL_MODEL = "smollm2-135m-instruct"  # the real instruct model, once the zoo ha
 
 
 def real_model_in_zoo() -> bool:
-    from analysis.models import all_zoo_models
+    from analysis.model_access.models import all_zoo_models
 
     return REAL_MODEL in all_zoo_models()
 

@@ -30,9 +30,9 @@ from typing import Any, Callable
 
 import torch
 
-from analysis import anatomy
-from analysis.model_lock import activity, current_activity
-from analysis.models import ModelHandle
+from analysis.model_access import anatomy
+from analysis.model_access.model_lock import activity, current_activity
+from analysis.model_access.models import ModelHandle
 
 LIMIT_S = 10.0  # work expected to take longer is not started without the user asking
 EAGER_ATTENTION_OVERHEAD = 3.0  # eager softmax attention runs well below the matmul FLOP rate
@@ -254,7 +254,7 @@ def _row_pass_seconds(lm, repeats: int = 3, rows: int = 16_384) -> float:
 
 # ---------------------------------------------------------------------------------------------
 # Counting work from the settings: each panel declares a work count per run function
-# (`Run(fn, estimate)` in its ANALYSIS, analysis/panels.py)
+# (`Run(fn, estimate)` in its ANALYSIS, analysis/framework/panels.py)
 
 
 def estimate_work(fn: Callable, handle: ModelHandle, params: Any, kwargs: dict | None = None) -> Work:
@@ -262,7 +262,7 @@ def estimate_work(fn: Callable, handle: ModelHandle, params: Any, kwargs: dict |
 
     Raises MissingEstimator when no panel declares `fn` (the runner then asks before starting: the gate
     fails closed), and the estimator's own UserError for bad settings (the analysis reports the same)."""
-    from analysis import panels
+    from analysis.framework import panels
 
     return panels.run_for(fn).estimate(handle, params, dict(kwargs or {}))
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from typing import ClassVar, Generic, Iterator, TypeVar
 
-from analysis.errors import SettingsError, UnknownMethod  # noqa: F401  (re-exported: the methods raise them)
-from analysis.settings import check_settings, labelled
+from analysis.framework.errors import SettingsError, UnknownMethod  # noqa: F401  (re-exported: the methods raise them)
+from analysis.framework.settings import check_settings, labelled
 
 T = TypeVar("T")
 
@@ -52,7 +52,7 @@ class Method:
 
     def validate(self) -> None:
         """Cross-field checks, with a user-facing message (each labelled field's own range and choices
-        are checked first, from its metadata: analysis/settings.py)."""
+        are checked first, from its metadata: analysis/framework/settings.py)."""
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent  # the checkout: app.py, analysis/, views/, ...
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: app.py, analysis/, views/, ...
 ANALYSIS = ROOT / "analysis"
 ZOO = ANALYSIS / "zoo"
 ZOO_MODELS = ZOO / "models"  # the demo models (committed safetensors)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from analysis.errors import AnatomyError, ModelLoadError, ModelRunError  # noqa: F401  (AnatomyError, ModelRunError: re-exported)
+from analysis.framework.errors import AnatomyError, ModelLoadError, ModelRunError  # noqa: F401  (AnatomyError, ModelRunError: re-exported)
 
 FINAL_NORM_NAMES = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f")
 LAYER_LIST_NAMES = ("layers", "h", "blocks", "layer")
@@ -431,7 +431,7 @@ def model_step(obj: Any, step: str) -> Iterator[None]:
     the model and the step (errors meant for the user already pass through unchanged). Steps nest: a
     panel's step ("collecting layer-0 activations") runs the backend's ("running the model"), and the
     message names the outermost, the one the user asked for."""
-    from analysis.registry import SettingsError
+    from analysis.framework.registry import SettingsError
 
     try:
         yield

@@ -7,7 +7,7 @@ before any weight is read. Every failure is a `ModelLoadError` whose message is 
 Analyses that change a shared model (hooks, attention functions, cache surgery) do it inside
 `handle.patch()`, which holds the model's lock and undoes every change in `finally`. Plain forwards
 use `handle.session()` (the same lock, no patches) so they never observe another session's patch.
-The lock (`analysis/model_lock.py`) is served in arrival order and names its holder, so analyses
+The lock (`analysis/model_access/model_lock.py`) is served in arrival order and names its holder, so analyses
 take it per chunk (a forward, a decode loop) and a waiting user sees what it is queued behind.
 """
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import Any, Callable, Iterator, Literal
 
 import torch
 
-from analysis import paths
-from analysis import config
-from analysis import devices
-from analysis.errors import ModelLoadError
-from analysis.model_lock import ModelLock
-from analysis.results import Result
+from analysis.framework import paths
+from analysis.framework import config
+from analysis.model_access import devices
+from analysis.framework.errors import ModelLoadError
+from analysis.model_access.model_lock import ModelLock
+from analysis.framework.results import Result
 
 ZOO_DIR = paths.ZOO_MODELS
 DEFAULT_MAX_PARAMS = 3_000_000_000
@@ -260,8 +260,8 @@ def zoo_models() -> list[str]:
 
 def real_zoo_models() -> list[str]:
     """Real trained models of the zoo that can be loaded here: converted already, or convertible at
-    first load because their pinned package is installed (`analysis/real_models.py`)."""
-    from analysis import real_models
+    first load because their pinned package is installed (`analysis/model_access/real_models.py`)."""
+    from analysis.model_access import real_models
 
     return real_models.available()
 
@@ -279,7 +279,7 @@ def resolve_folder(spec: ModelSpec) -> Path:
     if refusal:
         raise ModelLoadError(refusal)
     if spec.source == "zoo":
-        from analysis import real_models
+        from analysis.model_access import real_models
 
         if spec.name in real_models.REAL_MODELS:  # converted once, at first use; then loaded as any local folder
             return real_models.ensure(spec.name, progress=real_models.stderr_progress)
@@ -492,7 +492,7 @@ def causal_lm_view(vlm: torch.nn.Module) -> torch.nn.Module:
     """A `*ForCausalLM` whose decoder and lm_head are the VLM's own modules (shared weights)."""
     from transformers import AutoModelForCausalLM
 
-    from analysis import anatomy
+    from analysis.model_access import anatomy
 
     text_config = vlm.config.get_text_config()
     try:
@@ -536,7 +536,7 @@ class DecoderWithHead(torch.nn.Module):
 
 
 def describe(model: torch.nn.Module, kind: str, n_params: int | None = None, processor: Any = None) -> ModelInfo:
-    from analysis import anatomy, processor_info
+    from analysis.model_access import anatomy, processor_info
 
     cfg = model.config
     text = cfg.get_text_config()

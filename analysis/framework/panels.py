@@ -5,7 +5,7 @@ command, stable), title and page, the model kinds it works on, its run functions
 estimate, its command line, its settings (`params`: the Params class whose labelled fields are the
 page's controls, the link's values and the CLI's flags; `view_state`: the page's own controls such as
 layer and head, settings fields too) and its presets (values of those two classes). The runner and the cost gate (`components/runs.py`,
-`analysis/cost.py`), the warm command, `python -m analysis`, the navigation (`components/registry.py`)
+`analysis/framework/cost.py`), the warm command, `python -m analysis`, the navigation (`components/registry.py`)
 and the preload list read this table instead of knowing each panel. Adding a panel is one package, one
 line below and one page in `views/`.
 
@@ -18,7 +18,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from analysis.errors import MissingEstimator
+from analysis.framework.errors import MissingEstimator
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,9 @@ class Analysis:
     icon: str = ":material/analytics:"
     runs: tuple[Run, ...] = ()
     cli: Callable[[list[str]], int] | None = None
-    presets: tuple = ()  # analysis.presets.Preset values of this panel
+    presets: tuple = ()  # analysis.framework.presets.Preset values of this panel
     cli_help: str = ""
-    params: type | None = None  # its settings: a dataclass of settings fields (analysis/settings.py), `Flat`
+    params: type | None = None  # its settings: a dataclass of settings fields (analysis/framework/settings.py), `Flat`
     view_state: type | None = None  # its page's own controls (layer, head, metric): a dataclass of settings fields
 
     @property
@@ -115,7 +115,7 @@ def run_for(fn: Callable) -> Run:
         for run in load(e.name).runs:
             if run.qualname == name:
                 return run
-    raise MissingEstimator(f"{name} is not declared in any panel's ANALYSIS.runs (analysis/panels.py).")
+    raise MissingEstimator(f"{name} is not declared in any panel's ANALYSIS.runs (analysis/framework/panels.py).")
 
 
 def all_runs() -> list[Run]:

@@ -106,7 +106,7 @@ def gpt2_small_random(with_tokenizer: bool = False):
     `with_tokenizer`, a word-level tokenizer covering the whole vocabulary (t0, t1, ...)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from analysis.models import ModelHandle, ModelSpec, describe
+    from analysis.model_access.models import ModelHandle, ModelSpec, describe
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(attn_implementation="eager")).eval()

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from analysis.results import to_jsonable
+from analysis.framework.results import to_jsonable
 
 
 def result_json(result: Any, indent: int = 2) -> str:

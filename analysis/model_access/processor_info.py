@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from analysis import anatomy
+from analysis.model_access import anatomy
 
 # Two probe images of different sizes and shapes: a processor that crops every image to one size
 # gives both the same pixels and the same number of image tokens; one that keeps (part of) the

@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import warnings
 
-from analysis.errors import SettingsError
+from analysis.framework.errors import SettingsError
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_IMAGE_PIXELS = 4096 * 4096

@@ -1,7 +1,7 @@
 """Deployment configuration: one TOML file, plus environment variables for secrets.
 
     MODEL_INSPECTOR_CONFIG=deploy/public.toml python scripts/serve.py
-    python -m analysis.config [FILE]       # check a file and print the settings in force
+    python -m analysis.framework.config [FILE]       # check a file and print the settings in force
 
 The file is $MODEL_INSPECTOR_CONFIG, else `model_inspector.toml` in the working folder when there is
 one; without a file every setting keeps its default, which is the local run as it always was (every
@@ -172,7 +172,7 @@ class Config:
 
         Only the configuration is consulted (nothing is read, resolved or downloaded): the folder's
         own checks (allowed roots after resolving symlinks, the parameter limit) come after, in
-        analysis/models.py."""
+        analysis/model_access/models.py."""
         if source not in self.models.sources:
             offered = ", ".join(SOURCE_NAMES[s] for s in self.models.sources) or "no source"
             return f"This instance does not load models from {SOURCE_NAMES.get(source, repr(source))} (it offers {offered})."
@@ -227,9 +227,9 @@ def _short(text: str, n: int = 80) -> str:
 
 
 def upload_problem(data: bytes, name: str, uploads: Uploads) -> str | None:
-    """The app's one upload decoder (analysis/images.py) under this instance's limits: it reads the
+    """The app's one upload decoder (analysis/framework/images.py) under this instance's limits: it reads the
     header first, so a file above the limits, or a decompression bomb, is refused undecoded."""
-    from analysis import images
+    from analysis.framework import images
 
     if not uploads.enabled:
         return "Uploads are turned off on this instance; use the demo scenes."
@@ -358,7 +358,7 @@ def current() -> Config:
     """The configuration in force (re-read when the file or the environment changes).
 
     The environment variables that predate the file win over it (MODEL_INSPECTOR_STORE,
-    MODEL_INSPECTOR_MAX_PARAMS; MODEL_INSPECTOR_ROOTS is read by analysis/models.py)."""
+    MODEL_INSPECTOR_MAX_PARAMS; MODEL_INSPECTOR_ROOTS is read by analysis/model_access/models.py)."""
     path = config_path()
     try:
         stamp = path.stat().st_mtime_ns if path is not None else None
@@ -443,7 +443,7 @@ def cli(argv: list[str]) -> int:
     """Check a configuration file (or the one in force) and print the settings it gives, as JSON."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m analysis.config", description=cli.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m analysis.framework.config", description=cli.__doc__)
     parser.add_argument("file", nargs="?", help=f"a TOML file (default: ${CONFIG_ENV}, else ./{DEFAULT_FILE})")
     args = parser.parse_args(argv)
     try:
