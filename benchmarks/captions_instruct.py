@@ -34,6 +34,7 @@ from analysis.framework.paths import RESULTS  # noqa: E402  (every project path 
 
 from analysis import captions as C  # noqa: E402
 from analysis.model_access.models import ModelSpec, all_zoo_models, load_model  # noqa: E402
+from benchmarks.result_names import result_name  # noqa: E402
 
 CAPTIONS = [
     "A brown dog runs along a sandy beach. A red frisbee flies above the dog. Two people sit under a blue umbrella.",
@@ -190,7 +191,7 @@ def main() -> None:
         ap.error("--lm is needed (zoo:smollm2-135m-instruct is not in this zoo)")
     else:
         lm = load_model(ModelSpec.parse(args.lm))
-        report = {"lm": args.lm, "decomposer": decomposer_check(lm, CAPTIONS[:5] if args.quick else CAPTIONS, print)}
+        report = {"lm": result_name(args.lm), "decomposer": decomposer_check(lm, CAPTIONS[:5] if args.quick else CAPTIONS, print)}
         if not args.quick:
             report["pipeline"] = pipeline_check(lm, load_model(ModelSpec.parse(args.vlm)), print)
     for name, r in report["decomposer"].items():

@@ -30,6 +30,7 @@ from analysis.model_access import anatomy  # noqa: E402
 from analysis import inversion as inv  # noqa: E402
 from analysis.model_access import tiny_models  # noqa: E402
 from analysis.model_access.models import ModelHandle, ModelSpec, load_model, zoo_models  # noqa: E402
+from benchmarks.result_names import result_name  # noqa: E402
 
 
 def gpt2_small_random() -> ModelHandle:
@@ -133,12 +134,12 @@ def real_model(spec: str) -> tuple[str, ModelHandle]:
     from analysis.model_access.models import ModelLoadError
 
     try:
-        return spec, load_model(ModelSpec.parse(spec))
+        return result_name(spec), load_model(ModelSpec.parse(spec))
     except ModelLoadError:
         if not REAL_FOLDER.is_dir():
             raise
         os.environ["MODEL_INSPECTOR_ROOTS"] = f"{REAL_FOLDER.parent}:{os.environ.get('MODEL_INSPECTOR_ROOTS', '')}"
-        return f"local:{REAL_FOLDER}", load_model(ModelSpec("local", str(REAL_FOLDER)))
+        return result_name(f"local:{REAL_FOLDER}"), load_model(ModelSpec("local", str(REAL_FOLDER)))
 
 
 def floor_seconds(handle: ModelHandle, params: inv.AttackParams, result: inv.AttackResult,

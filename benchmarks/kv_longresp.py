@@ -2,7 +2,7 @@
 cache held at C entries per layer and KV head from the first generated token, at several budgets.
 
     python benchmarks/kv_longresp.py [--lm zoo:shapes-lm] [--budgets 32,48,64,80,96] [--examples 12]
-    python benchmarks/kv_longresp.py --lm local:/work/models/smollm2-135m-instruct --budgets 32,64,96 --examples 3 \
+    python benchmarks/kv_longresp.py --lm zoo:smollm2-135m-instruct --budgets 32,64,96 --examples 3 \
         --no-variants --response 64
     python benchmarks/kv_longresp.py --only-extra --extra morphkv:morph_window=16   (another row, added)
 
@@ -32,6 +32,7 @@ from analysis import kv  # noqa: E402
 from analysis.kv.longresp import BIN, long_sweep  # noqa: E402
 from analysis.model_access.models import ModelSpec, load_model  # noqa: E402
 from benchmarks.kv_bench import progress_printer  # noqa: E402
+from benchmarks.result_names import result_name  # noqa: E402
 
 VARIANTS = ["morphkv_8903d2a"]
 
@@ -60,7 +61,7 @@ def run(spec: str, budgets: list[int], examples: int, seed: int, extra: list[str
     task = kv.longresp.long_task(handle, params)
     for p in out["points"]:  # every row holds what it claims
         assert abs(p.cache - p.claimed) < 1e-9, (p.policy, p.budget, p.cache, p.claimed)
-    return {"model": spec, "task": task.source, "prompt_tokens": len(task.tokens), "budgets": budgets,
+    return {"model": result_name(spec), "task": task.source, "prompt_tokens": len(task.tokens), "budgets": budgets,
             "examples": examples, "seeds": [seed, seed + examples - 1], "seconds": round(time.time() - t0, 1),
             "threads": torch.get_num_threads(), "full": out["full"].to_dict(),
             "points": [p.to_dict() for p in out["points"]],
@@ -114,7 +115,7 @@ def main() -> int:
     previous = json.loads(target.read_text()) if target.is_file() else {}
     if args.only_extra:
         handle = load_model(ModelSpec.parse(args.lm))
-        result = previous[args.lm]
+        result = previous[result_name(args.lm)]
         assert result["budgets"] == budgets and result["examples"] == args.examples, "same budgets and prompts"
         result["extra"] = result.get("extra", []) + extra_rows(handle, args.extra, budgets, args.examples, args.seed)
     else:
@@ -122,7 +123,7 @@ def main() -> int:
                      response=args.response)
     print_tables(result)
     previous = json.loads(target.read_text()) if target.is_file() else {}  # another model's run may have ended since
-    previous[args.lm] = result
+    previous[result["model"]] = result
     target.write_text(json.dumps(previous, indent=2))
     print(f"\nwrote {target.relative_to(ROOT)} ({result['seconds']:.0f} s)")
     return 0

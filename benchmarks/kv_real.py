@@ -2,8 +2,7 @@
 (same run, repeats interleaved), the cost estimate against the measured time, and the full cache's
 accuracy on the natural-language recall task.
 
-    MODEL_INSPECTOR_ROOTS=/work/models:$PWD python benchmarks/kv_real.py \
-        --lm local:/work/models/smollm2-135m-instruct [--repeats 2] [--accuracy 16] [--sweep 8]
+    python benchmarks/kv_real.py --lm zoo:smollm2-135m-instruct [--repeats 2] [--accuracy 16] [--sweep 8]
 
 Times are CPU seconds of this process (one torch thread; steadier than wall time on a machine shared
 with other jobs) and wall seconds, floor and analysis interleaved `--repeats` times. The floor replays
@@ -26,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
 from analysis.framework.paths import RESULTS, ROOT  # noqa: E402  (every project path comes from analysis/framework/paths.py)
+from benchmarks.result_names import result_name  # noqa: E402
 
 from analysis.framework import cost  # noqa: E402
 from analysis import kv
@@ -125,7 +125,7 @@ def main() -> int:
     handle = load_model(ModelSpec.parse(args.lm))
     retrieval = kv.KvParams(context=args.context)
     long = kv.KvParams(task="long-response")
-    out = {"model": args.lm, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    out = {"model": result_name(args.lm), "threads": torch.get_num_threads(), "torch": torch.__version__}
     if args.accuracy:
         out["accuracy"] = full_accuracy(handle, retrieval, args.accuracy)
         print(json.dumps(out["accuracy"]), flush=True)

@@ -3,20 +3,22 @@
 Every analysis returns a dataclass that inherits `Result`. `to_dict()` gives plain JSON types
 (tensors and numpy arrays become nested lists), `from_dict()` rebuilds nested dataclasses from
 the field type hints, so the page, the export, the saved-analysis store and the CLI all share
-one representation.
+one representation. `rows_to_csv` writes a table of rows as CSV (the export and SAE-V's ranked list).
 """
 from __future__ import annotations
 
 import contextlib
+import csv
 import dataclasses
 import functools
 import gc
+import io
 import json
 import math
 import threading
 import types
 import typing
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 T = TypeVar("T", bound="Result")
 
@@ -159,3 +161,36 @@ class Result:
     @classmethod
     def from_json(cls: type[T], text: str) -> T:
         return cls.from_dict(json.loads(text))
+
+
+def rows_to_csv(rows: Iterable[dict]) -> str:
+    """Rows as CSV text: columns in first-seen order, lists and dicts as JSON, formula-like text quoted."""
+    rows = [to_jsonable(r) for r in rows]
+    columns: list[str] = []
+    for row in rows:
+        for key in row:
+            if key not in columns:
+                columns.append(key)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _csv_cell(v) for k, v in row.items()})
+    return buf.getvalue()
+
+
+def _csv_cell(value: Any) -> Any:
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    # Spreadsheet formula injection: a cell starting with these is treated as a formula.
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@") and not _is_number(value):
+        return "'" + value
+    return value
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False

@@ -1,4 +1,5 @@
-"""Exports: JSON (the typed result), CSV (tables) and a self-contained HTML report.
+"""Exports: JSON (the typed result), CSV (tables; the writer, `rows_to_csv`, is the framework's, in
+`analysis.framework.results`, since a panel writes CSV too) and a self-contained HTML report.
 
 The HTML report embeds plotly.js and every figure, so it opens offline. All user-provided text
 (titles, notes, prompts, captions, table cells, figure text) is escaped: figures travel as JSON
@@ -7,50 +8,16 @@ string from a user can close the script element or open a new one.
 """
 from __future__ import annotations
 
-import csv
 import html
-import io
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
-from analysis.framework.results import to_jsonable
+from analysis.framework.results import rows_to_csv, to_jsonable  # noqa: F401  (rows_to_csv: the CSV export)
 
 
 def result_json(result: Any, indent: int = 2) -> str:
     return json.dumps(to_jsonable(result), indent=indent)
-
-
-def rows_to_csv(rows: Iterable[dict]) -> str:
-    rows = [to_jsonable(r) for r in rows]
-    columns: list[str] = []
-    for row in rows:
-        for key in row:
-            if key not in columns:
-                columns.append(key)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _csv_cell(v) for k, v in row.items()})
-    return buf.getvalue()
-
-
-def _csv_cell(value: Any) -> Any:
-    if isinstance(value, (list, dict)):
-        return json.dumps(value)
-    # Spreadsheet formula injection: a cell starting with these is treated as a formula.
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@") and not _is_number(value):
-        return "'" + value
-    return value
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
 
 
 def safe_json_for_script(data: Any) -> str:

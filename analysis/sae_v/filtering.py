@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from analysis.framework import config
-from analysis.hosting.export import rows_to_csv
+from analysis.framework.results import rows_to_csv
 from analysis.model_access.models import ModelHandle
 from analysis.framework.registry import check_range
 from analysis.sae_v import types as T

@@ -44,3 +44,22 @@ def test_placement_on_cpu_one_gpu_and_several(monkeypatch):
     assert placement("float16", devices=2, bf16=True)["dtype"] == torch.float16  # asked for: kept
     monkeypatch.setenv("MODEL_INSPECTOR_GPU_DTYPE", "float32")
     assert placement("float32", devices=1, bf16=True)["dtype"] == torch.float32
+
+
+def test_gpu_dtype_is_checked_on_a_cpu_machine_too(monkeypatch, caplog):
+    from analysis.framework.errors import ModelLoadError
+    from analysis.model_access import devices
+
+    monkeypatch.setenv("MODEL_INSPECTOR_GPU_DTYPE", "fp16")
+    with pytest.raises(ModelLoadError, match="MODEL_INSPECTOR_GPU_DTYPE='fp16' is not one of float32, float16, bfloat16"):
+        placement("float32", devices=0)
+    with pytest.raises(ModelLoadError, match="fp16"):
+        placement("float16", devices=1, bf16=True)  # a spec's own dtype does not hide a bad setting either
+    monkeypatch.setenv("MODEL_INSPECTOR_GPU_DTYPE", "float16")
+    monkeypatch.setattr(devices, "_said", set())
+    with caplog.at_level("WARNING", logger="analysis.model_access.devices"):
+        assert placement("float32", devices=0) == {"dtype": torch.float32}  # the CPU keeps the spec's dtype
+        assert placement("float32", devices=0) == {"dtype": torch.float32}
+    notes = [r.getMessage() for r in caplog.records if r.name == "analysis.model_access.devices"]
+    assert notes == ["MODEL_INSPECTOR_GPU_DTYPE=float16 has no effect here: this machine has no CUDA GPU, so no GPU "
+                     "placement happens and models load on the CPU in the dtype they ask for (float32 by default)."]

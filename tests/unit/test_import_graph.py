@@ -198,3 +198,76 @@ def test_analysis_never_names_the_app_above_it():
             t for t in imports_of(module_name(path), path, known) if t in upper}
         found += [f"{path.relative_to(ROOT)} -> {m}" for m in sorted(named)]
     assert not found, f"analysis/ reaches up into the app: {found}"
+
+
+# The rules of analysis/'s kinds (each package's `__init__` docstring says them in words). A kind is the
+# second part of a module name: `analysis.kv.runner` -> `kv`. What each kind may import besides itself:
+PANELS = ("sharpness", "kv", "inversion", "captions", "sae_v", "residual")
+SEAMS = ("backends", "tasks", "world", "zoo")  # the capture seam and the data packages panels share
+BASE = {"framework", "model_access"}
+MAY_IMPORT = {
+    "framework": {"model_access"},  # only the cost gate, precompute and presets read model access
+    "model_access": {"framework", "world"},  # the tiny models' Shapes World tokenizer
+    "hosting": BASE,
+    **{panel: BASE | {"backends", "tasks", "world"} for panel in PANELS},
+    "backends": BASE,
+    "tasks": BASE | {"world"},
+    "world": BASE,
+    "zoo": BASE | {"world", "residual"},  # the zoo trains the residual panel's tuned lenses
+    "__main__": BASE,  # `python -m analysis`: the panel table names the CLIs by string
+}
+
+
+def kind(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "analysis" and len(parts) > 1 else None
+
+
+def rule_breaks(edges: dict[str, set[str]]) -> list[str]:
+    """Every import from one kind of analysis/ to another that MAY_IMPORT does not allow."""
+    out = []
+    for source, targets in sorted(edges.items()):
+        mine = kind(source)
+        if mine is None:
+            continue
+        allowed = MAY_IMPORT.get(mine)
+        for target in sorted(targets):
+            theirs = kind(target)
+            if theirs is None or theirs == mine:
+                continue
+            if allowed is None or theirs not in allowed:
+                out.append(f"{source} -> {target}")
+    return out
+
+
+def test_every_kind_of_analysis_has_a_rule():
+    kinds = {kind(m) for m in our_modules()} - {None}
+    assert kinds <= set(MAY_IMPORT), f"a new package in analysis/ needs a line in MAY_IMPORT: {kinds - set(MAY_IMPORT)}"
+    assert set(PANELS) <= kinds and {"framework", "model_access", "hosting"} <= kinds
+
+
+def test_rule_checker_catches_each_kind_of_break():
+    planted = {
+        "analysis.sae_v.filtering": {"analysis.hosting.export", "analysis.hosting", "analysis.framework.results"},
+        "analysis.framework.cost": {"analysis.kv", "analysis.model_access.models"},
+        "analysis.model_access.models": {"analysis.residual.lenses", "analysis.world.tokenizer"},
+        "analysis.hosting.store": {"analysis.kv.records", "analysis.framework.config"},
+        "analysis.kv.runner": {"analysis.residual", "analysis.tasks.kv_recall", "analysis.kv.base"},
+        "components.share": {"analysis.hosting.export"},
+    }
+    assert rule_breaks(planted) == [
+        "analysis.framework.cost -> analysis.kv",
+        "analysis.hosting.store -> analysis.kv.records",
+        "analysis.kv.runner -> analysis.residual",
+        "analysis.model_access.models -> analysis.residual.lenses",
+        "analysis.sae_v.filtering -> analysis.hosting",
+        "analysis.sae_v.filtering -> analysis.hosting.export",
+    ]
+
+
+def test_analysis_kinds_import_by_the_rules():
+    """Panels import the framework, model access and the shared seam/data packages, never hosting nor one
+    another; model access never a panel (the Shapes World data aside) nor hosting; the framework neither;
+    hosting only the framework and model access."""
+    found = rule_breaks(graph())
+    assert not found, "imports against analysis/'s rules (see MAY_IMPORT): " + "; ".join(found)
