@@ -345,9 +345,10 @@ def start_sweeper(every_s: float | None = None) -> threading.Thread | None:
 
     def loop() -> None:
         while True:
+            gone = 0
             with contextlib.suppress(Exception):  # a disk hiccup must not end the sweeper
-                sweep_all()
-            time.sleep(every)
+                gone = sweep_all()
+            time.sleep(0.05 if gone else every)  # passes follow each other while there is more to sweep
 
     thread = threading.Thread(target=loop, name="upload-sweeper", daemon=True)
     thread.start()
