@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import secrets
 import shutil
 import threading
 import time
@@ -31,6 +32,10 @@ from analysis.framework.errors import UserError
 
 RECORD = ".upload.json"
 PARTIAL = ".partial"
+TRASH = ".trash"  # an expired entry, renamed aside under the lock, deleted outside it
+SWEEP_PASS = 256  # entries one sweep pass moves aside at most
+SWEEP_INLINE = 8  # ... and a new upload's own pass
+BLOCK = 4096  # what a file or a folder takes on disk at least (one block, one inode): an entry is counted so
 STALE_PARTIAL_S = 600.0  # a .partial this old belongs to a write that died with its process
 
 
@@ -72,9 +77,27 @@ def _mb(n: int) -> str:
 
 
 def size_of(path: Path) -> int:
+    """What `path` takes on disk, as the limits count it: each file rounded up to whole blocks and each folder
+    one block (a zip of 100 k empty folders is 400 MB of disk, not 0 bytes)."""
     if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+        return on_disk(path.stat().st_size)
+    total = BLOCK
+    for p in path.rglob("*"):
+        if p.is_symlink():
+            continue
+        total += on_disk(p.stat().st_size) if p.is_file() else BLOCK
+    return total
+
+
+def on_disk(n: int) -> int:
+    return -(-max(n, 1) // BLOCK) * BLOCK
+
+
+def _listing(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
 
 
 class UploadArea:
@@ -89,17 +112,30 @@ class UploadArea:
 
     # -- what is there ------------------------------------------------------------------------
 
-    def entries(self) -> list[Entry]:
+    def records(self) -> list[Path]:
+        """The records of this area's entries. Entries are named `NAME` or `FOLDER/NAME` (uploads.py's callers:
+        `SHA`, `images/SHA.img`), so records lie one or two levels down and never inside an entry: a zip that
+        carries a file named like a record neither makes an entry nor costs a walk of its folders."""
         if not self.root.is_dir():
             return []
+        found = []
+        for child in _listing(self.root):
+            if child.name.endswith(RECORD):
+                found.append(child)
+            elif child.is_dir() and not child.is_symlink() and not _record_of(child).exists() \
+                    and not child.name.endswith((PARTIAL, TRASH)):
+                found.extend(p for p in _listing(child) if p.name.endswith(RECORD))
+        return found
+
+    def entries(self) -> list[Entry]:
         out = []
-        for record in self.root.rglob("*" + RECORD):
+        for record in self.records():
             path = record.with_name(record.name[:-len(RECORD)])
             try:
                 meta = json.loads(record.read_text())
                 out.append(Entry(path, str(meta.get("owner", "")), float(meta["created"]), int(meta["bytes"])))
             except (OSError, ValueError, KeyError, TypeError):  # a torn record: the entry is swept as old
-                out.append(Entry(path, "", 0.0, size_of(path) if path.exists() else 0))
+                out.append(Entry(path, "", 0.0, 0))
         return out
 
     def usage(self, owner: str | None = None) -> tuple[int, int]:
@@ -109,43 +145,76 @@ class UploadArea:
 
     def disk_bytes(self) -> int:
         """Everything under the root, records and partial writes included (what a test measures)."""
-        return size_of(self.root) if self.root.exists() else 0
+        return size_of(self.root) - BLOCK if self.root.exists() else 0  # the root's own block aside
 
     # -- expiry -------------------------------------------------------------------------------
+    # Sweeping never holds the lock that new entries need while it walks or deletes: under the lock it only
+    # renames one expired entry into a `.trash` sibling (a metadata operation, microseconds), and the trash is
+    # deleted outside it. A pass handles at most `limit` entries; the server's sweeper runs passes until none
+    # is left (a folder of 100 k files takes seconds to delete; nobody waits on it).
 
-    def sweep(self, now: float | None = None) -> int:
-        """Delete expired entries, stale partial writes, and files nobody recorded once they are as old as
-        an entry may get; how many went."""
-        now = time.time() if now is None else now
-        gone = 0
-        with self.lock:
-            if not self.root.is_dir():
-                return 0
-            keep = self.quota.keep_s
-            entries = self.entries()
-            for entry in entries:
-                if (keep and now - entry.created >= keep) or not entry.path.exists():
-                    self._remove(entry.path)
-                    gone += 1
-            kept = {e.path for e in entries if e.path.exists()}
-            holders = {parent for path in kept for parent in path.parents}
-            for path in sorted(self.root.rglob("*")):
-                if path.name.endswith(RECORD) or path in kept or path in holders or not path.exists() \
-                        or any(parent in kept for parent in path.parents):
-                    continue
-                try:
-                    age = now - path.stat().st_mtime
-                except OSError:
-                    continue
-                partial = path.name.endswith(PARTIAL)
-                if (partial and age >= STALE_PARTIAL_S) or (not partial and keep and age >= keep):
-                    _delete(path)  # a write that died, or a file from before entries had records
-                    gone += 1
+    def sweep(self, now: float | None = None, limit: int = SWEEP_PASS) -> int:
+        """Delete up to `limit` expired entries, stale partial writes and unrecorded leftovers, then the trash;
+        how many entries and leftovers went."""
+        gone = self.expire(now, limit)
+        self.empty_trash()
         return gone
 
-    def _remove(self, path: Path) -> None:
-        _delete(path)
-        _record_of(path).unlink(missing_ok=True)
+    def expire(self, now: float | None = None, limit: int = SWEEP_PASS) -> int:
+        """Move up to `limit` expired entries (and leftovers as old as an entry may get) into the trash."""
+        now = time.time() if now is None else now
+        if not self.root.is_dir():
+            return 0
+        keep = self.quota.keep_s
+        gone = 0
+        for entry in self.entries():
+            if gone >= limit:
+                return gone
+            if (keep and now - entry.created >= keep) or not entry.path.exists():
+                with self.lock:
+                    _to_trash(entry.path)
+                    _record_of(entry.path).unlink(missing_ok=True)
+                gone += 1
+        for path in self._leftovers():
+            if gone >= limit:
+                break
+            try:
+                age = now - path.stat().st_mtime
+            except OSError:
+                continue
+            partial = path.name.endswith(PARTIAL)
+            if (partial and age >= STALE_PARTIAL_S) or (not partial and keep and age >= keep):
+                with self.lock:  # a write that died, or a file from before entries had records
+                    _to_trash(path)
+                gone += 1
+        return gone
+
+    def _leftovers(self) -> list[Path]:
+        """Files and folders at an entry's level that no record names (the trash aside): partial writes, and
+        uploads from before entries had records."""
+        out = []
+        for child in _listing(self.root):
+            if child.name.endswith((RECORD, TRASH)) or _record_of(child).exists():
+                continue
+            if child.is_dir() and not child.is_symlink() and not child.name.endswith(PARTIAL):
+                inner = [p for p in _listing(child) if not p.name.endswith((RECORD, TRASH))]
+                if any(_record_of(p).exists() for p in inner):  # a folder of entries (images/)
+                    out.extend(p for p in inner if not _record_of(p).exists())
+                    continue
+            out.append(child)
+        return out
+
+    def empty_trash(self) -> None:
+        """Delete what sweeping moved aside (outside the lock: new entries never wait for it)."""
+        if not self.root.is_dir():
+            return
+        for child in _listing(self.root):
+            if child.is_dir() and not child.is_symlink() and not child.name.endswith(TRASH):
+                for inner in _listing(child):
+                    if inner.name.endswith(TRASH):
+                        _delete(inner)
+            elif child.name.endswith(TRASH):
+                _delete(child)
 
     # -- a new entry --------------------------------------------------------------------------
 
@@ -189,7 +258,7 @@ class UploadArea:
         bytes it may take). When the block ends the entry is measured and, within the limits, renamed into
         place with its record; on any error or refusal the partial write is removed. The block may write a
         file or a folder at the partial path."""
-        self.sweep()
+        self.expire(limit=SWEEP_INLINE)  # cheap renames; the sweeper (or the next full sweep) deletes them
         room = self.room(owner)
         target = self.root / name
         partial = target.with_name(target.name + PARTIAL)
@@ -202,7 +271,7 @@ class UploadArea:
                 room = self.room(owner)  # again: another tab of this visitor may have added one meanwhile
                 if n > room:
                     raise self.too_big(what, n, room)
-                _delete(target)
+                _to_trash(target)
                 partial.rename(target)
                 _record_of(target).write_text(json.dumps({"owner": owner, "created": time.time(), "bytes": n}))
         finally:
@@ -222,6 +291,13 @@ class UploadArea:
 
 def _record_of(path: Path) -> Path:
     return path.with_name(path.name + RECORD)
+
+
+def _to_trash(path: Path) -> None:
+    """Move `path` aside (one rename) for empty_trash to delete."""
+    if path.exists() or path.is_symlink():
+        with contextlib.suppress(OSError):
+            path.rename(path.with_name(f"{path.name}.{secrets.token_hex(4)}{TRASH}"))
 
 
 def _delete(path: Path) -> None:
@@ -269,9 +345,10 @@ def start_sweeper(every_s: float | None = None) -> threading.Thread | None:
 
     def loop() -> None:
         while True:
+            gone = 0
             with contextlib.suppress(Exception):  # a disk hiccup must not end the sweeper
-                sweep_all()
-            time.sleep(every)
+                gone = sweep_all()
+            time.sleep(0.05 if gone else every)  # passes follow each other while there is more to sweep
 
     thread = threading.Thread(target=loop, name="upload-sweeper", daemon=True)
     thread.start()

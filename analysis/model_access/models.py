@@ -27,6 +27,7 @@ from analysis.framework import config
 from analysis.model_access import devices
 from analysis.framework.errors import ModelLoadError
 from analysis.model_access.model_lock import ModelLock
+from analysis.model_access.tokenizer_lock import guard as guard_tokenizers
 from analysis.framework.results import Result
 
 ZOO_DIR = paths.ZOO_MODELS
@@ -116,6 +117,9 @@ class ModelHandle:
     processor_error: str = ""  # why a VLM loaded without its processor (its image panels then refuse)
     lock: ModelLock = field(default_factory=ModelLock, repr=False)  # reentrant, first come first served
     remote: Any = None  # an NDIF model (analysis/backends/ndif.py): weights elsewhere, `model` on meta
+
+    def __post_init__(self) -> None:  # shared by every session's runs: their encoding is serialized
+        guard_tokenizers(self.tokenizer, getattr(self.processor, "tokenizer", None))
 
     @property
     def device(self) -> torch.device:

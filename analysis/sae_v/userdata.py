@@ -32,7 +32,7 @@ import json
 import shutil
 import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from analysis.framework import images, uploads
 from analysis.framework.errors import SettingsError
@@ -47,7 +47,8 @@ TEXT_COLUMNS = ("caption", "text")
 LABEL_COLUMNS = ("corrupted", "label")
 MAX_ZIP_BYTES = 50 * 2**20  # an upload, compressed
 MAX_UNZIPPED_BYTES = 400 * 2**20
-MAX_ZIP_FILES = 20_000
+MAX_ZIP_FILES = 20_000  # members of a zip, folders included
+MAX_ZIP_FOLDERS = 1_000  # folders it makes, named or implied by its files' paths (each is an inode and a block)
 MAX_ROWS = 1_000_000
 
 
@@ -125,13 +126,19 @@ def save_zip(data: bytes, name: str = "the zip", owner: str = "") -> str:
         return f"upload:{sha}"
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-        members = [m for m in archive.infolist() if not m.is_dir()]
+        listed = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
         raise DataError(f"{name} is not a zip file that can be read ({exc}).") from None
-    unpacked = sum(m.file_size for m in members)
-    if len(members) > MAX_ZIP_FILES or unpacked > MAX_UNZIPPED_BYTES:
-        raise DataError(f"{name} holds too much ({len(members)} files, {unpacked / 2**20:.0f} "
-                        f"MB unpacked; at most {MAX_ZIP_FILES} files and {MAX_UNZIPPED_BYTES / 2**20:g} MB).")
+    members = [m for m in listed if not m.is_dir()]
+    folders = {parent for m in listed for parent in PurePosixPath(m.filename.rstrip("/") or ".").parents} \
+        | {PurePosixPath(m.filename.rstrip("/")) for m in listed if m.is_dir()}
+    folders.discard(PurePosixPath("."))
+    # counted as the upload area counts it (analysis/framework/uploads.py size_of): whole blocks per file and folder
+    unpacked = sum(uploads.on_disk(m.file_size) for m in members) + uploads.BLOCK * (len(folders) + 1)
+    if len(listed) > MAX_ZIP_FILES or len(folders) > MAX_ZIP_FOLDERS or unpacked > MAX_UNZIPPED_BYTES:
+        raise DataError(f"{name} holds too much ({len(listed)} entries, {len(folders)} folders, "
+                        f"{unpacked / 2**20:.0f} MB unpacked; at most {MAX_ZIP_FILES} entries, {MAX_ZIP_FOLDERS} "
+                        f"folders and {MAX_UNZIPPED_BYTES / 2**20:g} MB). Nothing was extracted.")
     for m in members:
         if m.filename.startswith(("/", "\\")) or ".." in Path(m.filename).parts or \
                 (m.external_attr >> 16) & 0o170000 == 0o120000:

@@ -8,6 +8,7 @@ import streamlit as st
 from analysis import sae_v
 from components.common import explain, metric_row
 from components.figures import sae as figs
+from components.hosting import escape_markdown
 
 MODALITY_COLUMNS = ("text density", "image density", "concept (image)", "concept (both)", "precision (both)")
 
@@ -30,9 +31,11 @@ def summary(store: sae_v.FeatureStore) -> None:
         row.metric("Concept ≥ 0.9 in both", s["concept_both_ge_0.9"])
     where = "held-out image–caption pairs" if not one_modality(store) else "texts"
     source = store.pairs.source or store.pairs.dataset
-    explain(f"An SAE with {n} features on layer {meta.layer} of {meta.model} ({meta.source}), measured on "
-            f"{len(store.pairs.pairs)} {where} ({source}). Variance explained is 1 − ‖x − x̂‖² / ‖x − mean‖²; L0 is "
-            "the mean number of active features per token; dead features never fire on these pairs."
+    explain(f"An SAE with {n} features on layer {meta.layer} of {escape_markdown(meta.model)} "
+            f"({escape_markdown(meta.source)}), measured on "
+            f"{len(store.pairs.pairs)} {where} ({escape_markdown(source)}). Variance explained is "
+            "1 − ‖x − x̂‖² / ‖x − mean‖²; L0 is the mean number of active features per token; dead features never "
+            "fire on these pairs."
             + (" A feature is cross-modal when at least 5 of its 30 strongest tokens are text and at least 5 are "
                "image patches." if not one_modality(store) else ""))
     if meta.fve < 0.3 and meta.source != "trained here":

@@ -9,6 +9,7 @@ import streamlit as st
 from analysis import sae_v
 from components.common import charts_side_by_side, explain, metric_row
 from components.figures import sae as figs
+from components.hosting import escape_markdown
 
 
 def _fmt(v) -> str:
@@ -43,8 +44,8 @@ def overview(ranking: sae_v.Ranking, store: sae_v.FeatureStore | None = None) ->
 
 
 def skipped(ranking: sae_v.Ranking) -> None:
-    for note in ranking.notes:
-        st.caption(note)
+    for note in ranking.notes:  # they quote the data's captions and file names
+        st.caption(escape_markdown(note))
     if not ranking.skipped:
         return
     st.warning(f"{len(ranking.skipped)} of {ranking.rows_read} rows were left out (reported below, never used): "
@@ -112,7 +113,7 @@ def extremes(ranking: sae_v.Ranking, image_of: Callable[[sae_v.PairScore], objec
             if image is not None:
                 col.image(image, width=140)
             col.caption(f"#{r.rank} · s_i {r.score:.2f}" + (f" · {r.kind}" if ranking.labelled else "")
-                        + f"\n\n{r.text[:160]}")
+                        + f"\n\n{escape_markdown(r.text[:160])}")
     explain("The highest- and lowest-scoring pairs: what the score keeps and what it drops first.")
 
 

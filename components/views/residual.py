@@ -9,6 +9,7 @@ import streamlit as st
 from analysis import residual
 from analysis.model_access.models import ModelSpec, all_zoo_models, load_model
 from components.common import analysis_errors, explain, metric_row
+from components.hosting import escape_markdown
 from components.figures import residual as F
 from components.share import share_bar
 from components.view import Page, Section, View
@@ -139,8 +140,8 @@ def show_patching(page: Page, params: residual.ResidualParams, result: residual.
     row.metric("Changed positions", ", ".join(map(str, result.changed)))
     for name, seconds in result.seconds.items():
         row.metric(f"{residual.METHODS.label(name)} took", f"{seconds:.1f} s")
-    st.caption(f"Clean: {result.pair.clean!r} · corrupted: {result.pair.corrupt!r}"
-               + (f" · the answer enters at {result.pair.where}" if result.pair.where else ""))
+    st.caption(f"Clean: {escape_markdown(repr(result.pair.clean))} · corrupted: {escape_markdown(repr(result.pair.corrupt))}"
+               + (f" · the answer enters at {escape_markdown(result.pair.where)}" if result.pair.where else ""))
     figures, tables = {}, {}
     for name in params.components:
         fig = F.patch_figure(result, name)
