@@ -17,6 +17,7 @@ embedded = hosting.is_embedded()  # ?embed=true: the view alone, for an iframe
 pages = [st.Page("views/overview.py", title="Home", icon=":material/home:", url_path="home", default=True)]
 pages += [st.Page(p.script, title=p.title, icon=p.icon, url_path=p.url_path)
           for p in panel_pages() if p.available]  # available: the page exists and the configuration shows it
+pages += [st.Page("views/glossary.py", title="Glossary", icon=":material/menu_book:", url_path="glossary")]
 talking = talk_requested() is not None  # ?talk=NAME: the talk alone, one step per screen (components/talk.py)
 if talking:
     pages = [st.Page("views/talk.py", title="Talk", icon=":material/slideshow:", url_path="talk", default=True)]
