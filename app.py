@@ -8,6 +8,7 @@ from components import hosting
 from components.favicon import favicon
 from components.model_picker import render_sidebar
 from components.registry import panel_pages
+from components.talk import requested as talk_requested
 
 st.set_page_config(page_title="Model Inspector", page_icon=favicon(), layout="wide")
 hosting.sign_in_gate()  # the deployment's sign-in (docs/deploy.md); a no-op for a local run
@@ -16,9 +17,13 @@ embedded = hosting.is_embedded()  # ?embed=true: the view alone, for an iframe
 pages = [st.Page("views/overview.py", title="Home", icon=":material/home:", url_path="home", default=True)]
 pages += [st.Page(p.script, title=p.title, icon=p.icon, url_path=p.url_path)
           for p in panel_pages() if p.available]  # available: the page exists and the configuration shows it
-if embedded:
+pages += [st.Page("views/glossary.py", title="Glossary", icon=":material/menu_book:", url_path="glossary")]
+talking = talk_requested() is not None  # ?talk=NAME: the talk alone, one step per screen (components/talk.py)
+if talking:
+    pages = [st.Page("views/talk.py", title="Talk", icon=":material/slideshow:", url_path="talk", default=True)]
+elif embedded:
     hosting.embed_page()
 else:
     render_sidebar()
-nav = st.navigation(pages, position="hidden" if embedded else "sidebar")
+nav = st.navigation(pages, position="hidden" if embedded or talking else "sidebar")
 nav.run()

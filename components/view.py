@@ -44,6 +44,7 @@ import streamlit as st
 from analysis.framework import panels
 from analysis.model_access.models import ModelHandle
 from analysis.framework.settings import Flat, check_settings, field_default, field_text, labelled, url_name
+from components import plain
 from components.common import analysis_errors, field_row, require_model, set_url_params
 from components.params_form import ParamsForm, url_value
 from components.presets import preset_bar
@@ -281,10 +282,7 @@ def render(view: View) -> None:
     """Run one page (the module docstring's four steps)."""
     analysis = view.analysis
     st.title(analysis.title)
-    if view.intro:
-        st.write(view.intro)
-    if view.intro_caption:
-        st.caption(view.intro_caption)
+    plain.first(view)  # the plain sentence, then the intro folded as the researcher's note (components/plain.py)
     preset_bar(analysis.url_path, widget_prefix=view.prefix)
     handle = require_model(*analysis.kinds, panel=analysis.title)
     page = Page(view, handle)

@@ -1,0 +1,302 @@
+"""Talk mode: `?talk=NAME` presents a talk (analysis/talks/) one step per screen, from stored results only.
+
+    present()            # app.py, when the link names a talk: the sidebar and every control hidden
+
+A step is a preset of one page. Its result is found the way that page finds it: the page's own View
+turns the preset's values into its Params (`params_of`) and names its run (`run`), here with a stand-in
+page that records the run instead of starting it (`planned_run`); the result is then read from the
+results shipped with the app (analysis/precomputed/, `stored_result`) and never computed: a step with
+no stored result says so in one line. The step's number is its reading of that result
+(analysis/talks/readings.py), drawn large with the page's figure for it, the narration above and the
+preset's finding (the researcher's note) folded below.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import streamlit as st
+
+from analysis.framework.settings import field_default, parse_text, url_name
+from analysis.model_access.models import ModelHandle, ModelSpec
+from analysis.talks import Step, Talk
+from analysis.talks.readings import READINGS
+from components import runs
+from components.view import View, params_fields, state_fields
+
+
+# --- which run a step's page makes, and its stored result ---------------------------------------------
+
+
+@dataclass
+class Run:
+    kind: str
+    fn: Callable
+    handle: ModelHandle
+    params: Any
+    models: dict
+    kwargs: dict
+
+    def key(self) -> runs.RunKey:
+        return runs.run_key(self.kind, self.handle, self.params, self.models, **self.kwargs)
+
+
+class _Planned(Exception):
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+
+class _Values:
+    def __init__(self, values: dict) -> None:
+        self.values = values
+
+
+class PlanPage:
+    """What a View's `params_of` and `run` read of a page, filled from a preset's link; `run` records."""
+
+    def __init__(self, view: View, handle: ModelHandle, values: dict[str, str]) -> None:
+        self.view, self.handle, self.analysis = view, handle, view.analysis
+        self.containers: dict[str, Any] = {}
+        self.form = _Values(self._read(params_fields(self.analysis), values, view.defaults(self)))
+        self.state = _Values(self._read(state_fields(self.analysis), values, {}))
+
+    @staticmethod
+    def _read(fields, values: dict[str, str], defaults: dict) -> dict:
+        out = {}
+        for f, owner in fields:
+            name = url_name(f)
+            if not name:  # the page draws (and its link holds) only the fields with a URL name
+                continue
+            out[f.name] = (parse_text(f, values[name], owner) if name in values
+                           else defaults.get(f.name, field_default(f)))
+        return out
+
+    @property
+    def values(self) -> dict:
+        return {**self.form.values, **self.state.values}
+
+    def control(self, name: str, container: Any = None, *, default: Any = dataclasses.MISSING, **_: Any) -> Any:
+        pinned = self.state.values.get(name)
+        return default if pinned is None and default is not dataclasses.MISSING else pinned
+
+    def link_value(self, name: str, *, default: Any = dataclasses.MISSING, **_: Any) -> Any:
+        return self.control(name, default=default)
+
+    def set_link(self, **_: Any) -> None:
+        pass
+
+    def mirror(self) -> None:
+        pass
+
+    def run(self, kind: str, fn: Callable, params: Any, *, label: str = "", stop: bool = True,
+            handle: ModelHandle | None = None, models: dict | None = None, on_demand: bool = False,
+            optional: bool = False, **kwargs: Any) -> Any:
+        raise _Planned(Run(kind, fn, handle or self.handle, params, models or {}, kwargs))
+
+
+def view_of(panel: str) -> View:
+    """The View of the page at URL path `panel` (components/views/)."""
+    import components.views as package
+
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+    for cls in _subclasses(View):
+        if getattr(cls, "panel", None) and cls.panel and cls().analysis.url_path == panel:
+            return cls()
+    raise LookupError(f"no view for the page '{panel}'")
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
+
+
+def planned_run(step: Step, handle: ModelHandle) -> Run:
+    """The run the step's page makes for its preset (recorded, not started)."""
+    view = view_of(step.panel)
+    page = PlanPage(view, handle, step.preset_value().values())
+    params = view.params_of(page, page.form.values)
+    try:
+        view.run(page, params)
+    except _Planned as planned:
+        return planned.run
+    raise LookupError(f"the page '{step.panel}' makes no run for the preset '{step.preset}'")
+
+
+def stored_result(run: Run) -> Any | None:
+    """The run's result as shipped with the app (analysis/precomputed/), or None: never computed here."""
+    return runs.precomputed(run.key(), run.handle, run.params, run.models)
+
+
+def state_of(step: Step) -> dict:
+    """The view state the preset pins (layer, head, ...), by field name."""
+    preset = step.preset_value()
+    return {k: (v() if callable(v) else v) for k, v in preset.state.items()}
+
+
+@dataclass
+class Shown:
+    """One step, ready to draw: its result and number, or why it has none."""
+
+    step: Step
+    result: Any = None
+    number: float | None = None
+    text: str = ""
+    params: Any = None
+    missing: str = ""  # why the step has no stored result
+
+
+def show_step(step: Step, handle: ModelHandle) -> Shown:
+    reading = READINGS[step.reading]
+    run = planned_run(step, handle)
+    if run.kind not in reading.kinds:
+        return Shown(step, missing=f"the reading '{step.reading}' reads {', '.join(reading.kinds)} runs, and this "
+                                   f"page makes a '{run.kind}' run")
+    result = stored_result(run)
+    if result is None:
+        return Shown(step, missing="its result is not among the results shipped with the app "
+                                   "(python scripts/warm.py stores it)")
+    number = reading.value(result, run.params, state_of(step))
+    return Shown(step, result, number, reading.text(number), run.params)
+
+
+# --- the figure that goes with each reading -------------------------------------------------------------
+
+
+def _figures() -> dict[str, Callable[[Any, Any, dict], Any]]:
+    from components.figures import inversion as IF, kv as KF, kv_long as LF, residual as RF, sharpness as SF
+
+    def heads(state):
+        return state.get("layer", 0), state.get("head", 0)
+
+    return {
+        "kv.accuracy": lambda r, p, s: KF.retained_heatmap(r, *heads(s)),
+        "kv.recall": lambda r, p, s: LF.memory_figure(r),
+        "kv.cache_kib": lambda r, p, s: LF.memory_figure(r),
+        "inversion.recovered": lambda r, p, s: IF.distance_figure(r),
+        "inversion.fewer": lambda r, p, s: IF.rank_figure(r),
+        "sharpness.head_weight": lambda r, p, s: SF.size_figure(r, *heads(s), s.get("sink", True)),
+        "sharpness.accuracy": lambda r, p, s: SF.accuracy_figure(r),
+        "sharpness.adaptive_accuracy": lambda r, p, s: SF.accuracy_figure(r),
+        "residual.best_head": lambda r, p, s: RF.patch_figure(r, "heads"),
+        "residual.first_on_top": lambda r, p, s: RF.lens_curves(r),
+    }
+
+
+def figure_of(shown: Shown) -> Any:
+    return _figures()[shown.step.reading](shown.result, shown.params, state_of(shown.step))
+
+
+# --- presenting -----------------------------------------------------------------------------------------
+
+TALK_KEY, STEP_KEY = "talk", "step"  # ?talk=NAME&step=K (K from 1)
+STYLE = """<style>
+section[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], header[data-testid="stHeader"]
+  {display: none !important;}
+.block-container {padding-top: 1.2rem !important; max-width: 1000px;}
+.talk-number {font-size: 4.2rem; font-weight: 700; line-height: 1.05; margin: 0.4rem 0 0.2rem 0;}
+.talk-label {font-size: 1.05rem; opacity: 0.8;}
+.talk-narration {font-size: 1.45rem; line-height: 1.35; margin: 0.2rem 0 0.6rem 0;}
+</style>"""
+
+
+def requested() -> str | None:
+    """The talk a link names (?talk=NAME), or None."""
+    name = st.query_params.get(TALK_KEY)
+    return name if isinstance(name, str) else None
+
+
+def step_index(talk: Talk) -> int:
+    """The link's step (from 1), clamped into the talk; 0-based."""
+    try:
+        k = int(st.query_params.get(STEP_KEY, "1"))
+    except ValueError:
+        k = 1
+    return min(max(k, 1), len(talk.steps)) - 1
+
+
+def _go(k: int) -> None:
+    st.query_params[STEP_KEY] = str(k + 1)
+
+
+def explore_link(step: Step) -> str:
+    """The step's full page, as its preset's permalink."""
+    from urllib.parse import urlencode
+
+    return f"/{step.panel}?{urlencode(step.preset_value().query())}"
+
+
+@st.cache_resource(max_entries=2, show_spinner=False)
+def _handle(label: str) -> ModelHandle:
+    from analysis.model_access.models import load_model
+
+    return load_model(ModelSpec.parse(label))
+
+
+def shown(step: Step) -> Shown:
+    """The step's stored result and number (one line of why not, when it has none)."""
+    from analysis.model_access.models import ModelLoadError
+
+    try:
+        handle = _handle(step.preset_value().model)
+    except ModelLoadError as exc:
+        return Shown(step, missing=f"its model could not be loaded here ({exc})")
+    return show_step(step, handle)
+
+
+def present() -> None:
+    """The talk the link names, one step per screen (the sidebar and every control hidden)."""
+    from analysis.talks import TalkError, load
+    from components.hosting import escape_markdown
+
+    st.html(STYLE)
+    try:
+        talk = load(requested() or "")
+    except TalkError as exc:
+        st.error(str(exc), icon=":material/slideshow:")
+        return
+    k = step_index(talk)
+    step = talk.steps[k]
+    st.caption(f"{escape_markdown(talk.title)} · step {k + 1} of {len(talk.steps)}")
+    st.subheader(escape_markdown(step.title), anchor=False)
+    with st.spinner("Opening the step's stored result ..."):
+        now = shown(step)
+    if now.missing:
+        st.error(f"This step cannot be shown: {escape_markdown(now.missing)}.", icon=":material/error:")
+    else:
+        draw(now)
+    _controls(talk, k)
+
+
+def draw(now: Shown) -> None:
+    from html import escape
+
+    step = now.step
+    st.html(f'<p class="talk-narration" data-testid="talk-narration">{escape(step.narration)}</p>')
+    left, right = st.columns([1, 2], vertical_alignment="center")
+    left.html(f'<div class="talk-number" data-testid="talk-number">{escape(now.text)}</div>'
+              f'<div class="talk-label">{escape(READINGS[step.reading].label)}</div>')
+    fig = figure_of(now)
+    fig.update_layout(height=340, margin=dict(l=10, r=10, t=40, b=10))
+    right.plotly_chart(fig, key=f"talk_fig_{step.panel}_{step.preset}_{step.reading}")
+    preset = step.preset_value()
+    with st.expander("The researcher's note"):
+        from components.hosting import escape_markdown
+
+        st.markdown(f"**{escape_markdown(preset.title)}** ({escape_markdown(preset.model)}). "
+                    f"{escape_markdown(preset.finding)}")
+
+
+def _controls(talk: Talk, k: int) -> None:
+    row = st.container(horizontal=True, vertical_alignment="center", gap="small")
+    row.button("Previous", icon=":material/arrow_back:", key="talk_prev", shortcut="Left", disabled=k == 0,
+               on_click=_go, args=(k - 1,))
+    row.markdown(f"**{k + 1} / {len(talk.steps)}**", width="content")
+    row.button("Next", icon=":material/arrow_forward:", key="talk_next", shortcut="Right",
+               disabled=k == len(talk.steps) - 1, on_click=_go, args=(k + 1,))
+    row.link_button("Explore this", explore_link(talk.steps[k]), icon=":material/open_in_new:")

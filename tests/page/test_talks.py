@@ -1,0 +1,111 @@
+"""Talk mode (#48): every shipped talk opens from its link, every step from a stored result (no Run button,
+nothing computed), its big number is the step's reading of that stored result, and next / previous walk it.
+
+The number is checked against the stored entry read straight from analysis/precomputed/ (precompute.lookup),
+and, where the preset's finding quotes it, against the finding's own figure."""
+from __future__ import annotations
+
+import pytest
+
+from analysis import talks
+from analysis.framework import precompute
+from analysis.model_access.models import ModelSpec, load_model
+from components import talk as T
+from conftest import app_with_model, zoo_model_ready
+
+TALKS = talks.all_talks()
+STEPS = [(t.name, i) for t in TALKS for i in range(len(t.steps))]
+
+
+def _ready(t: talks.Talk) -> bool:
+    return all(zoo_model_ready(s.preset_value().model) for s in t.steps)
+
+
+def _open(name: str, step: int):
+    at = app_with_model(None, query={"talk": name, "step": str(step + 1)}, timeout=120)
+    assert not at.exception, at.exception
+    return at
+
+
+def _number(at) -> str:
+    html = " ".join(h.proto.body for h in at.get("html"))
+    assert 'data-testid="talk-number"' in html, "no highlighted number on the screen"
+    return html.split('data-testid="talk-number">', 1)[1].split("<", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def handles():
+    cache = {}
+    return lambda label: cache.get(label) or cache.setdefault(label, load_model(ModelSpec.parse(label)))
+
+
+def test_every_step_resolves_to_a_stored_entry_and_its_number(handles):
+    """The rule of #48: a shipped talk never waits for compute. Each step's run, as its page makes it, is a
+    stored precomputed entry, and the step's number is the reading of exactly that entry."""
+    checked = 0
+    for t in TALKS:
+        for step in t.steps:
+            model = step.preset_value().model
+            if not zoo_model_ready(model):
+                continue
+            run = T.planned_run(step, handles(model))
+            key = run.key()
+            stored = precompute.lookup(key.kind, key.model, key.params, key.extra, run.handle.path,
+                                       helpers={n: (h.spec.label, h.path) for n, h in run.models.items()})
+            assert stored is not None, f"{t.name}: '{step.title}' has no stored result ({key.kind})"
+            now = T.show_step(step, run.handle)
+            assert not now.missing, now.missing
+            reading = talks.readings.READINGS[step.reading]
+            assert now.number == reading.value(stored, run.params, T.state_of(step))
+            checked += 1
+    assert checked >= 15
+
+
+@pytest.mark.parametrize("preset,reading,quoted", [
+    ("needle-streaming", "kv.accuracy", "0%"),  # "the answer is wrong"
+    ("morphkv", "kv.cache_kib", "96.0 KiB"),  # "MorphKV's cache stays at 96 KiB"
+    ("morphkv-loses", "kv.recall", "25%"),  # "MorphKV keeps 3 of the 12 claims"
+    ("dispersion", "sharpness.head_weight", "0.53"),  # "only 0.53 among 128"
+    ("dispersion", "sharpness.accuracy", "56%"),  # "accuracy falls from 100 % to 56 %"
+    ("needle-found", "residual.best_head", "0.73"),  # "head L0H3 alone restores 0.73"
+    ("tuned-colour", "residual.first_on_top", "3"),  # "After layer 3 the tuned lens has 'yellow' on top"
+])
+def test_a_steps_number_is_the_one_its_preset_quotes(handles, preset, reading, quoted):
+    step = next(s for t in TALKS for s in t.steps if s.preset == preset and s.reading == reading)
+    now = T.show_step(step, handles(step.preset_value().model))
+    assert now.text == quoted
+
+
+@pytest.mark.parametrize("name,index", STEPS)
+def test_every_step_of_every_talk_opens_with_its_number_and_no_run_button(name, index):
+    t = talks.load(name)
+    if not _ready(t):
+        pytest.skip("a real model of this talk is not converted here")
+    at = _open(name, index)
+    step = t.steps[index]
+    assert not at.error, [e.value for e in at.error]
+    assert not [b for b in at.button if "Run" in b.label], "a talk step offers a Run button"
+    assert f"step {index + 1} of {len(t.steps)}" in at.caption[0].value
+    now = T.shown(step)
+    assert _number(at) == now.text
+    assert not at.sidebar.children, "the sidebar (model picker) is drawn in a talk"
+
+
+def test_next_and_previous_walk_the_talk():
+    at = _open("six-findings", 0)
+    assert at.button(key="talk_prev").disabled
+    at.button(key="talk_next").click().run()
+    assert at.query_params["step"] == ["2"] or at.query_params["step"] == "2"
+    assert "step 2 of 6" in at.caption[0].value
+    at.button(key="talk_prev").click().run()
+    assert "step 1 of 6" in at.caption[0].value
+
+
+def test_an_unknown_talk_is_one_line_listing_the_talks():
+    at = _open("no-such-talk", 0)
+    assert "There is no talk 'no-such-talk'" in at.error[0].value and "six-findings" in at.error[0].value
+
+
+def test_a_step_out_of_range_opens_the_nearest_step():
+    at = app_with_model(None, query={"talk": "kv-cache", "step": "99"}, timeout=120)
+    assert not at.exception and "step 4 of 4" in at.caption[0].value
