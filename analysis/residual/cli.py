@@ -8,7 +8,7 @@ from analysis.residual.params import ResidualParams, validate_params
 from analysis.framework.settings import ArgumentParser, add_arguments, labelled, read_arguments
 
 FIELDS = [(f, ResidualParams) for f in labelled(ResidualParams)]
-WHAT = ("lens", "patch", "side", "sweep")
+WHAT = ("lens", "patch", "side", "sweep", "generate")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -17,7 +17,8 @@ def parser() -> argparse.ArgumentParser:
                                     "attribution, side by side.")
     ap.add_argument("what", nargs="?", default="lens", choices=WHAT,
                     help="lens: lens and direct logit attribution; patch: patch the pair; side: side by side; "
-                         "sweep: residual patching over every offered pair")
+                         "sweep: residual patching over every offered pair; generate: continue the clean prompt "
+                         "and show where each lens commits to every generated token")
     ap.add_argument("--model", default="zoo:shapes-lm", help="zoo:NAME, hub:ID[@REV] or local:PATH")
     add_arguments(ap, FIELDS)
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -61,6 +62,23 @@ def print_sweep(r) -> None:
            ["state", "subject's last token", "last token", "other", "subject (attribution)", "last (attribution)"])
 
 
+def print_generation(r) -> None:
+    print(f"{r.model}: {r.prompt!r} -> {r.text!r} ({len(r.tokens)} tokens, {r.params.decoding}"
+          f"{', seed %d' % r.params.seed if r.params.decoding == 'sample' else ''}"
+          f"{', ended by the model' if r.ended else ''})")
+    print(f"states: s = after s layers (0: the embeddings, {r.layers}: the model's output)\n")
+    head = ["#", "token", "P(token)", "model's top-1"]
+    for s in r.strips:
+        head += [f"{s.lens}: first top-1", f"{s.lens}: top-1 from"]
+    rows = []
+    for k, token in enumerate(r.tokens):
+        row = [k, repr(token), r.prob[k], repr(r.top[k])]
+        for s in r.strips:
+            row += ["never" if s.first[k] is None else s.first[k], "-" if s.stays[k] is None else s.stays[k]]
+        rows.append(row)
+    _table(rows, head)
+
+
 def cli(argv: list[str]) -> int:
     from analysis.model_access.models import ModelSpec, load_model
     from analysis.residual import analysis
@@ -77,6 +95,10 @@ def cli(argv: list[str]) -> int:
         other = load_model(ModelSpec.parse(params.other_model)) if params.side == "model" and params.other_model else None
         result = analysis.side_by_side(handle, params, other=other)
         show = lambda r: (print_inspection(r.a), print(), print_inspection(r.b))  # noqa: E731
+    elif args.what == "generate":
+        from analysis.residual.generation import generate
+
+        result, show = generate(handle, params), print_generation
     else:
         result, show = analysis.pair_sweep(handle, params), print_sweep
     if args.json:

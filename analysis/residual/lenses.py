@@ -27,16 +27,22 @@ from analysis.residual.sites import project_out
 def readout(lm: torch.nn.Module, states: torch.Tensor, *, softcap: bool = True) -> torch.Tensor:
     """Next-token logits of residual states (..., D): the model's final norm, OPT's projection if any, its
     unembedding and (with `softcap`) Gemma 2's soft-cap, in the model's own modules and order."""
+    logits = anatomy.unembedding(lm)(unembedding_input(lm, states))
+    return capped(lm, logits) if softcap else logits
+
+
+def unembedding_input(lm: torch.nn.Module, states: torch.Tensor) -> torch.Tensor:
+    """What the unembedding reads from residual states: the final norm's output (and OPT's projection's)."""
     norm = anatomy.final_norm(lm)
     x = norm(states) if norm is not None else states
     proj = project_out(lm)
-    if proj is not None:
-        x = proj(x)
-    logits = anatomy.unembedding(lm)(x)
-    cap = anatomy.logit_softcap(lm) if softcap else None
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
+    return proj(x) if proj is not None else x
+
+
+def capped(lm: torch.nn.Module, logits: torch.Tensor) -> torch.Tensor:
+    """Gemma 2's logit soft-cap applied to `logits` (unchanged for every other model)."""
+    cap = anatomy.logit_softcap(lm)
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 class Lens(Method):
@@ -45,8 +51,13 @@ class Lens(Method):
     def prepare(self, handle: ModelHandle) -> None:
         """Load what the lens needs for this model; a ResidualError saying why when it cannot."""
 
+    def translate(self, handle: ModelHandle, layer: int, states: torch.Tensor) -> torch.Tensor:
+        """The state the readout reads for `layer` (the logit lens: the state itself)."""
+        return states
+
     def layer_logits(self, handle: ModelHandle, layer: int, states: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        with torch.no_grad():
+            return readout(handle.language_model, self.translate(handle, layer, states))
 
 
 LENSES: Registry[Lens] = Registry("lens")
@@ -58,10 +69,6 @@ class LogitLens(Lens):
     name: ClassVar[str] = "logit"
     label: ClassVar[str] = "Logit lens"
     summary: ClassVar[str] = "The model's final norm and unembedding applied to every layer's residual stream."
-
-    def layer_logits(self, handle: ModelHandle, layer: int, states: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return readout(handle.language_model, states)
 
 
 @LENSES.register
@@ -75,6 +82,5 @@ class TunedLens(Lens):
     def prepare(self, handle: ModelHandle) -> None:
         self._translators = translators.for_model(handle)
 
-    def layer_logits(self, handle: ModelHandle, layer: int, states: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return readout(handle.language_model, self._translators.apply(layer, states))
+    def translate(self, handle: ModelHandle, layer: int, states: torch.Tensor) -> torch.Tensor:
+        return self._translators.apply(layer, states)

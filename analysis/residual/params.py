@@ -15,7 +15,10 @@ from analysis.framework.settings import check_settings, setting
 SIDES = ["corrupt", "model"]
 SIDE_LABELS = {"corrupt": "corrupted prompt", "model": "other model"}
 SECTIONS = {"lens": "Lens & logit attribution", "patching": "Activation patching", "side": "Side by side",
-            "pairs": "All offered pairs"}
+            "pairs": "All offered pairs", "generate": "Generate & commit"}
+DECODING = {"greedy": "greedy", "sample": "sampled (seeded)"}
+COMMITS = {"first": "first top-1", "stays": "top-1 from there on"}
+MAX_NEW_TOKENS = 64
 COLOURS = {"target_prob": "P(target)", "kl": "KL to the final layer", "top_prob": "P(top token)"}
 
 
@@ -55,6 +58,17 @@ class ResidualParams(Result):
                                            "clean prompt on another model.")
     other_model: str = setting("", label="Other model", high=300, cli="other-model", group="side", width=260,
                                help="zoo:NAME, hub:ID or local:PATH; its tokenizer must match this model's.")
+    new_tokens: int = setting(16, label="Tokens to generate", low=1, high=MAX_NEW_TOKENS, group="generate",
+                              cli="new-tokens", width=160,
+                              help="Generate & commit: the continuation of the clean prompt, up to this many tokens "
+                                   "(fewer if the model ends it).")
+    decoding: str = setting("greedy", label="Decoding", choices=list(DECODING), labels=DECODING, widget="pills",
+                            group="generate", width=260,
+                            help="Greedy: the model's top token each step. Sampled: from the model's distribution "
+                                 "at the temperature below, with the seed (the same seed gives the same text).")
+    seed: int = setting(0, label="Seed", low=0, high=2**31 - 1, group="generate", width=140)
+    temperature: float = setting(1.0, label="Temperature", low=0.05, high=2.0, step=0.05, group="generate",
+                                 width=140, help="Sampled decoding only.")
     batch: int = field(default=32)  # patched rows per forward
 
 
@@ -68,6 +82,9 @@ class ResidualState:
                              "forward per cell.")
     colour: str = setting("target_prob", label="Colour", choices=list(COLOURS), labels=COLOURS, widget="radio",
                           help="What the lens grid's colour shows.")
+    commit: str = setting("first", label="Commitment layer", choices=list(COMMITS), labels=COMMITS, widget="radio",
+                          help="First top-1: the first state at which the lens has the generated token on top. "
+                               "Top-1 from there on: the first state from which it stays on top through the output.")
 
 
 def validate_params(params: ResidualParams) -> None:

@@ -139,3 +139,45 @@ class PairSweep(Result):
     last_attribution: list[float]
     correlation: float  # Pearson r of exact vs attribution over every cell of every pair
     skipped: list[str] = field(default_factory=list)  # pairs whose prompts differ in length here
+
+
+@dataclass
+class Strip(Result):
+    """One lens over the generated tokens (see generation.py): at which states each is the lens's top-1.
+
+    States as everywhere in the panel: state s is the residual stream after s layers (0: the embeddings),
+    state L the last layer's output, read as the model's own output."""
+
+    lens: str
+    top1: list[list[bool]]  # [generated token][state]: the token is the lens's top-1 there
+    first: list[int | None]  # the first state where it is top-1 (None: never)
+    stays: list[int | None]  # the first state from which it is top-1 through state L (None: not the model's top-1)
+    first_prob: list[float | None]  # the lens's P(token) at `first`
+    full_rows: int  # states read over the whole vocabulary; every other one was ruled out by a candidate token
+    rows: int  # states judged (generated tokens x L)
+
+    def commitment(self, definition: str) -> list[int | None]:
+        """Per generated token, its commitment state under `definition` ("first" or "stays")."""
+        return self.first if definition == "first" else self.stays
+
+
+@dataclass
+class Generation(Result):
+    """A continuation of the clean prompt and, per generated token, where each lens commits to it."""
+
+    model: str
+    params: ResidualParams
+    prompt: str
+    prompt_tokens: list[str]
+    text: str  # the continuation as the tokenizer decodes it
+    tokens: list[str]  # the generated tokens, one by one
+    token_ids: list[int]
+    prob: list[float]  # the model's own P(token) at the step that produced it (temperature 1)
+    top: list[str]  # the model's own top-1 at that step (differs from the token only when sampled)
+    ended: bool  # the model ended the text (its end-of-text token) before the limit
+    layers: int
+    strips: list[Strip]
+    seconds: dict[str, float] = field(default_factory=dict)  # "generate", "strip": wall time
+
+    def strip(self, lens: str) -> Strip | None:
+        return next((s for s in self.strips if s.lens == lens), None)
