@@ -23,7 +23,11 @@ from analysis.model_access import real_models
 from components import hosting
 
 SOURCES = {"zoo": "Zoo", "hub": "Hugging Face Hub", "local": "Local folder", "ndif": "NDIF (remote)"}
-STATE_KEY = "model_spec"
+STATE_KEY = "model_spec"  # the loaded model: what "Loaded:", the URL and every page name
+CHOSEN_KEY = "_model_chosen"  # the visitor's own model (the picker's Load, a link, the default)
+BORROWED_KEY = "_model_borrowed"  # (panel, why) while a preset or a panel's needs put another model in its place
+LOADED_BY_PICKER = "_model_loaded_by_picker"  # set by Load model for the page drawn in the same run
+PICKER_SHOWS = "_picker_shows"  # the spec the picker's widgets were last set to
 
 
 @st.cache_resource(max_entries=2, show_spinner=False)
@@ -54,9 +58,12 @@ def _spec_from_url() -> ModelSpec | None:
         return None
 
 
-def try_load(spec: ModelSpec) -> ModelHandle | None:
+def try_load(spec: ModelSpec, *, borrowed: tuple[str, str] | None = None) -> ModelHandle | None:
     """Load (or fetch from cache) and make it the session's model; on failure keep the old one.
-    A spec the deployment does not allow never reaches the loader."""
+    A spec the deployment does not allow never reaches the loader.
+
+    `borrowed=(panel, why)`: a preset or a panel loads it in place of the visitor's own model, which is
+    remembered (`chosen()`) and comes back when the visitor leaves that panel (components/presets.py)."""
     refusal = _refusal(spec)
     if refusal:
         st.warning(f"{hosting.escape_markdown(spec.label)} was not loaded. {hosting.visible_markdown(refusal)}",
@@ -72,9 +79,26 @@ def try_load(spec: ModelSpec) -> ModelHandle | None:
     except ModelLoadError as exc:
         st.error(f"Could not load {hosting.visible_markdown(f'{spec.label}: {exc}')}", icon=":material/error:")
         return None
+    own = chosen()
     st.session_state[STATE_KEY] = spec
     st.query_params["model"] = spec.label
+    if borrowed is None or spec == own or own is None:
+        st.session_state[CHOSEN_KEY] = spec
+        st.session_state.pop(BORROWED_KEY, None)
+    else:
+        st.session_state[CHOSEN_KEY] = own
+        st.session_state[BORROWED_KEY] = borrowed
     return handle
+
+
+def chosen() -> ModelSpec | None:
+    """The visitor's own model: the last one they loaded (or their link's, or the default)."""
+    return st.session_state.get(CHOSEN_KEY) or st.session_state.get(STATE_KEY)
+
+
+def borrowed() -> tuple[str, str] | None:
+    """(panel, why) when the loaded model is a preset's or a panel's, not the visitor's own."""
+    return st.session_state.get(BORROWED_KEY)
 
 
 def current_handle() -> ModelHandle | None:
@@ -135,9 +159,39 @@ def _pick(source: str, names: list[str], start: ModelSpec, label: str, key: str,
     if not names:
         st.warning(hosting.visible(none))  # on a public instance, without the operator's instructions
         return None
-    name = st.selectbox(label, names, key=key, format_func=format_func,
-                        index=names.index(start.name) if start.name in names else 0)
+    if st.session_state.get(key) not in names:
+        st.session_state.pop(key, None)
+    start_at = {} if key in st.session_state else {"index": names.index(start.name) if start.name in names else 0}
+    name = st.selectbox(label, names, key=key, format_func=format_func, **start_at)
     return ModelSpec(source, name)
+
+
+def _text(label: str, key: str, value: str, **kw) -> str:
+    """A text box that starts at `value` unless the picker already set its state (_show_in_picker)."""
+    return st.text_input(label, key=key, **({} if key in st.session_state else {"value": value}), **kw)
+
+
+def _show_in_picker(spec: ModelSpec, sources: list[str]) -> None:
+    """Set the picker's widgets to the loaded model whenever it changed since they were last set (a preset,
+    a link, a panel's demo model, Load model). Their state is written, not forgotten: a forgotten widget
+    kept showing the old model in the browser, and Load model then switched back to it."""
+    if st.session_state.get(PICKER_SHOWS) == spec:
+        return
+    st.session_state[PICKER_SHOWS] = spec
+    if spec.source not in sources:
+        return
+    state = st.session_state
+    state["picker_source"] = spec.source
+    if spec.source == "zoo":
+        state["picker_zoo"] = spec.name
+    elif spec.source == "ndif":
+        state["picker_ndif"] = spec.name
+    elif spec.source == "hub" and hosting.settings().hub_allow_list() is not None:
+        state["picker_hub_list"] = spec.name
+    elif spec.source == "hub":
+        state["picker_hub"], state["picker_rev"] = spec.name, spec.revision or ""
+    else:
+        state["picker_local"] = spec.name
 
 
 def render_sidebar() -> ModelHandle | None:
@@ -146,13 +200,19 @@ def render_sidebar() -> ModelHandle | None:
     with st.sidebar:
         hosting.account_box()
         st.subheader("Model")
+        st.session_state.pop(LOADED_BY_PICKER, None)  # a Load on a page without a preset bar (home) is done with
         loaded = current_handle()  # so the widgets start on the model the URL or session names
         start = loaded.spec if loaded is not None else ModelSpec()
         sources = [s for s in SOURCES if s in config.models.sources]
         if config.backend.kind == "ndif":
             sources.append("ndif")
+        _show_in_picker(start, sources)
+        if st.session_state.get("picker_source") not in sources:
+            st.session_state.pop("picker_source", None)
+        start_at = {} if "picker_source" in st.session_state else {
+            "index": sources.index(start.source) if start.source in sources else 0}
         source = st.radio("Source", sources, format_func=SOURCES.get, key="picker_source", horizontal=True,
-                          index=sources.index(start.source) if start.source in sources else 0)
+                          **start_at)
         spec = None
         if source == "zoo":
             spec = _pick("zoo", all_zoo_models(), start, "Zoo model", "picker_zoo",
@@ -169,20 +229,19 @@ def render_sidebar() -> ModelHandle | None:
                          "This instance lists no Hub models.")
         elif source == "hub":
             hub = start.source == "hub"
-            repo = st.text_input("Model id", placeholder="owner/name", key="picker_hub",
-                                 value=start.name if hub else "")
-            rev = st.text_input("Revision (optional)", placeholder="main", key="picker_rev",
-                                value=(start.revision or "") if hub else "")
+            repo = _text("Model id", "picker_hub", start.name if hub else "", placeholder="owner/name")
+            rev = _text("Revision (optional)", "picker_rev", (start.revision or "") if hub else "",
+                        placeholder="main")
             spec = ModelSpec("hub", repo.strip(), rev.strip() or None)
         else:
-            path = st.text_input("Folder (save_pretrained layout)", key="picker_local",
-                                 value=start.name if start.source == "local" else "")
+            path = _text("Folder (save_pretrained layout)", "picker_local",
+                         start.name if start.source == "local" else "")
             spec = ModelSpec("local", path.strip())
         if st.button("Load model", key="picker_load", type="primary", disabled=spec is None):
             if spec.source != "zoo" and not spec.name:
                 st.error("Enter a model id or folder first.")
-            else:
-                try_load(spec)
+            elif try_load(spec) is not None:
+                st.session_state[LOADED_BY_PICKER] = spec  # the visitor wants it on this page too
         handle = current_handle()
         if handle is not None:
             if st.query_params.get("model") != handle.spec.label:
@@ -190,4 +249,18 @@ def render_sidebar() -> ModelHandle | None:
             where = " · runs on NDIF" if handle.remote is not None else ""
             st.caption(f"Loaded: **{handle.spec.label}** · {handle.info.architecture} · "
                        f"{handle.info.parameters:,} parameters{where}")
+            _borrowed_note(handle.spec)
     return handle
+
+
+def _borrowed_note(loaded: ModelSpec) -> None:
+    """Under "Loaded:", while a preset's or a panel's model stands in for the visitor's: say so, and offer it back."""
+    why, own = borrowed(), chosen()
+    if why is None or own is None or own == loaded:
+        return
+    st.caption(f"{hosting.escape_markdown(why[1])}. Your model, {hosting.escape_markdown(own.label)}, comes back "
+               "on the other pages.")
+    if st.button(f"Back to {own.label}", key="picker_back"):
+        if try_load(own) is not None:
+            st.session_state[LOADED_BY_PICKER] = own
+            st.rerun()

@@ -5,28 +5,73 @@
 A preset is applied by writing its values into the URL (so the URL is its permalink), forgetting the
 page's remembered widget values (widgets then start from the URL) and rerunning. A link with `?preset=name`
 fills in every control the link does not set itself; explicit values in the link win.
+
+The bar also settles which model the page shows (`settle_model`): a preset's model, or the demo model of a
+panel the visitor's model cannot show (another kind, or SAE-V with no SAE), stands in for the visitor's
+own model (components/model_picker.py: `borrowed`) with one line saying why; on another panel the
+visitor's model comes back, and the page says so. The sidebar's picker follows every switch.
 """
 from __future__ import annotations
 
 import streamlit as st
 
+from analysis.framework import panels
 from analysis.framework import presets as P
 from analysis.model_access.models import ModelSpec
-from components.model_picker import STATE_KEY, try_load
+from components import hosting
+from components.model_picker import LOADED_BY_PICKER, STATE_KEY, borrowed, chosen, current_handle, try_load
+from components.registry import opens_on
 
 SEEN_KEY = "_presets_seen"  # presets this session already switched the model for
+NOTE_KEY = "_model_note"  # what the last switch did, shown once on the page it led to
+KEPT_KEY = "_model_kept"  # (panel, model) the visitor loaded on that panel themselves: it is not replaced there
 
 
 def _switch_model(preset: P.Preset) -> bool:
-    """Load the preset's model if another one is loaded; True when it changed."""
+    """Load the preset's model if another one is loaded; True when it changed. The visitor's own model is
+    remembered (the sidebar's picker shows the preset's while it is loaded, and says whose it is)."""
     current = st.session_state.get(STATE_KEY)
     if current is not None and current.label == preset.model:
         return False
-    if try_load(ModelSpec.parse(preset.model)) is None:
-        return False
-    for key in ("picker_source", "picker_zoo"):  # the sidebar's widgets follow the new model
-        st.session_state.pop(key, None)
-    return True
+    return try_load(ModelSpec.parse(preset.model), borrowed=(preset.panel, f'Loaded for the preset "{preset.title}"')) \
+        is not None
+
+
+def settle_model(panel: str) -> None:
+    """Before the page's model gate: give the visitor's model back on a panel other than the one that borrowed
+    another in its place, or put the panel's demo model in place of one it cannot show. Reruns after a switch
+    (the sidebar above was drawn with the old model)."""
+    analysis = next((a for a in panels.analyses() if a.url_path == panel), None)
+    if analysis is None:
+        return
+    kept = st.session_state.setdefault(KEPT_KEY, set())
+    picked = st.session_state.pop(LOADED_BY_PICKER, None)
+    if picked is not None:  # the visitor loaded it on this page: keep it here, and say what it can show
+        kept.add((panel, picked))
+    lent, own = borrowed(), chosen()
+    if lent is not None and lent[0] != panel and own is not None and own != st.session_state.get(STATE_KEY):
+        was = st.session_state.get(STATE_KEY)
+        if try_load(own) is not None:
+            st.session_state[NOTE_KEY] = (f"Back on your model, {own.label} ({was.label} was loaded for another "
+                                          "page).")
+            st.rerun()
+    handle = current_handle()
+    if handle is None or (panel, handle.spec) in kept:
+        return
+    instead = opens_on(analysis, handle)
+    if instead is not None:
+        demo, why = instead
+        if try_load(demo, borrowed=(panel, f"Loaded for {analysis.title}: {why}")) is not None:
+            st.session_state[NOTE_KEY] = (f"Showing {demo.label}'s example: {analysis.title} cannot show "
+                                          f"{handle.spec.label} ({why}). Your model comes back on the other "
+                                          "pages; to stay on it here, load it in the sidebar.")
+            st.rerun()
+
+
+def _note() -> None:
+    note = st.session_state.pop(NOTE_KEY, None)
+    if note:
+        st.info(hosting.escape_markdown(note), icon=":material/swap_horiz:")
 
 
 def _forget_widgets(prefix: str) -> None:
@@ -74,11 +119,15 @@ def active(panel: str) -> P.Preset | None:
 
 
 def preset_bar(panel: str, widget_prefix: str) -> P.Preset | None:
-    """Buttons for the panel's presets, and a line saying what the active one shows."""
+    """Buttons for the panel's presets, and a line saying what the active one shows (after settling the
+    page's model: a link's preset, the visitor's own model back, or the panel's demo model)."""
     presets = P.for_panel(panel)
+    linked = _from_url(panel) if presets else None
+    if linked is None:
+        settle_model(panel)
+    _note()
     if not presets:
         return None
-    linked = _from_url(panel)
     current = active(panel)
     if linked is not None and current is None and st.query_params.get("preset"):
         del st.query_params["preset"]  # the user moved a control away from the preset
