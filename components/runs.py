@@ -98,6 +98,9 @@ _SINKS: list[Callable[..., None]] = []
 # Runs estimated longer than this wait for the user's click. MODEL_INSPECTOR_ASK_ABOVE_S changes it
 # ("inf": run everything at once, as the warm command and the page tests do).
 ASK_ABOVE_S = float(os.environ.get("MODEL_INSPECTOR_ASK_ABOVE_S", cost.LIMIT_S))
+# Runs estimated longer than this are not one click away: the page says what the run will do and its Run
+# button waits for a tick in "I understand" (#47: "Run it (about 13.2 h)" was one click).
+CONFIRM_ABOVE_S = 600.0
 RUN_ON_DEMAND = False  # True: on-demand sections run without their button (the warm command's --extras)
 
 
@@ -222,7 +225,8 @@ def cached_run(kind: str, fn: Callable, handle, params: Any, *, label: str, on_d
             if on_demand or optional:
                 return None
             st.stop()
-        with limits.run_slot(label):  # counted per visitor; waits for a free slot (concurrency limit)
+        # counted per visitor; waits for a free slot (concurrency limit) and for memory (its estimated peak)
+        with limits.run_slot(label, mb=estimate.mb if estimate is not None else 0.0):
             result, seconds = _compute(key, fn, handle, params, label, {**models, **kwargs}, estimate)
         store.put(key, result)
         for sink in _SINKS:
@@ -326,19 +330,34 @@ def _asked(key: RunKey, handle, label: str, estimate, on_demand: bool, stopped: 
 
 
 def _ask(key: RunKey, handle, label: str, estimate, on_demand: bool, stopped: float | None) -> bool:
-    when = f"about {cost.format_seconds(estimate.seconds)}" if estimate is not None else "a while"
+    when = estimate.text() if estimate is not None else "a while"
     if stopped is not None:
         st.warning(f"**Stopped.** {label.rstrip(' .')} was stopped after {stopped:.0f} s, as you asked; nothing "
                    "of it is shown, and the shared model is free again. Change the settings, or run it again.",
                    icon=":material/stop_circle:")
-        return st.button(f"Run it again ({when})", key=_widget_key("run", key), type="primary")
+        return _run_button(key, handle, label, estimate, f"Run it again ({when})")
     if on_demand and (estimate is None or estimate.seconds <= ASK_ABOVE_S):
         return st.button(f"Run: {label.rstrip(' .')} ({when})", key=_widget_key("run", key))
     info = handle.info
-    st.info(f"**{label.rstrip(' .')}** would take {when} on this machine with {handle.spec.label} "
+    memory = f" and need about {estimate.mb:,.0f} MB of memory" if estimate is not None and estimate.mb >= 1 else ""
+    st.info(f"**{label.rstrip(' .')}** would take {when}{memory} on this machine with {handle.spec.label} "
             f"({info.parameters / 1e6:,.0f} M parameters), so it is not started on its own. Smaller settings "
-            "(fewer prompts, a shorter context, fewer tokens) run sooner.", icon=":material/schedule:")
-    return st.button(f"Run it ({when})", key=_widget_key("run", key), type="primary")
+            "(the page's counts, lengths and batch sizes) run sooner.", icon=":material/schedule:")
+    return _run_button(key, handle, label, estimate, f"Run it ({when})")
+
+
+def _run_button(key: RunKey, handle, label: str, estimate, text: str) -> bool:
+    """The Run button; for a run estimated above CONFIRM_ABOVE_S, first what it will do and a tick that
+    enables the button."""
+    if estimate is None or estimate.seconds <= CONFIRM_ABOVE_S:
+        return st.button(text, key=_widget_key("run", key), type="primary")
+    low, high = estimate.range()
+    st.warning(f"**This is a long run: {cost.format_range(low, high)}.** {label.rstrip(' .')} will hold "
+               f"{handle.spec.label} for all of that time: other analyses on this model wait behind it, nothing "
+               "of it is shown until it ends, and *Stop* ends it early (nothing is kept then).",
+               icon=":material/warning:")
+    sure = st.checkbox(f"I understand: run it for {cost.format_range(low, high)}", key=_widget_key("sure", key))
+    return st.button(text, key=_widget_key("run", key), type="primary", disabled=not sure) and sure
 
 
 def _compute(key: RunKey, fn: Callable, handle, params, label: str, kwargs: dict, estimate):

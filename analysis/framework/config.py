@@ -73,6 +73,9 @@ class Limits:
     max_run_seconds: int = 0  # the longest run (estimated on this machine) that is started at all; 0: no limit
     training: str = "everyone"  # who may train (an SAE: written where every visitor sees it): everyone | signed-in | nobody
     saves_per_minute: int = 0  # analyses one visitor may save per minute; 0: no limit
+    # Memory (MiB, estimated before a run starts from the same counts as its time, analysis/framework/cost.py):
+    max_run_mb: int = 0  # the most one run may add to the server's memory at its peak; 0: no limit
+    server_mb: int = 0  # the server's budget: resident now plus the runs in flight plus a new one; 0: no limit
 
 
 @dataclass(frozen=True)

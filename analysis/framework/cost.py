@@ -68,10 +68,15 @@ class Work:
     cut: float = 0.0
     patches: float = 0.0  # image patches through the vision tower (a VLM's images)
     seconds_elsewhere: float = 0.0  # work on another model, priced with that model's calibration
+    # Memory (bytes): `peak` the largest working set of one step (a forward's activations and attention
+    # scores), combined by max; `held` what the run keeps until it ends (collected activations, codes),
+    # summed. 0 and 0: derived from the mean forward (`Estimate.mb`).
+    peak: float = 0.0
+    held: float = 0.0
 
     def add(self, calls: float = 0.0, tokens: float = 0.0, attended: float = 0.0, logits: float = 0.0,
             overhead: float = 0.0, rows: float = 0.0, cut: float = 0.0, patches: float = 0.0,
-            seconds_elsewhere: float = 0.0, times: float = 1.0) -> "Work":
+            seconds_elsewhere: float = 0.0, peak: float = 0.0, held: float = 0.0, times: float = 1.0) -> "Work":
         self.calls += calls * times
         self.tokens += tokens * times
         self.attended += attended * times
@@ -81,6 +86,8 @@ class Work:
         self.cut += cut * times
         self.patches += patches * times
         self.seconds_elsewhere += seconds_elsewhere * times
+        self.peak = max(self.peak, peak)  # steps run one after another: their working sets do not add up
+        self.held += held
         return self
 
     def stopped(self, calls: float, depth: float, tokens: float = 0.0, attended: float = 0.0,
@@ -100,13 +107,36 @@ class Estimate:
     seconds: float
     work: Work
     throughput: Throughput
+    mb: float = 0.0  # peak memory the run adds to the server, in MiB (`memory_mb`)
 
     @property
     def long(self) -> bool:
         return self.seconds > LIMIT_S
 
+    def range(self) -> tuple[float, float]:
+        """(low, high) seconds: the spread of measured / estimated in the calibration table (TIME_RANGE)."""
+        return self.seconds * TIME_RANGE[0], self.seconds * TIME_RANGE[1]
+
     def text(self) -> str:
-        return f"about {format_seconds(self.seconds)}"
+        return f"about {format_range(*self.range())}"
+
+
+# Measured / estimated time over the calibration runs (docs/performance.md, "Estimates against measured
+# runs"): the range a page shows around an estimate.
+TIME_RANGE = (0.7, 1.4)
+
+
+def format_range(low: float, high: float) -> str:
+    """'20–35 s', '2–4 min', '50 s–2 min': a range in the unit of each end, the shared unit written once."""
+    a, b = format_seconds(low), format_seconds(high)
+    if a == b:
+        return a
+    if low < 1:
+        return f"up to {b}"
+    unit_a, unit_b = a.rsplit(" ", 1)[-1], b.rsplit(" ", 1)[-1]
+    if unit_a == unit_b:
+        return f"{a.rsplit(' ', 1)[0]}–{b}"
+    return f"{a}–{b}"
 
 
 LARGE_MODEL = 1e8  # parameters above which pages start from smaller default settings
@@ -270,7 +300,75 @@ def estimate_work(fn: Callable, handle: ModelHandle, params: Any, kwargs: dict |
 def estimate(fn: Callable, handle: ModelHandle, params: Any, kwargs: dict | None = None) -> Estimate:
     work = estimate_work(fn, handle, params, kwargs)
     t = calibrate(handle)
-    return Estimate(seconds=work.seconds(t), work=work, throughput=t)
+    return Estimate(seconds=work.seconds(t), work=work, throughput=t, mb=memory_mb(work, handle))
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: what a run adds to the server's resident memory at its peak, from the same counts
+#
+#     MiB = RUN_OVERHEAD_MB + (peak + held) / 2^20
+#
+# `peak`: the largest step's working set; a forward without gradients frees each layer's temporaries
+# before the next, so one layer's (the residual stream, its norm, q/k/v/o, the MLP's up/gate/act: about
+# 4 d + 3 d_ff values per token) plus the attention scores and their softmax (eager: heads x queries x
+# keys, ATTENTION_COPIES of them) plus the logits it returns (float32 over the vocabulary). `held`: what
+# the run accumulates (a panel's estimator counts it). Calibrated against peak resident memory measured
+# in a fresh process per run (benchmarks/memory_bench.py; table in docs/performance.md).
+
+MIB = float(2 ** 20)
+ATTENTION_COPIES = 3.0  # scores, their softmax, and the weights x values product's input copy (measured)
+RUN_OVERHEAD_MB = 10.0  # allocator arenas, Python objects and the result of any run (measured: tiny runs)
+
+
+def element_bytes(handle: ModelHandle) -> int:
+    return 2 if "16" in str(handle.info.dtype) else 4
+
+
+def _intermediate(handle: ModelHandle) -> int:
+    config = handle.language_model.config
+    config = getattr(config, "text_config", None) or config
+    return int(getattr(config, "intermediate_size", None) or 4 * handle.info.hidden_size)
+
+
+def forward_bytes(handle: ModelHandle, rows: float, length: float, keys: float | None = None,
+                  logits: float = 0.0, copies: float = ATTENTION_COPIES) -> float:
+    """The working set of one forward of `rows` sequences of `length` new tokens attending to `keys`
+    positions each (default: causal over `length`), returning `logits` positions' logits (all rows)."""
+    info = handle.info
+    keys = length if keys is None else keys
+    e = element_bytes(handle)
+    layer = rows * length * (4 * info.hidden_size + 3 * _intermediate(handle)) * e
+    scores = rows * info.heads * length * keys * 4 * copies  # softmax is taken in float32
+    return layer + scores + logits * info.vocab_size * 4
+
+
+def memory_mb(work: Work, handle: ModelHandle) -> float:
+    """Peak MiB a run adds to the server: its estimator's `peak` and `held`, or, where it counted none,
+    the mean forward of its work (tokens and attended pairs per call)."""
+    if getattr(handle, "remote", None) is not None:  # the weights and activations live on NDIF
+        return RUN_OVERHEAD_MB + work.held / MIB
+    peak = work.peak
+    if not peak and work.calls:
+        per_call = work.tokens / work.calls
+        pairs = work.attended / work.calls
+        info = handle.info
+        peak = (per_call * (4 * info.hidden_size + 3 * _intermediate(handle)) * element_bytes(handle)
+                + pairs * 2 * info.heads * 4 * ATTENTION_COPIES  # attended counts half the causal square
+                + (1 + work.logits / work.calls) * info.vocab_size * 4)
+    return RUN_OVERHEAD_MB + (peak + work.held) / MIB
+
+
+def release_memory() -> None:
+    """After heavy work: collect its cycles and hand freed heap pages back to the system (glibc's
+    malloc_trim), so that a finished run's peak does not stay resident."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the allocator keeps its pages, nothing else to do
+        pass
 
 
 def sequence(prefill: int, total: int, *, overhead: float = 1.0, generate: int = 0) -> Work:

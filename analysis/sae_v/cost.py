@@ -28,6 +28,12 @@ PAIR_CALLS = {"vlm": 2.0, "causal_lm": 0.3}  # the processor's work and bookkeep
 GENERATE_STEP_CALLS = 0.5  # generate()'s own work per new token beyond the forward (logits processing, cache)
 STEER_HOOK_OVERHEAD = 1.3  # decode steps with the steering hook (a small matmul per step)
 SAMPLE = 24  # pairs tokenized to measure the mean caption length
+# Memory of a feature store (benchmarks/memory_bench.py): the collected activations (float32, with their
+# scaled copy) are held to the end; the SAE's codes over every token are dense float32 with copies alive
+# at once (the codes, the rule's visible codes, the fit's reconstruction pass, the active mask), plus the
+# d_sae x d_sae neighbour and co-activation tables.
+STORE_CODE_COPIES = 5.5
+STORE_ACT_COPIES = 3.0
 
 
 def _body(handle: ModelHandle) -> float:
@@ -73,6 +79,7 @@ def collection(handle: ModelHandle, pairs: int, text_tokens: float, layer: int, 
     depth = min(1.0, (layer + 1) / max(handle.info.layers, 1))
     calls = math.ceil(pairs / max(batch, 1))
     work = Work().stopped(calls, depth, tokens=pairs * per, attended=pairs * per * (per + 1) / 2)
+    work.add(peak=cost.forward_bytes(handle, min(batch, pairs), per))
     return work.add(patches=pairs * image, overhead=pairs * PAIR_CALLS.get(handle.kind, 1.0))
 
 
@@ -116,6 +123,8 @@ def store_work(handle: ModelHandle, choice: SaeChoice, kwargs: dict, source=None
     rows = pairs * (text + ((handle.info.image_tokens or 0) if handle.kind == "vlm" else 0))
     work = collection(handle, pairs, text, layer, choice.batch_pairs)
     work.add(**vars(encoding(handle, rows, d_in, d_sae, passes=2)))  # codes, and the fit's reconstruction
+    work.add(held=rows * d_in * 4 * STORE_ACT_COPIES,
+             peak=rows * d_sae * 4 * STORE_CODE_COPIES + rows * d_sae + 3 * d_sae * d_sae * 4)
     return work.add(**vars(cards(rows, d_sae, d_in)))
 
 

@@ -1,7 +1,11 @@
 """How much work a sharpness analysis is, counted from its settings (analysis/framework/cost.py prices it)."""
 from __future__ import annotations
 
-from analysis.framework.cost import Work
+import dataclasses
+import math
+from collections import defaultdict
+
+from analysis.framework.cost import Work, forward_bytes
 from analysis.model_access.models import ModelHandle
 from analysis.sharpness.params import SweepParams, validate_params
 from analysis.sharpness.prompt import PromptParams, prompt_ids
@@ -11,30 +15,71 @@ from analysis.sharpness.sweep import chunks, prompt_builder, prompts_for
 # The temperature attention function with its recorder, against a plain eager call: the extra per-call
 # Python work and the second softmax pass of the adaptive rule.
 TEMPERATURE_OVERHEAD = 1.5
+# Attention score tensors alive at once in a tempered forward: the scores, the tempered scores, their
+# softmax, the recorder's entropy pass and the packed tree's float mask (measured, benchmarks/memory_bench.py).
+TEMPERATURE_COPIES = 4.0
+# Prompts built to count the work, over all n together: more prompts per n are extrapolated from these,
+# so that estimating costs the same for 32 prompts as for 10,000 (#50: an estimate took 620 s).
+SAMPLE_PROMPTS = 256
+
+
+def _sample_size(params: SweepParams) -> int:
+    return min(params.samples, max(2, SAMPLE_PROMPTS // max(1, len(set(params.ns)))))
 
 
 def sweep_work(handle: ModelHandle, params: SweepParams, kwargs: dict) -> Work:
     """`size_sweep`: per n, every rule over the prompts, one forward per chunk of equal-length prompts,
-    each row the prompt plus its chunk's candidate tree. Settings the sweep refuses are refused here."""
+    each row the prompt plus its chunk's candidate tree. Settings the sweep refuses are refused here.
+    Counted exactly from the prompts themselves up to `_sample_size` prompts per n, beyond it from that
+    many (their lengths scaled to the requested count); an n whose first prompt does not fit ends the
+    count (larger n fit even less)."""
     validate_params(params, handle.info.layers)
     build = prompt_builder(handle.tokenizer)
     limit = handle.info.max_positions or 4096
     rules = len(params.temperatures())
+    sample = _sample_size(params)
     work = Work()
     for n in sorted(set(params.ns)):
-        prompts = prompts_for(build, n, params, limit)
+        if n > limit or prompts_for(build, n, dataclasses.replace(params, samples=1), limit) is None:
+            if n > limit:
+                break  # every item takes a token at least: this n and every larger one cannot fit
+            continue
+        prompts = prompts_for(build, n, dataclasses.replace(params, samples=sample), limit)
         if prompts is None:
             continue
-        for chunk in chunks(prompts, params.batch):
+        scale = params.samples / len(prompts)
+        for chunk, count in _scaled_chunks(prompts, params.batch, scale):
             rows, extra = len(chunk), len(tree_nodes(chunk))
             length = len(chunk[0].input_ids) + extra
-            work.add(calls=1, tokens=rows * length, logits=rows * extra, overhead=TEMPERATURE_OVERHEAD - 1,
-                     attended=rows * length * (length + 1) / 2 * TEMPERATURE_OVERHEAD, times=rules)
+            work.add(calls=count, tokens=rows * length * count, logits=rows * extra * count,
+                     overhead=(TEMPERATURE_OVERHEAD - 1) * count,
+                     attended=rows * length * (length + 1) / 2 * TEMPERATURE_OVERHEAD * count, times=rules,
+                     peak=forward_bytes(handle, rows, length, logits=rows * (extra + 1) * 2,
+                                        copies=TEMPERATURE_COPIES))
     return work
+
+
+def _scaled_chunks(prompts: list, batch: int, scale: float) -> list[tuple[list, float]]:
+    """(a chunk, how many forwards like it): the sweep's own chunks when nothing is scaled; else per length
+    of the sample, its prompts' share of the requested count in chunks of at most `batch`."""
+    if scale == 1:
+        return [(chunk, 1) for chunk in chunks(prompts, batch)]
+    by_len: dict[int, list] = defaultdict(list)
+    for p in prompts:
+        by_len[len(p.input_ids)].append(p)
+    out = []
+    for group in by_len.values():
+        count = len(group) * scale
+        forwards = math.ceil(count / batch)
+        rows = min(batch, math.ceil(count / forwards))
+        chunk = (group * math.ceil(rows / len(group)))[:rows]
+        out.append((chunk, forwards))
+    return out
 
 
 def prompt_work(handle: ModelHandle, params: PromptParams, kwargs: dict) -> Work:
     """`analyse_prompt`: the prompt under softmax and under the chosen rule."""
     n = len(prompt_ids(handle.tokenizer, params.text))
     return Work().add(calls=1, tokens=n, attended=n * (n + 1) / 2 * TEMPERATURE_OVERHEAD,
-                      overhead=TEMPERATURE_OVERHEAD - 1, times=2)
+                      overhead=TEMPERATURE_OVERHEAD - 1, times=2,
+                      peak=forward_bytes(handle, 1, n, logits=n, copies=TEMPERATURE_COPIES))
