@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -42,6 +43,68 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if grouped:
         items.sort(key=lambda item: DISPATCH.index(Path(str(item.path)).parent.name))
+
+
+# What a run costs, printed at its end (scripts/test.sh, every run): each tier's summed test time (setup,
+# call and teardown; in a parallel run the workers' times add up) beside the run's wall time, and how many
+# app servers and Chromiums the tests started. A worker process counts its own starts (an audit hook sees
+# every subprocess: a server is one given `--server.port`, a Chromium one Playwright driver, which
+# launches one browser in this suite) and passes them on with each test's report.
+STARTS = {"servers": 0, "browsers": 0}
+_PASSED_ON = dict(STARTS)
+
+
+def _count_starts(event, args):
+    if event != "subprocess.Popen":
+        return
+    argv = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+    argv = [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in argv]
+    if "--server.port" in argv:
+        STARTS["servers"] += 1
+    elif "run-driver" in argv:  # playwright's node driver, one per sync_playwright()
+        STARTS["browsers"] += 1
+
+
+sys.addaudithook(_count_starts)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    for kind, count in STARTS.items():
+        if count > _PASSED_ON[kind]:
+            report.user_properties.append((f"started_{kind}", count - _PASSED_ON[kind]))
+            _PASSED_ON[kind] = count
+
+
+def pytest_sessionstart(session):
+    session.config._mi_started = time.perf_counter()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    seconds, tests, started = dict.fromkeys(TIERS, 0.0), dict.fromkeys(TIERS, 0), {k: 0 for k in STARTS}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if not isinstance(report, pytest.TestReport):
+                continue
+            tier = Path(report.nodeid.split("::")[0]).parent.name
+            if tier not in seconds:
+                continue
+            seconds[tier] += report.duration
+            tests[tier] += report.when == "call" or (report.when == "setup" and report.outcome != "passed")
+            for name, value in report.user_properties:
+                if name.startswith("started_"):
+                    started[name.removeprefix("started_")] += value
+    if not any(tests.values()):  # --collect-only, or nothing selected
+        return
+    wall = time.perf_counter() - getattr(config, "_mi_started", time.perf_counter())
+    terminalreporter.write_sep("=", "time per tier (summed test durations)")
+    for tier in TIERS:
+        if tests[tier]:
+            terminalreporter.write_line(f"{tier:>8}: {seconds[tier]:8.1f} s in {tests[tier]} tests")
+    terminalreporter.write_line(f"{'all':>8}: {sum(seconds.values()):8.1f} s in {sum(tests.values())} tests; "
+                                f"wall time {wall:.1f} s; started {started['servers']} app servers and "
+                                f"{started['browsers']} Chromiums")
 
 from analysis.model_access import tiny_models  # noqa: E402
 from analysis.model_access.models import ZOO_DIR, ModelSpec, load_model  # noqa: E402
@@ -167,3 +230,4 @@ def computations(monkeypatch):
     runs.run_store().clear()
     yield started
     runs.run_store().clear()
+
