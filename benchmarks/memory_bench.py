@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the checkout goes on the path first
-from analysis.framework.paths import RESULTS  # noqa: E402
+from analysis.framework.paths import RESULTS, ROOT  # noqa: E402
 
 OUT = RESULTS / "memory_bench.json"
 SMOL = "zoo:smollm2-135m-instruct"
@@ -156,7 +156,7 @@ def main() -> int:
         if args.only and not any(s in name for s in args.only):
             continue
         cmd = [sys.executable, __file__, "--case", name] + (["--estimate-only"] if only_estimate else [])
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1])
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
         line = next((x for x in out.stdout.splitlines() if x.startswith("ROW ")), None)
         if line is None:
             print(f"{name}: failed\n{out.stderr[-2000:]}", file=sys.stderr)

@@ -214,6 +214,7 @@ MAY_IMPORT = {
     "tasks": BASE | {"world"},
     "world": BASE,
     "zoo": BASE | {"world", "residual"},  # the zoo trains the residual panel's tuned lenses
+    "talks": BASE,  # talks are data: steps naming presets, read through the framework
     "__main__": BASE,  # `python -m analysis`: the panel table names the CLIs by string
 }
 

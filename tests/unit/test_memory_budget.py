@@ -11,6 +11,7 @@ import pytest
 
 from analysis.framework import config as cfg
 from analysis.framework import cost
+from analysis.framework.paths import ROOT
 from components import limits
 
 
@@ -82,7 +83,7 @@ def test_a_run_past_the_servers_budget_alone_is_refused(resident):
 
 
 def test_the_public_example_sets_both_memory_limits():
-    public = cfg.parse((Path(__file__).resolve().parents[2] / "deploy" / "public.toml").read_text())
+    public = cfg.parse((ROOT / "deploy" / "public.toml").read_text())
     assert 0 < public.limits.max_run_mb < public.limits.server_mb <= 2048  # a 2 GB container
     assert cfg.parse("[limits]\nmax_run_mb = 300\nserver_mb = 1000\n").limits.server_mb == 1000
     with pytest.raises(cfg.ConfigError):
