@@ -190,3 +190,20 @@ def test_the_zero_activation_deviation_arises_on_a_topk_sae_with_user_data_as_do
     doc = " ".join((ROOT / "docs" / "readme_sae.md").read_text().split())
     assert "never arises" not in doc
     assert "8 of 25 ranks" in doc and f"{moved} of {n_pairs} ranks" in doc
+
+
+def test_the_separation_is_measured_on_whole_scores():
+    """A clean pair at s_i 0.12344 and a corrupted one at 0.12342: rounded to 4 places first they tie and the
+    ROC AUC was 0.5; on the scores themselves the clean pair is above, AUC 1.0 (the demo's stored ranking moved
+    from 0.5533 to 0.5523 in the weighted AUC, the 0.001 the audit saw)."""
+    from analysis.sae_v.scores import finish_ranking
+
+    true = torch.tensor([0.12344, 0.12342], dtype=torch.float64)
+    rule = types.SimpleNamespace(pair_scores=lambda *a: (true, true, torch.tensor([1, 1])), name="official")
+    pairs = [types.SimpleNamespace(text=f"t{i}", corrupted=bool(i), kind="other" if i else "clean", image="", row=i)
+             for i in range(2)]
+    rows = score_rows(pairs, None, types.SimpleNamespace(modality=None, pair=None), None, rule, 1.0,
+                      has_omega=torch.ones(1, dtype=torch.bool))
+    meta = types.SimpleNamespace(model="m", layer=0)
+    ranking = finish_ranking(meta, rows, "sum", 1.0, rule)
+    assert ranking.roc_auc == 1.0 and ranking.roc_auc_weighted == 1.0
