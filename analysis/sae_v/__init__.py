@@ -39,7 +39,7 @@ from analysis.sae_v.datasets import (
     image_token, make_pairs, register_dataset, render_pair,
 )
 from analysis.sae_v.explain import explain, explain_input
-from analysis.sae_v.filtering import kept_subset, rank, ranked_rows, ranked_text, write_exports
+from analysis.sae_v.filtering import kept_subset, rank, rank_refusal, ranked_rows, ranked_text, write_exports
 from analysis.sae_v.modality import IMAGE, LABELS, MODALITY_NAMES, TEXT
 from analysis.sae_v.outside import SaeFitError, check_fit, hook_layer, load_outside
 from analysis.sae_v.params import (
@@ -92,7 +92,7 @@ __all__ = [
     "train", "cli", "explain_work", "rank_work", "steer_work", "store_work", "train_work", "DATASETS", "Dataset",
     "NoiseDataset", "ScenesDataset", "ShapesDataset", "dataset_for", "default_dataset", "english_caption",
     "image_token", "make_pairs", "register_dataset", "render_pair", "explain", "explain_input", "kept_subset", "rank",
-    "ranked_rows", "ranked_text", "write_exports", "IMAGE", "LABELS", "MODALITY_NAMES", "TEXT", "SaeFitError",
+    "rank_refusal", "ranked_rows", "ranked_text", "write_exports", "IMAGE", "LABELS", "MODALITY_NAMES", "TEXT", "SaeFitError",
     "check_fit", "hook_layer", "load_outside", "BuildParams", "ExplainParams", "Keep", "RankParams", "SaeChoice",
     "SteerParams", "StoreParams", "TrainParams", "parse_steer", "SCORE_RULES", "AllSharedRule", "NormalisedRule",
     "OfficialRule", "ScoreRule", "pair_scores", "per_pair_max", "rule_settings", "same_omega", "score_label",

@@ -19,7 +19,7 @@ from analysis.model_access import anatomy
 from analysis.framework.errors import SettingsError
 from analysis.sae_v.architectures import ARCHITECTURES
 from analysis.sae_v.build import available_saes, build, demo_folder, rebuild_store
-from analysis.sae_v.filtering import rank, write_exports
+from analysis.sae_v.filtering import rank, rank_refusal, write_exports
 from analysis.sae_v.params import (
     BuildParams, Keep, RankParams, SaeChoice, SteerParams, StoreParams, TrainParams, parse_steer,
 )
@@ -109,6 +109,9 @@ def _run(args) -> int:
     if args.feature is not None and args.feature < 0:
         raise SettingsError(f"--feature must be at least 0, got {args.feature}.")
     handle = load_model(ModelSpec.parse(args.model))
+    refusal = rank_refusal(handle) if args.rank else None
+    if refusal:  # the page refuses the same request
+        raise SettingsError(refusal)
     source = locate(handle, args.sae) if args.sae else None  # resolved once (a bad SAE: one error line)
     if steer:
         return _steer(handle, args, steer, _pick(values, SteerParams, skip=("sae", "data")), source)
@@ -223,7 +226,7 @@ def _ranking_summary(ranking: Ranking, keep: float) -> dict:
            "by_kind": by_kind(ranking.rows)}
     if ranking.source:
         out.update(rows_read=ranking.rows_read, used=len(ranking.rows), resumed=ranking.resumed,
-                   skipped=[s.to_dict() for s in ranking.skipped])
+                   skipped=[{**s.to_dict(), "row": s.row + 1} for s in ranking.skipped])  # from 1, as the reasons
     if not ranking.labelled:  # nothing is known to be corrupted: no separation to measure
         out["keep"] = {k: v for k, v in out["keep"].items() if k in ("keep", "kept", "removed")}
     return out
@@ -239,7 +242,7 @@ def _print(out: dict, args, meta: dict) -> int:
             continue
         print(f"  {key:22s} {value}")
     for s in out.get("ranking", {}).get("skipped", []):
-        print(f"  skipped row {s['row'] + 1}: {s['reason']}")
+        print(f"  skipped row {s['row']}: {s['reason']}")
     for path in out.get("exported", []):
         print(f"  wrote {path}")
     return 0

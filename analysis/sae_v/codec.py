@@ -63,6 +63,7 @@ class Codec:
         self.cfg = sae.cfg
         self.d_sae = int(sae.cfg.d_sae)
         self.d_in = int(sae.cfg.d_in)
+        self.code_scale = 1.0  # codes over the checkpoint's training-time codes (fold_saved_scaler measures it)
 
     @property
     def W_dec(self) -> torch.Tensor:  # noqa: N802  (sae-lens's name)
@@ -168,13 +169,19 @@ def _unfolded(norm: str) -> str:
             f"{SCALER_FILE}).")
 
 
-def fold_saved_scaler(sae, folder: Path) -> None:
+def fold_saved_scaler(sae, folder: Path) -> float:
     """A checkpoint saved while training (`normalize_activations` expected_average_only_in or
     covariance_whitening, with activation_scaler.json beside it): fold the scale or the whitening into the
-    weights with sae-lens's own methods, as its trainer does when training ends. Nothing for other SAEs."""
+    weights with sae-lens's own methods, as its trainer does when training ends. Nothing for other SAEs.
+
+    Returns the folded SAE's codes over the checkpoint's training-time codes (scale the input, then encode),
+    measured on a probe batch: 1.0 for most architectures, 1/s for a scale s folded into a TopK SAE with
+    `rescale_acts_by_decoder_norm` or a matching-pursuit SAE (sae-lens's fold divides their decoder rows by
+    s, and their codes carry the rows' norm); reconstructions are the same either way."""
+    check_supported(sae.cfg)  # an architecture SAE-V refuses is refused as such, before sae-lens tries a fold
     norm = sae.cfg.normalize_activations
     if norm not in FOLDED or not (folder / SCALER_FILE).is_file():
-        return
+        return 1.0
     from sae_lens.training.activation_scaler import ActivationScaler
 
     scaler = ActivationScaler()
@@ -184,9 +191,26 @@ def fold_saved_scaler(sae, folder: Path) -> None:
         raise SaeFitError(f"sae-lens's {SCALER_FILE} of this SAE cannot be read ({type(exc).__name__}).") from None
     try:
         if norm == "expected_average_only_in" and scaler.scaling_factor is not None:
-            sae.fold_activation_norm_scaling_factor(float(scaler.scaling_factor))
+            s = float(scaler.scaling_factor)
+            probe = torch.randn(256, int(sae.cfg.d_in), generator=torch.Generator().manual_seed(0)) / s
+            with torch.no_grad():
+                before = sae.encode(probe * s).float()  # the trainer's route: scale, then encode
+            sae.fold_activation_norm_scaling_factor(s)
+            with torch.no_grad():
+                after = sae.encode(probe).float()
+            return code_ratio(before, after)
         elif norm == "covariance_whitening" and scaler.whitening is not None:
             w = scaler.whitening
             sae.fold_activation_whitening(mean=w.mean, whitening_matrix=w.matrix, unwhitening_matrix=w.inverse_matrix)
     except NotImplementedError as exc:  # e.g. matching pursuit cannot fold a whitening
         raise SaeFitError(f"sae-lens cannot fold this SAE's {norm}: {str(exc).splitlines()[0][:200]}") from None
+    return 1.0
+
+
+def code_ratio(before: torch.Tensor, after: torch.Tensor) -> float:
+    """c with after = c * before (least squares), 1.0 when they are equal to 1e-4; NaN when no constant
+    factor maps one onto the other."""
+    scale = float((after * before).sum() / (before * before).sum().clamp_min(1e-30))
+    if not torch.allclose(after, scale * before, rtol=1e-3, atol=1e-5 * float(before.abs().max().clamp_min(1.0))):
+        return float("nan")
+    return 1.0 if abs(scale - 1.0) < 1e-4 else scale

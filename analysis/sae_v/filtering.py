@@ -68,6 +68,14 @@ def rank(handle: ModelHandle, params: RankParams, progress: Progress | None = No
                           notes=list(pairs.notes), with_omega=int(has_omega.sum()), omega_from_store=from_store)
 
 
+def rank_refusal(handle: ModelHandle) -> str | None:
+    """Why this model cannot rank data (None when it can): ranking scores image-caption pairs."""
+    if handle.kind == "vlm":
+        return None
+    return (f"Data ranking scores image–caption pairs, so it needs a vision-language model; {handle.spec.label} is "
+            "text-only.")
+
+
 def _score_batch(sae, meta, acts, batch, pairs, omega, has_omega, rule, threshold) -> list[PairScore]:
     if acts is None:
         return []
@@ -137,12 +145,14 @@ def keep_count(ranking: Ranking, keep: float) -> int:
 
 
 def ranked_rows(ranking: Ranking, keep: float) -> list[dict]:
-    """The ranked list, best first: rank, image, caption, s_i, kept (and the label where the data have one)."""
+    """The ranked list, best first: rank, image, caption, s_i, kept, row (the file's line or table row, from 1
+    as on the page and in the reasons rows are left out; a built-in pair's number from 1), and the label where
+    the data have one."""
     n = keep_count(ranking, keep)
     out = []
     for r in ranking.rows:
         row = {"rank": r.rank, "image": r.image, "caption": r.text, "s_i": r.score, "weighted": r.weighted,
-               "shared": r.shared, "kept": r.rank <= n, "row": r.row if r.row >= 0 else r.pair}
+               "shared": r.shared, "kept": r.rank <= n, "row": (r.row if r.row >= 0 else r.pair) + 1}
         if ranking.labelled:
             row["corrupted"] = r.corrupted
         out.append(row)

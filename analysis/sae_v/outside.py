@@ -45,11 +45,15 @@ def load_outside(locator: str) -> Codec:
 
     if locator.startswith(RELEASE_PREFIX):
         release, sae_id = check_release(locator)  # the deployment's allow-list first: nothing is fetched before
+        check_release_id(release, sae_id)  # an id the release does not have: said so, nothing fetched
         try:
             sae = SAE.from_pretrained(release, sae_id).eval()
-        except Exception as exc:  # offline, an unknown release or id, a failed download: one line for the user
-            raise SaeFitError(f"sae-lens could not fetch {shown(locator)}: {_first_line(exc)} (pretrained SAEs "
-                              "need the machine to be online, or the files in the Hugging Face cache).") from None
+        except Exception as exc:  # offline, a failed download, an unknown release: one line for the user
+            why = _first_line(exc, keep=(release, sae_id))
+            offline = _is_offline(exc)
+            raise SaeFitError(f"sae-lens could not fetch {shown(locator)}: {why}"
+                              + (" (pretrained SAEs need the machine to be online, or the files in the Hugging "
+                                 "Face cache)." if offline else "")) from None
         return as_codec(sae)
     folder = Path(locator)
     if not (folder / "cfg.json").is_file() or not list(folder.glob("*.safetensors")):
@@ -58,13 +62,62 @@ def load_outside(locator: str) -> Codec:
         sae = SAE.load_from_disk(folder).eval()
     except Exception as exc:  # a cfg.json sae-lens does not understand: one line for the user
         raise SaeFitError(f"sae-lens could not load this SAE: {_first_line(exc)}") from None
-    fold_saved_scaler(sae, folder)
-    return as_codec(sae)
+    scale = fold_saved_scaler(sae, folder)
+    codec = as_codec(sae)
+    codec.code_scale = scale
+    return codec
 
 
-def _first_line(exc: BaseException) -> str:
+OFFLINE_WORDS = re.compile(r"connect|offline|internet|network|name resolution", re.IGNORECASE)
+
+
+def check_release_id(release: str, sae_id: str) -> None:
+    """SaeFitError when sae-lens's own list (read locally) has this release and it has no such SAE id; the
+    message names at most three ids close to the one asked for, not the release's first few."""
+    import difflib
+
+    try:
+        from sae_lens.loading.pretrained_saes_directory import get_pretrained_saes_directory
+
+        directory = get_pretrained_saes_directory()
+    except Exception:  # pragma: no cover - an sae-lens without its list: sae-lens itself decides
+        return
+    entry = directory.get(release)
+    if entry is None or sae_id in entry.saes_map:
+        return  # not on the list (sae-lens may read it as a Hub repository), or a known id
+    close = difflib.get_close_matches(sae_id, list(entry.saes_map), n=3, cutoff=0.6)
+    hint = f"; the closest: {', '.join(repr(c) for c in close)}" if close else ""
+    raise SaeFitError(f"sae-lens's release '{shown(release)}' has no SAE '{shown(sae_id)}' ({len(entry.saes_map)} "
+                      f"SAEs{hint}).")
+
+
+def _is_offline(exc: BaseException) -> bool:
+    """Whether fetching failed for want of a connection (or in offline mode), not because of what was asked."""
+    seen, cur = 0, exc
+    while cur is not None and seen < 8:
+        names = {k.__name__ for k in type(cur).__mro__}  # requests', httpx's and huggingface_hub's, by name
+        if isinstance(cur, (ConnectionError, TimeoutError)) or names & {
+                "ConnectionError", "Timeout", "ConnectError", "ConnectTimeout", "OfflineModeIsEnabled",
+                "LocalEntryNotFoundError"}:
+            return True
+        if isinstance(cur, OSError) and OFFLINE_WORDS.search(str(cur)):  # transformers' "couldn't connect" OSError
+            return True
+        cur, seen = cur.__cause__ or cur.__context__, seen + 1
+    return False
+
+
+def _first_line(exc: BaseException, keep: tuple[str, ...] = ()) -> str:
+    """The first line of a library's error, server paths cut; the strings of `keep` (a release and an SAE id,
+    which contain '/') stay whole."""
     text = str(exc).strip().splitlines()
-    return without_paths(text[0] if text else type(exc).__name__)[:300]
+    line = text[0] if text else type(exc).__name__
+    marks = {f"\x00{i}\x00": k for i, k in enumerate(k for k in keep if k)}
+    for mark, value in marks.items():
+        line = line.replace(value, mark)
+    line = without_paths(line)
+    for mark, value in marks.items():
+        line = line.replace(mark, value)
+    return line[:300]
 
 
 def check_fit(handle: ModelHandle, sae, layer: int = -1) -> tuple[int, str]:

@@ -118,7 +118,7 @@ def score_rows(pairs: list, codes: torch.Tensor, acts: Activations, omega: torch
     score, weighted, shared = rule.pair_scores(codes, acts.modality, acts.pair, omega, len(pairs), threshold,
                                                has_omega)
     return [PairScore(pair=offset + i, text=p.text, corrupted=p.corrupted, kind=p.kind,
-                      score=round(float(score[i]), 4), weighted=round(float(weighted[i]), 4), shared=int(shared[i]),
+                      score=float(score[i]), weighted=float(weighted[i]), shared=int(shared[i]),  # rounded once, where shown
                       image=p.image, row=p.row)
             for i, p in enumerate(pairs)]
 

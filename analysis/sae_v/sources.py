@@ -128,7 +128,7 @@ def open_sae(handle: ModelHandle, choice: SaeChoice, source: Source | None = Non
     layer, hook = check_fit(handle, sae, choice.layer)
     meta = SaeMeta(model=handle.spec.label, layer=layer, d_in=int(sae.cfg.d_in), train=None, dataset="", n_pairs=0,
                    n_tokens=0, fve=0.0, l0=0.0, dead=0, source=source.label, hook_name=hook,
-                   architecture=sae.cfg.architecture())
+                   architecture=sae.cfg.architecture(), code_scale=float(getattr(sae, "code_scale", 1.0)))
     return sae, meta
 
 

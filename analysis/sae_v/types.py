@@ -79,6 +79,7 @@ class SaeMeta(Result):
     source: str = "trained here"  # or "sae-lens folder" / "sae-lens release": an SAE from elsewhere
     hook_name: str = ""  # the SAE's own hook name (an outside SAE's, read from its cfg.json)
     architecture: str = ""  # sae-lens architecture (an outside SAE's; ours: train.architecture)
+    code_scale: float = 1.0  # an outside checkpoint's codes over its own training-time codes (codec.fold_saved_scaler)
 
     @property
     def kind(self) -> str:

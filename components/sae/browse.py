@@ -38,6 +38,11 @@ def summary(store: sae_v.FeatureStore) -> None:
             "fire on these pairs."
             + (" A feature is cross-modal when at least 5 of its 30 strongest tokens are text and at least 5 are "
                "image patches." if not one_modality(store) else ""))
+    if getattr(meta, "code_scale", 1.0) != 1.0:
+        st.info(f"This SAE is a training checkpoint whose input scale sae-lens folds into its weights; for this "
+                f"architecture ({meta.kind}) that makes its codes {meta.code_scale:.3f}× the checkpoint's own "
+                "training-time codes (reconstructions are the same). The threshold 'Active above', the activations "
+                "shown and steering strengths are on this scale.", icon=":material/straighten:")
     if meta.fve < 0.3 and meta.source != "trained here":
         st.warning(f"This SAE explains only {meta.fve:.0%} of the variance of layer {meta.layer} on these data: "
                    "it was probably trained on another model, another layer or very different data.")

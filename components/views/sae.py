@@ -333,9 +333,9 @@ class SaeView(View):
 
     def show_ranking(self) -> None:
         page, store, handle, choice = self.page, self.store, self.handle, self.choice
-        if not self.is_vlm:
-            st.error(f"Data ranking scores image–caption pairs, so it needs a vision-language model; "
-                     f"{handle.spec.label} is text-only.")
+        refusal = sae_v.rank_refusal(handle)  # the command line refuses in the same words
+        if refusal:
+            st.error(refusal)
             return
         stored_rule = store.params.score_rule if store.params is not None else "official"
         rule = page.control("rule", default=stored_rule, key="rank_rule", format_func=sae_v.SCORE_RULES.label)

@@ -109,3 +109,15 @@ def test_steering_shows_both_outputs_side_by_side_with_changes_marked(tiny_llava
     assert any(m.value.startswith("**Steered** (feature 3 at 400, added)") for m in at.markdown)
     assert "<mark" in html[1]  # strength 400 changes the output: the changed tokens are marked
     assert any("steered tokens differ from the unsteered output" in c.value for c in at.caption)
+
+
+def test_a_checkpoint_whose_fold_rescales_its_codes_says_so(tiny_llava_dir, cache, model_root, pairs):
+    """A TopK checkpoint with decoder-norm rescaling and a saved scale s = 0.37: sae-lens's fold makes its codes
+    1/s = 2.703× the checkpoint's own; the page states the factor (issue 51)."""
+    from sae_lens_factory import save_sae_lens
+
+    folder = str(save_sae_lens(model_root / "page-topk-rescaled", "topk-rescaled", "expected_average_only_in", d_in=32))
+    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"data": pairs, "sae": folder})
+    assert not at.exception, at.exception
+    notes = [i.value for i in at.info if "training-time codes" in i.value]
+    assert len(notes) == 1 and "2.703× the checkpoint's own training-time codes" in notes[0], [i.value for i in at.info]
