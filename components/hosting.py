@@ -9,8 +9,9 @@ configuration file every function here leaves the app exactly as a local run alw
   once against the per-minute limit); with `auth.mode` "token" or "oidc" it shows the sign-in form and
   stops the page for a signed-out visitor unless `auth.signed_out = "read-only"`.
 - `is_embedded()` / `embed_page()`: `?embed=true` shows the view only (no sidebar, controls or share bar).
-- `visitor_id()`: whom a limit counts against: the signed-in user, else the visitor's address (the entry
-  the trusted proxies added to X-Forwarded-For, else the connection's own), never the browser session.
+- `visitor_id()`: whom a limit counts against and who owns a save: an OIDC account, else the visitor's
+  address (the entry the trusted proxies added to X-Forwarded-For, else the connection's own; IPv6 by its
+  /64), never a name typed with the access token and never the browser session.
 - `file_uploader(...)`: `st.file_uploader` that refuses what the configuration refuses (off, size,
   not an image or not a zip, pixels, decompression bombs) with one line, before the page decodes anything.
 - `visible(text)` / `escape_markdown(text)`: user and error text as a visitor may see it (plain text; on a
@@ -477,13 +478,30 @@ def _is_public(address: str) -> bool:
         return False
 
 
+def address_key(address: str) -> str:
+    """An address as one visitor: an IPv6 address by its /64 (one household or phone holds a whole /64
+    and picks any address in it), an IPv4-mapped one as its IPv4 address, anything else as given."""
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return address
+    if ip.version == 6:
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 def visitor_id() -> str:
-    """Whom a limit counts against: the signed-in user, else the visitor's address (`client_address`).
-    Never the browser session: a new tab or a new session is the same visitor."""
-    user = signed_in_user()
-    if user:
-        return f"user:{user}"
-    return f"ip:{client_address(_peer(), forwarded_chain(), settings().proxy_hops)}"
+    """Whom a limit counts against: the verified account of an OIDC sign-in, else the visitor's address
+    (`client_address`, an IPv6 address by its /64). Never a name the visitor typed (with the shared access
+    token anyone can type "alice", and each new name would be a fresh budget) and never the browser
+    session: a new tab or a new session is the same visitor."""
+    if settings().auth.mode == "oidc":
+        user = signed_in_user()
+        if user:
+            return f"user:{user}"
+    return f"ip:{address_key(client_address(_peer(), forwarded_chain(), settings().proxy_hops))}"
 
 
 def check_texts(*texts: str) -> None:

@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterable
 import streamlit as st
 
 from analysis.framework.errors import SettingsError
-from analysis.framework.settings import choices_of, field_default, field_text, kind_of, parse_text, to_text, url_name
+from analysis.framework.settings import (check_magnitude, choices_of, field_default, field_text, kind_of, parse_text,
+                                         to_text, url_name)
 from components.common import URL_TEXT_MAX, analysis_errors, set_url_params
 
 WIDTH = 135  # px: six fields fit in a row at 1400 px, three at 1024
@@ -209,6 +210,8 @@ class ParamsForm:
                   "control to run with them): " if stop else
                   "This link's settings are out of range; the controls show the nearest allowed values: ")
         with analysis_errors(prefix=prefix, stop=stop):
+            for name, f in self.fields.items():  # before any panel's own check compares it with a float
+                check_magnitude(f.metadata.get("label", name), self.raw[name], f.metadata)
             validate(dict(self.raw))
 
 

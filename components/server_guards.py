@@ -3,8 +3,8 @@ before the server starts (`install()`), from the deployment configuration (docs/
 
 - Uploads held in memory: Streamlit keeps every file a browser PUTs to its upload endpoint until the
   session ends, whether or not a page ever reads it. `BoundedUploads` refuses (HTTP 413, before storing)
-  a file beyond `uploads.files` per session, beyond `uploads.visitor_mb` per session, or beyond
-  `uploads.total_mb` for the whole server.
+  a file beyond `uploads.files` per visitor, beyond `uploads.visitor_mb` per visitor (every tab and
+  session of one address together), or beyond `uploads.total_mb` for the whole server.
 - The sign-in route: when the OIDC provider cannot be reached, Streamlit answers a bare 400
   "Authentication error". That page becomes one that says so and links back to the app.
 - The visitor's address: uvicorn replaces the connection's address with X-Forwarded-For's when the
@@ -26,29 +26,48 @@ from analysis.framework import config as cfg
 
 
 class BoundedUploads(MemoryUploadedFileManager):
-    """Streamlit's in-memory upload store, with the configuration's count and byte limits."""
+    """Streamlit's in-memory upload store, with the configuration's count and byte limits per visitor (all
+    their tabs and sessions together: one visitor with 30 tabs held 495 of 500 MB when it was per session)."""
 
     def add_file(self, session_id: str, file: UploadedFileRec) -> None:
         from starlette.exceptions import HTTPException
 
         limits = cfg.current().uploads
+        visitor = session_visitor(session_id)
         with self._lock:
-            held = self.file_storage.get(session_id, {})
-            replaced = held.get(file.file_id)
-            count = len(held) + (0 if replaced else 1)
-            session_bytes = sum(len(f.data) for f in held.values()) - (len(replaced.data) if replaced else 0)
+            held = {(sid, fid): f for sid, files in self.file_storage.items()
+                    if sid == session_id or session_visitor(sid) == visitor for fid, f in files.items()}
+            replaced = held.pop((session_id, file.file_id), None)
             total = self._total_bytes - (len(replaced.data) if replaced else 0)
+            visitor_bytes = sum(len(f.data) for f in held.values())
             problem = ""
-            if limits.files and count > limits.files:
-                problem = (f"this page already holds {len(held)} uploaded files, the most one visitor may upload at "
-                           f"once ({limits.files}); remove one first")
-            elif limits.visitor_mb and session_bytes + len(file.data) > limits.visitor_mb * 2**20:
-                problem = f"this page's uploads would pass {limits.visitor_mb} MB, the most one visitor may upload"
+            if limits.files and len(held) + 1 > limits.files:
+                problem = (f"your open pages already hold {len(held)} uploaded files, the most one visitor may upload "
+                           f"at once ({limits.files}); remove one first")
+            elif limits.visitor_mb and visitor_bytes + len(file.data) > limits.visitor_mb * 2**20:
+                problem = f"your uploads would pass {limits.visitor_mb} MB, the most one visitor may upload"
             elif limits.total_mb and total + len(file.data) > limits.total_mb * 2**20:
                 problem = "the server holds as many uploads as it takes; try again later"
         if problem:
             raise HTTPException(status_code=413, detail=problem)
         super().add_file(session_id, file)
+
+
+def session_visitor(session_id: str) -> str:
+    """The visitor a session belongs to, counted as the pages count them (components/hosting.py: the address
+    the trusted proxies report, an IPv6 address by its /64); the session itself when it has no connection."""
+    from components import hosting
+
+    try:
+        from streamlit import runtime
+
+        context = runtime.get_instance().get_client(session_id).client_context
+        chain = [part.strip() for key, value in context.headers if key.lower() == "x-forwarded-for"
+                 for part in str(value).split(",") if part.strip()]
+        peer = context.remote_ip
+    except Exception:  # no runtime, a session that has gone, a client without a context
+        return f"session:{session_id}"
+    return hosting.address_key(hosting.client_address(peer, chain, cfg.current().proxy_hops))
 
 
 SIGN_IN_UNAVAILABLE = """<!doctype html>

@@ -21,7 +21,11 @@ the sweeper that deletes expired uploads (analysis/framework/uploads.py) start w
 
 Secrets (OIDC's [auth]) come from Streamlit's secrets files, or from $MODEL_INSPECTOR_SECRETS: the text
 of a secrets.toml (a Space secret, `docker run -e`), written to a file only this user can read, outside
-the checkout, and given to Streamlit as `--secrets.files` (an explicit `--secrets.files` flag wins).
+the checkout, given to Streamlit as `--secrets.files` (an explicit `--secrets.files` flag wins) and
+removed when the server exits.
+
+The real zoo models this instance offers are converted before it listens (the image does it at build),
+never by a visitor's first load.
 
 Torch's threads: every core, waiting passively between parallel regions, or MODEL_INSPECTOR_THREADS=N
 (analysis/model_access/threads.py), set before anything imports torch.
@@ -52,13 +56,16 @@ def secrets_from_env() -> list[str]:
     """With $MODEL_INSPECTOR_SECRETS (the text of a secrets.toml: a Space secret, `docker run -e`), that
     text in a file only this user can read, outside the checkout and the image, for Streamlit's
     `--secrets.files`; [] without it."""
+    import atexit
     import os
+    import shutil
     import tempfile
 
     text = os.environ.get(SECRETS_ENV, "")
     if not text.strip():
         return []
     folder = tempfile.mkdtemp(prefix="model-inspector-secrets-")  # 0700
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the file lives as long as the server
     path = os.path.join(folder, "secrets.toml")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
@@ -73,6 +80,27 @@ def secret_files(argv: list[str]) -> list[str]:
     flag = _option(argv, "--secrets.files")
     st_config.get_config_options(force_reparse=True, options_from_flags={"secrets.files": [flag]} if flag else {})
     return list(st_config.get_option("secrets.files"))
+
+
+def convert_real_models() -> list[str]:
+    """Convert now, before the server listens, each real zoo model this instance offers and that is not
+    converted yet (SmolLM2: about 35 s and 517 MB), so that no visitor's first load pays for it; the names
+    converted. A conversion that fails is said here and left to the loader's own message."""
+    from analysis.framework import config
+    from analysis.model_access import real_models
+
+    settings = config.current()
+    done = []
+    for name in real_models.names():
+        if settings.model_refusal("zoo", name) or real_models.is_built(name) or not real_models.is_installed(name):
+            continue
+        print(f"Converting the real model {name} before the server starts ...", file=sys.stderr)
+        try:
+            real_models.ensure(name)
+            done.append(name)
+        except Exception as exc:  # noqa: BLE001  (the server still starts; loading it then says why)
+            print(f"warning: {name} could not be converted: {exc}", file=sys.stderr)
+    return done
 
 
 def check_deployment(argv: list[str]) -> list[str]:
@@ -120,6 +148,7 @@ if __name__ == "__main__":
     from streamlit.web import cli as streamlit_cli
     # Each demo model's speed, measured now while the machine is idle (a fraction of a second each):
     # measured later, inside a crowd's first burst, it reads far too slow (components/preload.py).
+    convert_real_models()
     components.preload.calibrate_zoo()
     server_guards.install()
     uploads.start_sweeper()

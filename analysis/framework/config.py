@@ -268,10 +268,7 @@ def parse(text: str, path: str = "") -> Config:
     """A Config from TOML text; every key checked (an unknown key is an error: a typo in a safety
     setting must not silently leave it at its default)."""
     where = f" in {path}" if path else ""
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"the configuration{where} is not valid TOML: {exc}") from None
+    raw = _with_base(_toml(text, where), path, where)
     renamed = sorted(set(raw) & set(_RENAMED))
     if renamed:
         raise ConfigError(f"{_RENAMED[renamed[0]]}{where}")
@@ -291,6 +288,36 @@ def parse(text: str, path: str = "") -> Config:
     config = Config(**parts, path=path)
     _check(config, where)
     return config
+
+
+def _toml(text: str, where: str) -> dict:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"the configuration{where} is not valid TOML: {exc}") from None
+
+
+def _with_base(raw: dict, path: str, where: str, seen: tuple[str, ...] = ()) -> dict:
+    """`extends = "public.toml"` (a file beside this one): that file's settings, then this file's over them,
+    key by key within each section, so a configuration shipped beside the public one keeps every public
+    limit it does not name (deploy/ndif.toml)."""
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or not path:
+        raise ConfigError(f"extends{where} must name a configuration file beside this one")
+    base_path = (Path(path).parent / base).resolve()
+    if str(base_path) in seen or len(seen) > 4:
+        raise ConfigError(f"extends{where} makes a loop of configuration files")
+    try:
+        text = base_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        raise ConfigError(f"extends{where}: {base} cannot be read") from None
+    merged = _with_base(_toml(text, f" in {base_path}"), str(base_path), f" in {base_path}", (*seen, str(base_path)))
+    for key, value in raw.items():
+        merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+            else value
+    return merged
 
 
 def _section(section: str, cls, values: dict, where: str):

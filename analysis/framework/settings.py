@@ -44,6 +44,7 @@ from analysis.framework.errors import SettingsError
 
 _UNSET = object()
 EMPTY_LIST = "none"  # the text of a list the user emptied on purpose (`allow_empty`): an empty text means "default"
+MAX_WHOLE = 2**53  # the largest whole number a setting may be (exact as a float; a link can carry far more digits)
 
 
 def setting(default: Any = MISSING, *, label: str, help: str = "", low: Any = None, high: Any = None,
@@ -156,15 +157,27 @@ def _check_scalar(label: str, value: Any, kind: type, meta: dict, choices: list 
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SettingsError(f"{label} must be a number, got {value!r}.")
+    low, high = meta.get("low"), meta.get("high")
+    check_magnitude(label, value, meta)
     if not math.isfinite(value):
         raise SettingsError(f"{label} must be finite, got {value}.")
     if kind is int and int(value) != value:
         raise SettingsError(f"{label} must be a whole number, got {value}.")
-    low, high = meta.get("low"), meta.get("high")
     if low is not None and value < low:
         raise SettingsError(f"{label} must be at least {low}, got {value}.")
     if high is not None and value > high:
         raise SettingsError(f"{label} must be at most {high}, got {value}.")
+
+
+def check_magnitude(label: str, value: Any, meta: dict) -> None:
+    """Refuse a whole number no float can hold (a 2,000-digit integer from a link) with the field's message,
+    before anything compares it with a float; lists are checked item by item."""
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_WHOLE:
+            low, high = meta.get("low"), meta.get("high")
+            bound = (f"at most {high}" if high is not None else f"at most {MAX_WHOLE:,}") if v > 0 else \
+                (f"at least {low}" if low is not None else f"at least {-MAX_WHOLE:,}")
+            raise SettingsError(f"{label} must be {bound}, got a number of {len(str(abs(v))):,} digits.")
 
 
 def check_settings(obj: Any, names: Iterable[str] | None = None) -> None:

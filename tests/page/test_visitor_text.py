@@ -68,3 +68,39 @@ def test_uploaded_captions_and_an_outside_sae_in_the_ranking_are_text(tiny_llava
     assert not at.exception, [e.value for e in at.exception]
     assert any("evil" in c.value for c in at.caption)  # the extremes quote the captions
     assert rendered_markup(at) == []
+
+
+def _text_fields(page: str) -> list[str]:
+    """The URL names of a page's free-text fields (prompts, captions, tokens), read when the test runs."""
+    from analysis.framework import panels
+    from analysis.framework.settings import kind_of
+    from components.view import params_fields, state_fields
+    from analysis.framework.settings import url_name
+
+    for analysis in panels.analyses():
+        if analysis.page and page == f"views/{analysis.page}":
+            return sorted(url_name(f) for f, owner in params_fields(analysis) + state_fields(analysis)
+                          if url_name(f) and kind_of(f, owner) is str and f.metadata.get("choices") is None)
+    return []
+
+
+TEXT_PAGES = {"views/kv_cache.py": "shapes-lm", "views/prompt_reconstruction.py": "shapes-lm",
+              "views/attention_sharpness.py": "shapes-lm", "views/residual_stream.py": "shapes-lm",
+              "views/caption_correction.py": "shapes-vlm"}
+
+
+@pytest.mark.skipif(not {"shapes-lm", "shapes-vlm"} <= set(zoo_models()), reason="needs the demo zoo")
+@pytest.mark.parametrize("page", list(TEXT_PAGES))
+def test_every_text_field_of_a_view_is_shown_as_text(page):
+    """Each free-text field of the page carries the attacker's Markdown and HTML (words of the demo vocabulary
+    around it, so the analysis runs); nothing the page draws renders it."""
+    names = [n for n in _text_fields(page) if n not in ("model", "other_model", "sae", "data")]
+    assert names, page
+    query = {name: "the red square " + EVIL for name in names}
+    if page.endswith("caption_correction.py"):
+        query |= {"cap": "paste", "ground": "0"}
+    at = app_with_model(ModelSpec("zoo", TEXT_PAGES[page]), page, query=query, timeout=300)
+    assert not at.exception, [e.value for e in at.exception]
+    assert rendered_markup(at) == []
+    for element in at.get("html"):
+        assert "<b>bold</b>" not in element.proto.body and "https://evil" not in element.proto.body

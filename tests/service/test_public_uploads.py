@@ -112,3 +112,27 @@ def test_a_sweep_over_many_entries_never_keeps_a_new_upload_waiting(tmp_path):
     left = UploadArea(tmp_path, Quota(keep_s=60))
     assert {e.path.name for e in left.entries()} <= {"new.img"}  # the sweep's clock is 2 min ahead
     assert not [p for p in tmp_path.rglob("*") if uploads.TRASH in p.name]
+
+
+def test_uploads_held_in_memory_are_bounded_per_visitor_not_per_tab(monkeypatch, upload_cache):
+    """The public example: 4 files and 25 MB per visitor. Before, each of 30 tabs had its own 4 and 25 MB."""
+    from starlette.exceptions import HTTPException
+    from streamlit.runtime.uploaded_file_manager import UploadedFileRec
+
+    from components import server_guards
+
+    monkeypatch.setattr(server_guards, "session_visitor", lambda sid: sid.split("/")[0])
+    store = server_guards.BoundedUploads("/_stcore/upload_file")
+
+    def put(session: str, i: int, size: int) -> int:
+        try:
+            store.add_file(session, UploadedFileRec(f"f{i}", f"{i}.png", "image/png", b"x" * size))
+            return 200
+        except HTTPException as exc:
+            return exc.status_code
+
+    codes = [put(f"visitor-a/tab{i}", i, 1024) for i in range(6)]  # six tabs of one visitor
+    assert codes == [200, 200, 200, 200, 413, 413]
+    assert put("visitor-b/tab0", 0, 1024) == 200  # another visitor has their own
+    assert put("visitor-b/tab1", 1, 25 * 2**20) == 413  # 25 MB per visitor, across tabs
+    assert put("visitor-a/tab0", 0, 2048) == 200  # a file replaced in place is not one more
