@@ -226,7 +226,8 @@ def show_patching(page: Page, params: residual.ResidualParams, result: residual.
         explain("Each dot is one cell: exact share (x) against the gradient estimate (y). On the diagonal the cheap "
                 "estimate is right; it drifts where a patch changes the run nonlinearly (large cells, saturated "
                 "softmaxes, early layers whose effect passes through many others).")
-    share_bar("residual", title=f"Activation patching on {page.handle.spec.label}: {result.pair.name}",
+    pair = "your own two prompts" if result.pair.name == residual.OWN else result.pair.short  # not "own"
+    share_bar("residual", title=f"Activation patching on {page.handle.spec.label}: {pair}",
               params=params.to_dict(), result=result, model=page.handle.spec.label, figures=figures, tables=tables)
 
 
