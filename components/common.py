@@ -61,6 +61,14 @@ def page_record(reset: bool = False) -> dict[str, list]:
     return st.session_state[RECORD_KEY]
 
 
+def _is_change(delta: Any) -> bool:
+    """A delta an arrow suits: a number other than zero (not a zero change, not words under the value)."""
+    try:
+        return float(str(delta).replace("−", "-").split()[0].rstrip("%")) != 0
+    except (ValueError, IndexError):
+        return False
+
+
 class _MetricRow:
     """A metric row that also records each card (label, value, delta) for the share bar."""
 
@@ -70,6 +78,8 @@ class _MetricRow:
     def metric(self, label: str, value: Any, delta: Any = None, **kwargs: Any) -> Any:
         page_record()["metrics"].append({"metric": str(label), "value": str(value),
                                          **({"change": str(delta)} if delta is not None else {})})
+        if delta is not None and "delta_arrow" not in kwargs and not _is_change(delta):
+            kwargs |= {"delta_arrow": "off", "delta_color": "off"}  # "↑ 0.000", "↑ max |difference|" mean nothing
         return self._row.metric(label, value, delta, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
