@@ -50,10 +50,53 @@ def demo_model(*kinds: str) -> ModelSpec | None:
     return None
 
 
+RECORD_KEY = "_share_record"  # what this page showed since its last share bar: metric cards and notes
+
+
+def page_record(reset: bool = False) -> dict[str, list]:
+    """The metric cards and "What am I looking at?" notes drawn since the page started or its last share bar
+    took them (components/share.py: the HTML report and the saved snapshot carry them)."""
+    if reset or RECORD_KEY not in st.session_state:
+        st.session_state[RECORD_KEY] = {"metrics": [], "notes": []}
+    return st.session_state[RECORD_KEY]
+
+
+def _is_change(delta: Any) -> bool:
+    """A delta an arrow suits: a number other than zero (not a zero change, not words under the value)."""
+    try:
+        return float(str(delta).replace("−", "-").split()[0].rstrip("%")) != 0
+    except (ValueError, IndexError):
+        return False
+
+
+class _MetricRow:
+    """A metric row that also records each card (label, value, delta) for the share bar."""
+
+    def __init__(self, row: Any) -> None:
+        self._row = row
+
+    def metric(self, label: str, value: Any, delta: Any = None, **kwargs: Any) -> Any:
+        page_record()["metrics"].append({"metric": str(label), "value": str(value),
+                                         **({"change": str(delta)} if delta is not None else {})})
+        if delta is not None and "delta_arrow" not in kwargs and not _is_change(delta):
+            kwargs |= {"delta_arrow": "off", "delta_color": "off"}  # "↑ 0.000", "↑ max |difference|" mean nothing
+        return self._row.metric(label, value, delta, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._row, name)
+
+    def __enter__(self) -> Any:
+        return self._row.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._row.__exit__(*exc)
+
+
 def metric_row() -> Any:
     """A row for `st.metric` cards that wraps whole cards onto the next line when the page is narrow
-    (a 1024-px projector) rather than cutting their labels and values to an ellipsis, as equal columns do."""
-    return st.container(horizontal=True, wrap=True, gap="medium")
+    (a 1024-px projector) rather than cutting their labels and values to an ellipsis, as equal columns do.
+    Its cards are recorded for the share bar's report and snapshot."""
+    return _MetricRow(st.container(horizontal=True, wrap=True, gap="medium"))
 
 
 def field_row(gap: str = "small") -> Any:
@@ -72,7 +115,8 @@ def charts_side_by_side(*charts: tuple[Any, str], width: int = 440) -> None:
 
 
 def explain(text: str) -> None:
-    """The short 'what am I looking at' note under a view."""
+    """The short 'what am I looking at' note under a view (recorded for the share bar's report and snapshot)."""
+    page_record()["notes"].append(text)
     st.caption(f":material/info: **What am I looking at?** {text}")
 
 

@@ -18,7 +18,8 @@ import streamlit as st
 
 from analysis import backends
 from analysis.backends import ndif
-from analysis.model_access.models import ModelHandle, ModelLoadError, ModelSpec, all_zoo_models, load_model, zoo_models
+from analysis.model_access.models import (ModelHandle, ModelLoadError, ModelSpec, all_zoo_models, load_model,
+                                          short_local, zoo_models)
 from analysis.model_access import real_models
 from components import hosting
 
@@ -69,6 +70,7 @@ def try_load(spec: ModelSpec, *, borrowed: tuple[str, str] | None = None) -> Mod
         st.warning(f"{hosting.escape_markdown(spec.label)} was not loaded. {hosting.visible_markdown(refusal)}",
                    icon=":material/block:")
         return None
+    spec = short_local(spec)  # a folder by its name under its root: the server's path stays off screen and links
     message = f"Loading {spec.label} ..."
     if spec.source == "zoo" and spec.name in real_models.REAL_MODELS and not real_models.is_built(spec.name):
         message = (f"Converting {spec.label} from its GGUF file (first use on this machine, about 30 s), "

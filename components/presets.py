@@ -19,6 +19,7 @@ from analysis.framework import panels
 from analysis.framework import presets as P
 from analysis.model_access.models import ModelSpec
 from components import hosting
+from components.common import page_record
 from components.model_picker import LOADED_BY_PICKER, STATE_KEY, borrowed, chosen, current_handle, try_load
 from components.registry import opens_on
 
@@ -121,6 +122,7 @@ def active(panel: str) -> P.Preset | None:
 def preset_bar(panel: str, widget_prefix: str) -> P.Preset | None:
     """Buttons for the panel's presets, and a line saying what the active one shows (after settling the
     page's model: a link's preset, the visitor's own model back, or the panel's demo model)."""
+    page_record(reset=True)  # the page starts: its share bars carry what it draws from here on
     presets = P.for_panel(panel)
     linked = _from_url(panel) if presets else None
     if linked is None:

@@ -30,7 +30,8 @@ from analysis.framework.results import to_jsonable
 from analysis.hosting.store import RefusedAnalysis, SavedAnalysis, Store, open_store, store_location
 from analysis.framework.uploads import owner_key
 from components import hosting, limits
-from components.common import one_line
+from analysis.hosting.export import HEADLINE, NOTES
+from components.common import one_line, page_record
 from components.hosting import escape_markdown  # noqa: F401  (pages import it from here)
 
 
@@ -77,7 +78,11 @@ def share_bar(panel: str, *, title: str, params: dict, result: Any, model: str,
     if hosting.is_embedded():  # an embed shows the view alone
         return
     figures = figures or {}
-    tables = tables or {}
+    shown = page_record()  # the headline numbers and notes drawn above this bar (then the next bar's are new)
+    headline, notes = list(shown["metrics"]), list(shown["notes"])
+    page_record(reset=True)
+    tables = {**({HEADLINE: headline} if headline else {}), **(tables or {}),
+              **({NOTES: [{"note": n} for n in notes]} if notes else {})}
     key = key or f"share_{panel}"
     slug = _slug(title)
     url = current_url()
@@ -98,18 +103,19 @@ def _share_contents(panel: str, key: str, title: str, slug: str, url: str, param
     if url:
         st.caption("Embed this view in a page or slide (no sidebar, controls or share bar):")
         st.code(hosting.embed_snippet(url, title), language="html")
-    cols = st.columns(2 + len(tables))
+    cols = st.columns(2 + len([n for n in tables if n not in (HEADLINE, NOTES)]))
     cols[0].download_button("JSON result", data=lambda: result_json(result), file_name=f"{slug}.json",
                             mime="application/json", key=f"{key}_json", on_click="ignore")
 
     def report() -> str:
         sections = [ReportSection(name, figure=fig) for name, fig in figures.items()]
-        sections += [ReportSection(name, table=rows) for name, rows in tables.items()]
-        return html_report(title, sections, model=model, params=params, url=url)
+        sections += [ReportSection(name, table=rows) for name, rows in tables.items() if name not in (HEADLINE, NOTES)]
+        return html_report(title, sections, model=model, params=params, url=url, headline=tables.get(HEADLINE),
+                           notes=[row["note"] for row in tables.get(NOTES, [])])
 
     cols[1].download_button("HTML report", data=report, file_name=f"{slug}.html", mime="text/html",
                             key=f"{key}_html", on_click="ignore")
-    for col, (name, rows) in zip(cols[2:], tables.items()):
+    for col, (name, rows) in zip(cols[2:], [(n, r) for n, r in tables.items() if n not in (HEADLINE, NOTES)]):
         col.download_button(f"CSV: {name}", data=lambda rows=rows: rows_to_csv(rows),
                             file_name=f"{slug}-{_slug(name)}.csv", mime="text/csv",
                             key=f"{key}_csv_{_slug(name)}", on_click="ignore")

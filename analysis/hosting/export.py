@@ -34,9 +34,15 @@ class ReportSection:
     table: list[dict] = field(default_factory=list)
 
 
+HEADLINE = "Headline"  # the share bar's metric cards, as a table of (metric, value, change)
+NOTES = "What am I looking at?"  # the page's notes under its figures, as rows of {"note": text}
+
+
 def html_report(title: str, sections: list[ReportSection], *, model: str = "", note: str = "",
-                params: dict | None = None, url: str = "") -> str:
-    """A self-contained HTML page (plotly.js inlined) with the analysis' figures and tables."""
+                params: dict | None = None, url: str = "", headline: list[dict] | None = None,
+                notes: list[str] | None = None) -> str:
+    """A self-contained HTML page (plotly.js inlined): the headline numbers first, then the analysis' figures
+    and tables, the notes that explain them, and the parameters last."""
     from plotly.offline import get_plotlyjs
 
     esc = html.escape
@@ -51,8 +57,12 @@ def html_report(title: str, sections: list[ReportSection], *, model: str = "", n
         body.append("<p>" + "<br>".join(meta) + "</p>")
     if note:
         body.append(f"<p class='note'>{esc(note)}</p>")
-    if params:
-        body.append("<h2>Parameters</h2>" + _table([{"parameter": k, "value": v} for k, v in params.items()]))
+    if headline:
+        body.append("<div class='headline'>" + "".join(
+            f"<div class='card'><div class='label'>{esc(str(m.get('metric', '')))}</div>"
+            f"<div class='value'>{esc(str(m.get('value', '')))}</div>"
+            + (f"<div class='change'>{esc(str(m['change']))}</div>" if m.get("change") else "") + "</div>"
+            for m in headline) + "</div>")
     for section in sections:
         body.append(f"<h2>{esc(section.heading)}</h2>")
         if section.text:
@@ -63,6 +73,10 @@ def html_report(title: str, sections: list[ReportSection], *, model: str = "", n
             figures.append(fig)
         if section.table:
             body.append(_table(section.table))
+    if notes:
+        body.append(f"<h2>{esc(NOTES)}</h2>" + "".join(f"<p class='note'>{esc(n)}</p>" for n in notes))
+    if params:
+        body.append("<h2>Parameters</h2>" + _table([{"parameter": k, "value": v} for k, v in params.items()]))
     script = (
         "var figs = JSON.parse(document.getElementById('figures').textContent);"
         "figs.forEach(function (f, i) { Plotly.newPlot('fig' + i, f.data || [], f.layout || {}, "
@@ -74,6 +88,8 @@ def html_report(title: str, sections: list[ReportSection], *, model: str = "", n
         "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
         "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #ccc;"
         "padding:3px 8px;text-align:left}.note{background:#f4f4f4;padding:0.6em}"
+        ".headline{display:flex;flex-wrap:wrap;gap:1.5em;margin:1em 0}.card .label{font-size:0.85em;color:#555}"
+        ".card .value{font-size:1.8em}.card .change{font-size:0.85em;color:#555}"
         ".figure{min-height:420px}</style>"
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
         + "\n".join(body)

@@ -93,7 +93,7 @@ def analyze(handle: ModelHandle, params: KvParams, progress: Progress | None = N
         params=params, model=handle.spec.label, task=task,
         token_text=token_pieces(handle.tokenizer, task.tokens),
         layers=setup.layers, kv_heads=handle.info.kv_heads, runs=runs, kept=kept,
-        full_accuracy=runs[0].accuracy, texts=texts,
+        full_accuracy=runs[0].accuracy, texts=texts, model_layers=handle.info.layers,
     )
 
 

@@ -50,6 +50,10 @@ def compare(full: Trace, run: Trace, task: KvTask, policy: Policy, layers: list[
         cache_len=[sum(lens[l] for l in layers) / len(layers) for lens in run.cache_len], cache_bytes=run.cache_bytes,
         analytic_bytes=run.analytic_bytes, step_ms=[1000 * t for t in run.step_time],
         claimed=sum(held[l] for l in layers) / len(layers) if held else 0.0,
+        evicted_bytes=[sum(b[l] for l in layers) for b in run.layer_bytes or []],
+        # the analytic size is per_entry * sum of lengths: the evictable layers' share of it, exactly
+        evicted_analytic=[a * sum(lens[l] for l in layers) // max(1, sum(lens))
+                          for a, lens in zip(run.analytic_bytes, run.cache_len)],
     )
 
 

@@ -30,6 +30,8 @@ class PolicyRun(Result):
     analytic_bytes: list[int]
     step_ms: list[float]
     claimed: float = 0.0  # entries per KV head it should hold at the last step, mean over layers (Policy.held)
+    evicted_bytes: list[int] = field(default_factory=list)  # per decode step, measured, the evictable layers only
+    evicted_analytic: list[int] = field(default_factory=list)  # the same, analytic (empty: saved before)
 
     @property
     def mean_kl(self) -> float:
@@ -87,6 +89,12 @@ class KvResult(Result):
     kept: list[list[list[list[int]]]]  # chosen policy: [layer][kv head][decode step] -> positions after eviction
     full_accuracy: float | None
     texts: list[GeneratedText] = field(default_factory=list)
+    model_layers: int = 0  # every layer of the model (0: saved before; then as `layers`)
+
+    @property
+    def kept_layers(self) -> list[int]:
+        """Layers no policy evicts (sliding-window ones: already bounded by their window)."""
+        return [i for i in range(self.model_layers) if i not in self.layers]
 
     def run(self, policy: str) -> PolicyRun:
         return next(r for r in self.runs if r.policy == policy)

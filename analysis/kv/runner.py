@@ -54,6 +54,7 @@ class Trace:
     cache: object = None  # the final DynamicCache (for inspection in tests)
     forked: list[int] | None = None  # tokens[:fork_at] + the greedy continuation from there (see run_policy)
     timing: str = "after"  # the policy's: "before" means a step's query saw that step's kept set
+    layer_bytes: list[list[int]] | None = None  # [decode step][layer] measured (sliding-window layers apart)
 
 
 def _new_cache(lm: torch.nn.Module):
@@ -298,7 +299,7 @@ def run_policy(handle: ModelHandle, tokens: list[int], prompt_len: int, policy: 
                  prefill_kept=prefill_kept, cache_len=record.cache_len, cache_bytes=record.cache_bytes,
                  analytic_bytes=record.analytic, step_time=record.step_time,
                  attention=record.attention if record_attention else None, cache=cache, forked=forked,
-                 timing=policy.timing)
+                 timing=policy.timing, layer_bytes=record.layer_bytes)
 
 
 class _Record:
@@ -308,6 +309,7 @@ class _Record:
         bytes_per = torch.finfo(next(lm.parameters()).dtype).bits // 8
         self.per_entry = 2 * handle.info.kv_heads * handle.info.head_dim * bytes_per
         self.kept, self.cache_len, self.cache_bytes, self.analytic, self.step_time = [], [], [], [], []
+        self.layer_bytes: list[list[int]] = []
         self.attention: list[list[torch.Tensor | None]] = []
 
     def step(self, evictor: Evictor, seconds: float) -> None:
@@ -316,7 +318,8 @@ class _Record:
         self.kept.append(evictor.kept())
         lens = [c.get_seq_length() for c in cache.layers]
         self.cache_len.append(lens)
-        self.cache_bytes.append(sum(c.keys.nbytes + c.values.nbytes for c in cache.layers if c.is_initialized))
+        self.layer_bytes.append([c.keys.nbytes + c.values.nbytes if c.is_initialized else 0 for c in cache.layers])
+        self.cache_bytes.append(sum(self.layer_bytes[-1]))
         self.analytic.append(self.per_entry * sum(lens))
         if evictor.record:
             self.attention.append(list(evictor.attention))

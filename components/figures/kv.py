@@ -131,21 +131,37 @@ def step_metric_figure(result: KvResult, metric: str = "kl") -> go.Figure:
     return fig
 
 
+def not_evicted_note(result: KvResult) -> str:
+    """Which layers no policy evicts (sliding-window: bounded by their own window), or "" when every one is."""
+    kept = result.kept_layers
+    if not kept:
+        return ""
+    return (f"Layer{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))} of {result.model_layers} "
+            f"{'are' if len(kept) > 1 else 'is'} sliding-window: no policy evicts {'them' if len(kept) > 1 else 'it'} "
+            "(the window already bounds them), so the chart counts the other layers only.")
+
+
 @shared_figure
 def memory_figure(result: KvResult) -> go.Figure:
-    """Measured cache size over decode steps, one line per policy; analytic size as markers on about
-    `ANALYTIC_MARKS` evenly spaced steps (always the last)."""
+    """Measured cache size over decode steps of the layers the policies evict, one line per policy; analytic
+    size as markers on about `ANALYTIC_MARKS` evenly spaced steps (always the last). Sliding-window layers are
+    left out (no policy evicts them; counted, they made every policy's line grow)."""
     fig = go.Figure()
     for r in result.runs:
         colour = POLICIES.colour(r.policy)
-        fig.add_trace(go.Scatter(y=[b / 1024 for b in r.cache_bytes], mode="lines", name=f"{r.label} (measured)",
+        measured = r.evicted_bytes or r.cache_bytes  # a result saved before: every layer (none sliding there)
+        analytic = r.evicted_analytic or r.analytic_bytes
+        fig.add_trace(go.Scatter(y=[b / 1024 for b in measured], mode="lines", name=f"{r.label} (measured)",
                                  line=dict(color=colour, width=2)))
-        n = len(r.analytic_bytes)
+        n = len(analytic)
         steps = sorted({*range(0, n, max(1, -(-n // ANALYTIC_MARKS))), n - 1}) if n else []
-        fig.add_trace(go.Scatter(x=steps, y=[r.analytic_bytes[i] / 1024 for i in steps], mode="markers",
+        fig.add_trace(go.Scatter(x=steps, y=[analytic[i] / 1024 for i in steps], mode="markers",
                                  name=f"{r.label} (2·layers·H_kv·d·T·bytes)", showlegend=False,
                                  marker=dict(color=colour, size=4, symbol="x")))
-    fig.update_layout(title="KV-cache memory over decode steps (lines measured, × analytic)",
+    kept = result.kept_layers
+    which = (f"<br><sup>layers {', '.join(map(str, result.layers))} (evicted); sliding-window layer"
+             f"{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))} not counted</sup>" if kept else "")
+    fig.update_layout(title="KV-cache memory over decode steps (lines measured, × analytic)" + which,
                       xaxis_title="decode step", yaxis_title="cache size (KiB)", height=460,
                       # ten policies: a side legend at this height scrolls and hides the last ones
                       legend=dict(orientation="h", yanchor="top", y=-0.25, x=0))

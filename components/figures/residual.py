@@ -6,7 +6,7 @@ import html
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.residual import Inspection, Patching, PairSweep, SideBySide
+from analysis.residual import COMPONENTS, Inspection, Patching, PairSweep, SideBySide
 from components.figures.memo import shared_figure
 from components.figures.text import legend_below, panel_titles, set_title
 
@@ -23,6 +23,17 @@ METRICS = {  # lens cell metric -> (colour-bar title, colour scale, range)
 }
 
 
+WHITESPACE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+
+
+def visible(token: str) -> str:
+    """A token a cell can show: one of only whitespace drawn as its signs (a space token left cells blank),
+    an empty one as ∅; any other as it is."""
+    if token.strip():
+        return token
+    return "".join(WHITESPACE.get(c, "·") for c in token) or "∅"
+
+
 def _tokens(tokens: list[str]) -> list[str]:
     """Axis labels: a token's position and its text, escaped, with spaces shown."""
     return [f"{j}:{html.escape(t).replace(' ', '·') or '∅'}" for j, t in enumerate(tokens)]
@@ -37,7 +48,7 @@ def lens_figure(result: Inspection, metric: str = "target_prob") -> go.Figure:
         z = [[cell[0] for cell in row] for row in lens.top_probs]
     else:
         z = getattr(lens, metric)
-    text = [[html.escape(cell[0]).replace(" ", "·") for cell in row] for row in lens.top_tokens]
+    text = [[html.escape(visible(cell[0])).replace(" ", "·") for cell in row] for row in lens.top_tokens]
     hover = [[f"top: {', '.join(html.escape(t) for t in lens.top_tokens[i][j])}<br>"
               f"P(target {html.escape(result.target)}) = {lens.target_prob[i][j]:.3f}, rank {lens.target_rank[i][j] + 1}<br>"
               f"KL to final = {lens.kl[i][j]:.3f} nats" for j in range(len(row))] for i, row in enumerate(z)]
@@ -114,7 +125,7 @@ def patch_figure(result: Patching, component: str) -> go.Figure:
     fig.update_layout(height=max(360, 16 * len(grids[0].rows) + 170))
     corr = result.correlation.get(component)
     note = f" — exact vs attribution: r = {corr:.2f}" if corr is not None else ""
-    return panel_titles(set_title(fig, f"{component.capitalize()}: {SHARE}{note}", chars=90))
+    return panel_titles(set_title(fig, f"{COMPONENTS.label(component)}: {SHARE}{note}", chars=90))
 
 
 @shared_figure
@@ -188,7 +199,7 @@ def sweep_figure(result: PairSweep) -> go.Figure:
 def last_position_rows(result: Inspection) -> list[dict]:
     """Per layer, at the last position: the lens's top token, P(target), its rank, KL to the final layer."""
     lens = result.lens
-    return [{"layer": i, "top token": lens.top_tokens[i][-1][0], "P(top)": round(lens.top_probs[i][-1][0], 3),
+    return [{"layer": i, "top token": visible(lens.top_tokens[i][-1][0]), "P(top)": round(lens.top_probs[i][-1][0], 3),
              f"P({result.target.strip()})": round(lens.target_prob[i][-1], 3), "target rank (1 = top)": lens.target_rank[i][-1] + 1,
              "KL to final (nats)": round(lens.kl[i][-1], 3)} for i in range(len(lens.kl))]
 

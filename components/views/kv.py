@@ -103,7 +103,7 @@ def show_retrieval(page: Page, params: kv.KvParams, result: kv.KvResult) -> None
     explain("Measured size of the key/value tensors (lines) and the analytic 2 · layers · KV heads · head dim · "
             "cached tokens · bytes per value (crosses), which agree exactly. Every policy of the main comparison "
             "stays flat at the budget; the prefill-only variants grow by one entry per step; the full cache grows "
-            "from the whole context.")
+            "from the whole context. " + F.not_evicted_note(result))
 
     sweep = budget_sweep_section(page, params)
 

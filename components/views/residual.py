@@ -4,10 +4,15 @@ writes it, side by side. Controls: ResidualParams (analysis/residual/params.py);
 `pair_sweep`."""
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import streamlit as st
 
 from analysis import residual
-from analysis.model_access.models import ModelSpec, all_zoo_models, load_model
+from analysis.model_access import real_models
+from analysis.model_access.models import ModelSpec, ZOO_DIR, all_zoo_models, load_model, zoo_models
+from analysis.residual import translators
 from components.common import analysis_errors, explain, metric_row
 from components.hosting import escape_markdown
 from components.figures import residual as F
@@ -24,12 +29,19 @@ def _own(values: dict) -> bool:
     return values.get("pair") == residual.OWN
 
 
-def _other(params: residual.ResidualParams) -> dict:
+def _other(page: Page, params: residual.ResidualParams) -> dict:
     """The other model of a side-by-side of two models, as the runner's `models` (none for two prompts)."""
     if params.side != "model":
         return {}
+    linked = _refused(page).get("other_model")
+    if linked:  # the page offers only models that share this vocabulary
+        st.error(f"The link's other model, {escape_markdown(linked)}, cannot be read with "
+                 f"{escape_markdown(page.handle.spec.label)}'s tokens "
+                 "(different vocabularies, or not a zoo model here): pick one above.", icon=":material/link_off:")
+        st.stop()
     if not params.other_model:
-        st.info("Pick the other model to compare with.")
+        st.info(f"No other model here shares {escape_markdown(page.handle.spec.label)}'s vocabulary, so there is none to compare "
+                "with; compare two prompts instead.")
         st.stop()
     with analysis_errors(prefix="Could not load the other model: "):
         return {"other": other_model(params.other_model)}
@@ -43,9 +55,56 @@ def _weights_here(page: Page) -> None:
         st.stop()
 
 
+@functools.lru_cache(maxsize=8)
+def _zoo_vocabulary(name: str) -> frozenset | None:
+    """A zoo model's vocabulary, from its tokenizer alone (None: not on disk yet, e.g. an unconverted real model)."""
+    from transformers import AutoTokenizer
+
+    folder = ZOO_DIR / name if name in zoo_models() else real_models.folder(name)
+    if name not in zoo_models() and not real_models.is_built(name):
+        return None
+    return frozenset(AutoTokenizer.from_pretrained(str(folder)).get_vocab().items())
+
+
 def _others(page: Page) -> list[str]:
-    """The zoo models to compare with (every one but this)."""
-    return [f"zoo:{n}" for n in all_zoo_models() if f"zoo:{n}" != page.handle.spec.label] or [""]
+    """The zoo models to compare with: every one but this whose vocabulary is this model's (the side by side
+    reads the same tokens on both; another vocabulary can never match)."""
+    mine = frozenset(page.handle.tokenizer.get_vocab().items())
+    return [f"zoo:{n}" for n in all_zoo_models()
+            if f"zoo:{n}" != page.handle.spec.label and _zoo_vocabulary(n) == mine] or [""]
+
+
+def _refused(page: Page) -> dict[str, str]:
+    """What the link asked for that this model is not offered (the other model, the lens), read before the page
+    mirrors its controls into the URL: the page only ever writes offered values, so these came with a link."""
+    if not hasattr(page, "_rs_refused"):
+        offered = {"other_model": _others(page), "lens": residual.LENSES.names() if _has_tuned_lens(page) else ["logit"]}
+        asked = {name: st.query_params.get(name) for name in offered}
+        page._rs_refused = {k: v for k, v in asked.items() if v and v not in offered[k]}
+    return page._rs_refused
+
+
+def _has_tuned_lens(page: Page) -> bool:
+    if not hasattr(page, "_rs_tuned"):
+        try:
+            page._rs_tuned = bool(translators.for_model(page.handle))
+        except residual.ResidualError:
+            page._rs_tuned = False
+    return page._rs_tuned
+
+
+def _own_pair_typed(page: Page, params: residual.ResidualParams) -> residual.ResidualParams:
+    """An own pair as typed on the page (the link's copy lags one run behind the boxes); until both prompts are
+    there, one line saying so and nothing runs (not an error: nothing was typed yet)."""
+    shown = page.form.values
+    if shown.get("pair") != residual.OWN:
+        return params
+    prompt, corrupt = str(shown.get("prompt", "")), str(shown.get("corrupt", ""))
+    if not (prompt.strip() and corrupt.strip()):
+        st.info("Type a clean prompt and a corrupted one above (the same number of tokens); the views appear "
+                "once both are there.", icon=":material/edit:")
+        st.stop()
+    return dataclasses.replace(params, pair=residual.OWN, prompt=prompt, corrupt=corrupt)
 
 
 class ResidualView(View):
@@ -71,12 +130,14 @@ class ResidualView(View):
         pairs = residual.pairs_for(page.handle)
         labels = {p.name: p.short for p in pairs} | {"": f"{pairs[0].short} (default)",
                                                       residual.OWN: "Your own two prompts"}
+        _refused(page)
+        lens = {} if _has_tuned_lens(page) else {"lens": {"choices": ["logit"]}}
         return {"pair": {"choices": ["", *[p.name for p in pairs], residual.OWN],
                          "format_func": lambda n: labels.get(n, n)},
-                "other_model": {"choices": _others(page), "widget": "select"}}
+                "other_model": {"choices": _others(page), "widget": "select"}} | lens
 
     def validate(self, page: Page, params: residual.ResidualParams) -> None:
-        residual.validate_params(params)
+        residual.validate_params(_own_pair_typed(page, params))
 
     def run(self, page: Page, params: residual.ResidualParams):
         section = page.control("view", width="content")
@@ -85,10 +146,16 @@ class ResidualView(View):
         if section == "side":
             _weights_here(page)
             return page.run("side", residual.side_by_side, params, label="Reading both sides",
-                            models=_other(params))
+                            models=_other(page, params))
         if section == "pairs":
             return page.run("pairs", residual.pair_sweep, params, label="Patching every offered pair")
         _weights_here(page)
+        if not _has_tuned_lens(page):
+            none = f"no tuned lens exists for {escape_markdown(page.handle.spec.label)} yet"
+            if _refused(page).get("lens") == "tuned":
+                st.warning(f"The link asks for the tuned lens, but {none}: this is the logit lens.")
+            else:
+                st.caption(f"Lens: {none}, so the logit lens is the one offered.")
         return page.run("inspect", residual.inspect, params, label="Reading every layer")
 
     def show(self, page: Page, params: residual.ResidualParams, result) -> None:
@@ -159,7 +226,8 @@ def show_patching(page: Page, params: residual.ResidualParams, result: residual.
         explain("Each dot is one cell: exact share (x) against the gradient estimate (y). On the diagonal the cheap "
                 "estimate is right; it drifts where a patch changes the run nonlinearly (large cells, saturated "
                 "softmaxes, early layers whose effect passes through many others).")
-    share_bar("residual", title=f"Activation patching on {page.handle.spec.label}: {result.pair.name}",
+    pair = "your own two prompts" if result.pair.name == residual.OWN else result.pair.short  # not "own"
+    share_bar("residual", title=f"Activation patching on {page.handle.spec.label}: {pair}",
               params=params.to_dict(), result=result, model=page.handle.spec.label, figures=figures, tables=tables)
 
 

@@ -66,12 +66,22 @@ def test_loading_a_second_model_switches(tiny_llama_dir, tiny_gpt2_dir):
     _load_via_picker(at, "local", picker_local=str(tiny_gpt2_dir))
     assert not at.error
     assert "GPT2LMHeadModel" in _table_values(at)
-    assert at.query_params["model"] == [f"local:{tiny_gpt2_dir}"] or at.query_params["model"] == f"local:{tiny_gpt2_dir}"
+    # the folder by its name under its allowed root: the server's path is on no screen and in no link
+    assert at.query_params["model"] in (["local:tiny-gpt2"], "local:tiny-gpt2")
+    shown = " ".join([c.value for c in at.sidebar.caption] + [h.value for h in at.subheader])
+    assert "Loaded: **local:tiny-gpt2**" in shown and str(tiny_gpt2_dir.parent) not in shown
 
 
 def test_picker_starts_on_the_model_named_in_the_url(tiny_llama_dir, tiny_gpt2_dir):
     at = app_with_model(None, query={"model": f"local:{tiny_gpt2_dir}"})
     assert not at.exception
     assert at.sidebar.radio(key="picker_source").value == "local"
-    assert at.sidebar.text_input(key="picker_local").value == str(tiny_gpt2_dir)
+    assert at.sidebar.text_input(key="picker_local").value == "tiny-gpt2"  # a full-path link, shown by name
     assert "GPT2LMHeadModel" in _table_values(at)
+
+
+def test_a_folder_outside_the_allowed_roots_is_refused_with_the_variable_and_the_restart(tiny_llama_dir, tmp_path):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)))
+    _load_via_picker(at, "local", picker_local=str(tmp_path))
+    said = " ".join(e.value for e in at.error).replace("\\", "")
+    assert "MODEL_INSPECTOR_ROOTS" in said and "restart" in said, said

@@ -48,7 +48,8 @@ def test_side_by_side_of_two_prompts_and_a_refused_pair_of_models():
     at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE,
                         query={"view": "side", "side": "model", "other_model": "zoo:shapes-vlm"})
     assert not at.exception
-    assert len(at.error) == 1 and "different vocabularies" in at.error[0].value
+    assert len(at.error) == 1 and "link's other model" in at.error[0].value and "different vocabularies" in \
+        at.error[0].value
 
 
 @needs_zoo
@@ -63,7 +64,45 @@ def test_bad_own_pairs_and_missing_lenses_are_one_line(tiny_llama_dir):
     spec = ModelSpec("local", str(tiny_llama_dir))
     at = app_with_model(spec, PAGE, query={"view": "patching", "pair": "own", "prompt": "w1 w2 w3", "corrupt": "w1 w2"})
     assert not at.exception and len(at.error) == 1 and "same number" in at.error[0].value
-    at = app_with_model(spec, PAGE, query={"lens": "tuned"})
-    assert not at.exception and len(at.error) == 1 and "No tuned lens is trained" in at.error[0].value
+    at = app_with_model(spec, PAGE, query={"lens": "tuned"})  # a link's lens this model has none of: said, logit shown
+    _ok(at)
+    assert any("link asks for the tuned lens" in w.value for w in at.warning)
+    assert metric_starting(at, "Last layer vs the model's logits").value == "0.0e+00"
     at = app_with_model(spec, PAGE)  # a tiny random model: its generic pairs still run through the logit lens
     assert not at.exception and metric_starting(at, "Last layer vs the model's logits").value == "0.0e+00"
+
+
+@needs_zoo
+def test_choosing_your_own_pair_shows_no_error_before_the_prompts_are_typed():
+    """Before: a red "needs both prompts", then "This link's settings are out of range" (no link was used)."""
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE)
+    _ok(at)
+    at.selectbox(key="rs_pair").set_value("own").run()
+    _ok(at)
+    assert not at.warning, [w.value for w in at.warning]
+    assert any("Type a clean prompt" in i.value for i in at.info)
+    at.text_area(key="rs_prompt").input("<s> max : 59 63 15 43 75 72 =").run()
+    _ok(at)  # one of two typed: still no error
+    at.text_area(key="rs_corrupt").input("<s> max : 59 63 15 43 71 72 =").run()
+    _ok(at)
+    assert metric_starting(at, "The model predicts").value == "'75'"
+
+
+@needs_zoo
+def test_side_by_side_offers_only_models_that_share_the_vocabulary(tiny_llama_dir):
+    """shapes-lm's vocabulary is its own (shapes-vlm's and SmolLM2's differ): no other model is offered, and the
+    page says why; on shapes-vlm, shapes-vlm-weak (same tokenizer) is."""
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={"view": "side", "side": "model"})
+    _ok(at)
+    assert at.selectbox(key="rs_other_model").options == [""]
+    assert any("shares zoo:shapes-lm" in i.value.replace("\\", "") for i in at.info)
+    at = app_with_model(ModelSpec("zoo", "shapes-vlm"), PAGE)
+    assert at.selectbox(key="rs_other_model").options == ["zoo:shapes-vlm-weak"]
+
+
+def test_the_tuned_lens_is_offered_only_where_one_exists(tiny_llama_dir):
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE)
+    _ok(at)
+    assert at.get("button_group")[0].proto.options and \
+        [o.content for o in at.get("button_group")[0].proto.options] == ["Logit lens"]
+    assert any("no tuned lens exists" in c.value for c in at.caption)

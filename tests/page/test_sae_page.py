@@ -233,10 +233,9 @@ def test_demo_feature_list_and_feature_page_render():
 
 
 @pytest.mark.skipif(not HAS_DEMO, reason="demo model shapes-vlm and its SAE are not built")
-def test_text_only_model_offers_the_demo_vlm(tiny_llama_dir):
+def test_text_only_model_without_an_sae_opens_on_the_demo_vlm(tiny_llama_dir):
+    """Its own model has no SAE: the page opens on the demo VLM's (a training form alone was an empty state)."""
     at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE)
-    assert not at.exception, at.exception
-    at.button(key="sae_use_demo").click().run()
     assert not at.exception, at.exception
     assert at.session_state["model_spec"] == ModelSpec("zoo", "shapes-vlm")
     assert len(table_with(at, "omega")) > 10

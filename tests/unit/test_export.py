@@ -18,7 +18,26 @@ def _report() -> str:
     return html_report(
         f"Prompt {EVIL}", [ReportSection(EVIL, text=EVIL, figure=fig, table=[{"prompt": EVIL, "n": 1}])],
         model=EVIL, note=EVIL, params={"prompt": EVIL}, url="?prompt=" + EVIL,
+        headline=[{"metric": EVIL, "value": EVIL, "change": EVIL}], notes=[EVIL],
     )
+
+
+def test_html_report_opens_on_the_headline_numbers_and_carries_the_notes():
+    """Before, a report held the parameters and the figures but not the numbers the page led with (+7.31 /
+    -6.02) nor the "What am I looking at?" notes."""
+    fig = go.Figure(go.Bar(x=["a"], y=[1]))
+    page = html_report("Activation patching on zoo:shapes-lm: your own two prompts",
+                       [ReportSection("Residual", figure=fig)], model="zoo:shapes-lm", params={"pair": "own"},
+                       headline=[{"metric": "Clean: logit(target) − logit(foil)", "value": "+7.31"},
+                                 {"metric": "Corrupted", "value": "-6.02", "change": "vs clean"}],
+                       notes=["The corrupted prompt is run with one activation replaced."])
+    body = page.split("</head>", 1)[1]
+    first = {k: body.index(k) for k in ("+7.31", "-6.02", "id='fig0'", "What am I looking at?",
+                                        "The corrupted prompt is run", "Parameters")}
+    assert first["+7.31"] < first["-6.02"] < first["id='fig0'"]  # the numbers first
+    assert first["id='fig0'"] < first["What am I looking at?"] < first["The corrupted prompt is run"]
+    assert first["The corrupted prompt is run"] < first["Parameters"]  # the parameters last
+    assert "vs clean" in body
 
 
 def test_html_report_contains_no_executable_user_script():

@@ -93,7 +93,8 @@ def test_long_per_step_lines_drop_their_markers_and_the_memory_chart_marks_few_a
     steps = F.MARKERS_UP_TO + 40
     runs = [dataclasses.replace(r, kl=[0.01 * i for i in range(steps)],
                                 cache_bytes=[1024 * (i + 1) for i in range(steps)],
-                                analytic_bytes=[2048 * (i + 1) for i in range(steps)]) for r in result.runs]
+                                analytic_bytes=[2048 * (i + 1) for i in range(steps)],
+                                evicted_bytes=[], evicted_analytic=[]) for r in result.runs]  # every layer evicted
     long = dataclasses.replace(result, runs=runs)
     assert all(t.mode == "lines" and len(t.y) == steps for t in F.step_metric_figure(long, "kl").data)
     memory = F.memory_figure(long)
@@ -102,3 +103,39 @@ def test_long_per_step_lines_drop_their_markers_and_the_memory_chart_marks_few_a
         assert analytic.mode == "markers" and len(analytic.x) <= min(F.ANALYTIC_MARKS + 1, 20)
         assert analytic.x[0] == 0 and analytic.x[-1] == steps - 1 and list(analytic.x) == sorted(set(analytic.x))
         assert list(analytic.y) == [2.0 * (i + 1) for i in analytic.x]
+
+
+@pytest.fixture(scope="module")
+def sliding_result(model_root):
+    """Gemma 3 text: layer 0 sliding-window (a window of 128, wider than the 48-token context, so that layer's
+    cache grows every step whatever the policy), layer 1 global."""
+    from analysis.model_access import tiny_models
+    from analysis.model_access.models import ModelSpec, load_model
+
+    model, tok, _ = tiny_models._causal("Gemma3TextConfig", "Gemma3ForCausalLM", head_dim=8, sliding_window=128,
+                                        layer_types=["sliding_attention", "full_attention"])(0)
+    folder = model_root / "gemma3-sliding-128"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    handle = load_model(ModelSpec("local", str(folder)))
+    return handle, kv.analyze(handle, kv.KvParams(policy="h2o", budget=20, context=48, pairs=3, new_tokens=6,
+                                                  policies=kv.policy_settings(snap_window=4, morph_window=4)))
+
+
+def test_memory_chart_counts_only_the_layers_a_policy_evicts(sliding_result):
+    """Before: the chart summed the sliding-window layer too, so every policy's line grew while its note said
+    "flat at the budget". Each main policy's line is now flat at 2 (K and V) · KV heads · head dim · budget ·
+    4 bytes of its one evicted layer, and the title names the layer left out."""
+    handle, result = sliding_result
+    assert result.layers == [1] and result.kept_layers == [0]
+    at_budget = 2 * handle.info.kv_heads * 8 * result.params.budget * 4 / 1024
+    fig = F.memory_figure(result)
+    lines = {trace.name.removesuffix(" (measured)"): trace for trace in fig.data if trace.name.endswith("(measured)")}
+    main = [r for r in result.runs if r.policy in kv.main_policies() and r.policy != "full"]
+    assert main
+    for run in main:
+        assert list(lines[run.label].y) == [at_budget] * len(run.cache_bytes), run.label
+    full = lines[result.run("full").label].y
+    assert full[-1] > full[0]  # the full cache grows
+    assert "sliding-window layer 0 not counted" in fig.layout.title.text
+    assert "Layer 0 of 2 is sliding-window" in F.not_evicted_note(result)
