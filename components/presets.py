@@ -73,8 +73,9 @@ def active(panel: str) -> P.Preset | None:
     return preset if all(st.query_params.get(k) == v for k, v in values.items()) else None
 
 
-def preset_bar(panel: str, widget_prefix: str) -> P.Preset | None:
-    """Buttons for the panel's presets, and a line saying what the active one shows."""
+def preset_bar(panel: str, widget_prefix: str, banner=None) -> P.Preset | None:
+    """Buttons for the panel's presets, and a line saying what the active one shows (in `banner`, a
+    container above the page's headline, when given)."""
     presets = P.for_panel(panel)
     if not presets:
         return None
@@ -91,5 +92,5 @@ def preset_bar(panel: str, widget_prefix: str) -> P.Preset | None:
                       type="primary" if chosen else "secondary", width="content"):
             apply(preset, widget_prefix)
     if current is not None:
-        st.info(f"**{current.title}.** {current.finding}", icon=":material/slideshow:")
+        (banner or st).info(f"**{current.title}.** {current.finding}", icon=":material/slideshow:")
     return current
