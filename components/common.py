@@ -114,6 +114,19 @@ def charts_side_by_side(*charts: tuple[Any, str], width: int = 440) -> None:
         row.plotly_chart(figure, key=key, width=width)
 
 
+def table(rows: Any, *, pinned: int = 1, where: Any = None, column_config: dict | None = None, **kwargs: Any) -> None:
+    """A table that fits its box or scrolls inside it with its first `pinned` columns fixed, so a reader at
+    1024 px sees which row a far-right value belongs to (a plain `st.dataframe` wider than its box scrolls with
+    no visible sign: its right columns looked cut off). `rows`: a list of dicts (or a frame); the rest is
+    `st.dataframe`'s."""
+    where = where if where is not None else st
+    names = list(rows[0]) if isinstance(rows, list) and rows else list(getattr(rows, "columns", []))
+    config = dict(column_config or {})
+    for name in names[:pinned]:
+        config[name] = {**(config.get(name) or {}), "pinned": True}
+    where.dataframe(rows, hide_index=True, column_config=config, **kwargs)
+
+
 def explain(text: str) -> None:
     """The short 'what am I looking at' note under a view (recorded for the share bar's report and snapshot)."""
     page_record()["notes"].append(text)

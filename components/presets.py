@@ -119,9 +119,10 @@ def active(panel: str) -> P.Preset | None:
     return preset if all(st.query_params.get(k) == v for k, v in values.items()) else None
 
 
-def preset_bar(panel: str, widget_prefix: str) -> P.Preset | None:
-    """Buttons for the panel's presets, and a line saying what the active one shows (after settling the
-    page's model: a link's preset, the visitor's own model back, or the panel's demo model)."""
+def preset_bar(panel: str, widget_prefix: str, banner=None) -> P.Preset | None:
+    """Buttons for the panel's presets, and a line saying what the active one shows (in `banner`, a
+    container above the page's headline, when given), after settling the page's model: a link's preset,
+    the visitor's own model back, or the panel's demo model."""
     page_record(reset=True)  # the page starts: its share bars carry what it draws from here on
     presets = P.for_panel(panel)
     linked = _from_url(panel) if presets else None
@@ -142,5 +143,5 @@ def preset_bar(panel: str, widget_prefix: str) -> P.Preset | None:
                       type="primary" if chosen else "secondary", width="content"):
             apply(preset, widget_prefix)
     if current is not None:
-        st.info(f"**{current.title}.** {current.finding}", icon=":material/slideshow:")
+        (banner or st).info(f"**{current.title}.** {current.finding}", icon=":material/slideshow:")
     return current

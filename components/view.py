@@ -12,8 +12,11 @@ Where a panel's page lives:
 
 `render(view)` runs a page, in order:
 
-1. the title and intro, the preset bar (before the model gate: a preset may switch model), the model
-   gate, `view.check_model(page)` (can this model run the panel at all: one line, and stop);
+1. the title, then the page's first screen is laid out before anything is computed: the active preset's
+   finding (one line), the headline's place (filled in step 4), the intro, the preset buttons and the
+   settings box (folded under a preset); then the preset bar's work (before the model gate: a preset may
+   switch model), the model gate, `view.check_model(page)` (can this model run the panel at all: one line,
+   and stop);
 2. `params = view.controls(page)`: by default every Params field with a URL name, drawn in
    `view.sections` (a field's `group` metadata names its section; a method family's settings are in
    the group named by the Params attribute that holds them, e.g. "policies"). Fields of a group no
@@ -24,7 +27,11 @@ Where a panel's page lives:
 3. `result = view.run(page, params)`: one `page.run(kind, fn, params, label=...)`, which is
    `components.runs.cached_run` (stored and shipped results, cost estimate, Run button, progress, Stop,
    queue) with an analysis error shown as one line;
-4. `view.show(page, params, result)`: figures, tables, "What am I looking at?" notes, share bar. The
+4. `view.headline(page, params, result)`: the finding first (issue #47): the metric cards and the first
+   figure that carries the claim, drawn by the framework at the top of the page, under the title, so they
+   are inside the first screen at 1024x768; controls that steer that figure (layer, head) go in
+   `page.headline_controls`, under it. Then
+   `view.show(page, params, result)`: the rest below the settings — figures, tables, "What am I looking at?" notes, share bar. The
    view state's controls (layer, head, metric) are drawn where they belong, with the range this result
    has: `page.control("layer", container, choices=..., format_func=...)`, mirrored to the URL.
 
@@ -51,6 +58,30 @@ from components.presets import preset_bar
 from components.runs import cached_run
 
 REST = "\x00rest"  # the last row: fields of a group no section names
+HEADLINE_KEY = "headline"  # the headline's container: `.st-key-headline` in the page (the browser battery finds it)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric card of a headline (`st.metric`'s arguments)."""
+
+    label: str
+    value: str
+    delta: str | None = None
+    help: str | None = None
+    delta_color: str = "normal"
+
+
+@dataclass(frozen=True)
+class Headline:
+    """What a page shows first: its metric cards and the first figure that carries the claim (a plotly
+    figure, or HTML where the finding is text: the recovered tokens, the corrected caption)."""
+
+    metrics: tuple[Metric, ...] = ()
+    figure: Any = None  # a plotly figure
+    key: str = ""  # the figure's widget key
+    html: str = ""  # or HTML (already escaped by its figure module)
+    caption: str = ""  # one line under the metrics (what the figure is of)
 
 
 @dataclass(frozen=True)
@@ -101,9 +132,25 @@ class Page:
         self.form = ParamsForm(view.prefix)  # the Params' controls
         self.state = ParamsForm(view.prefix)  # the view state's controls
         self.containers: dict[str, Any] = {}  # group -> the container its section drew (`show` may add to it)
+        # the first screen's containers (set by `render`): a choice of what the headline shows (residual's view),
+        # the headline, the controls that steer its figure
+        self.headline_choice = self.headline = self.headline_controls = None
+        self.preset = None  # the active preset (components/presets.py), if the URL holds one
         self._groups: dict[str, str] = {}
         for attr, registry in getattr(self.analysis.params, "METHODS", ()):
             self._groups.update({name: attr for name in registry})
+
+    def chapter(self, names: list[str], default: str | None = None) -> str:
+        """Which one of the page's later sections to draw: one at a time, chosen by a segmented control
+        (every section drawn at once meant 15+ plotly figures, 4-12 s of drawing in Chromium on a 2-core
+        machine; st.tabs would still draw every tab)."""
+        key = f"{self.view.prefix}chapter"
+        if st.session_state.get(key) not in names:
+            st.session_state.pop(key, None)
+        chosen = st.segmented_control("Show", names, default=default if default in names else names[0],
+                                      key=key, required=True, width="content")
+        return chosen or names[0]
+
 
     @property
     def values(self) -> dict[str, Any]:
@@ -271,6 +318,10 @@ class View:
     def run(self, page: Page, params: Any) -> Any:
         raise NotImplementedError
 
+    def headline(self, page: Page, params: Any, result: Any) -> Headline | None:
+        """The finding: metric cards and the first figure, drawn at the top of the page (None: none)."""
+        return None
+
     def show(self, page: Page, params: Any, result: Any) -> None:
         raise NotImplementedError
 
@@ -278,17 +329,48 @@ class View:
         render(self)
 
 
+# The first screen at 1024x768 holds the title, the headline's cards and the top of its figure: less empty space
+# above the title (Streamlit's 6rem) and headline cards as wide as their text, not a fixed share of the row
+# (five cards took two rows at 1024 px).
+FIRST_SCREEN_CSS = """<style>
+[data-testid="stMainBlockContainer"] { padding-top: 3rem; }
+.st-key-headline [data-testid="stMetricValue"] { font-size: 1.9rem; }
+</style>"""
+
+
+def draw_headline(container: Any, headline: Headline) -> None:
+    """The headline's metric cards, its caption and its figure, in `container`."""
+    if headline.metrics:
+        row = container.container(horizontal=True, wrap=True, gap="medium")  # components.common.metric_row
+        for m in headline.metrics:
+            row.metric(m.label, m.value, m.delta, help=m.help, delta_color=m.delta_color, width="content")
+    if headline.caption:
+        container.caption(headline.caption)
+    if headline.figure is not None:
+        container.plotly_chart(headline.figure, key=headline.key or None)
+    if headline.html:
+        container.html(headline.html)
+
+
 def render(view: View) -> None:
     """Run one page (the module docstring's four steps)."""
     analysis = view.analysis
+    st.html(FIRST_SCREEN_CSS)
     st.title(analysis.title)
+    banner = st.container()  # the active preset's finding: the claim the headline shows
+    top = st.container(key=HEADLINE_KEY)
+    top_choice, top_figure, top_controls = top.container(), top.container(), top.container()
     plain.first(view)  # the plain sentence, then the intro folded as the researcher's note (components/plain.py)
-    preset_bar(analysis.url_path, widget_prefix=view.prefix)
+    preset = preset_bar(analysis.url_path, widget_prefix=view.prefix, banner=banner)
     handle = require_model(*analysis.kinds, panel=analysis.title)
     page = Page(view, handle)
+    page.headline, page.headline_controls, page.preset = top_figure, top_controls, preset
+    page.headline_choice = top_choice
     with analysis_errors():
         view.check_model(page)
-    params = view.controls(page)
+    # the settings below the finding; a preset's start folded (its finding is what the audience came for)
+    with st.expander("Settings", expanded=preset is None, icon=":material/tune:"):
+        params = view.controls(page)
     page.mirror()
     page.form.check(lambda raw: view.validate(page, view.params_of(page, {**page.form.values, **raw})),
                     stop=view.bad_link_stops)
@@ -298,7 +380,10 @@ def render(view: View) -> None:
         with analysis_errors():
             view.validate(page, params)
     result = view.run(page, params)
+    headline = view.headline(page, params, result)
+    if headline is not None:
+        draw_headline(top_figure, headline)
     view.show(page, params, result)
 
 
-__all__ = ["Page", "Section", "View", "params_fields", "render", "state_fields", "url_fields", "with_defaults"]
+__all__ = ["Headline", "Metric", "Page", "Section", "View", "draw_headline", "params_fields", "render", "state_fields", "url_fields", "with_defaults"]

@@ -16,6 +16,11 @@ SHARE = "share of the logit difference recovered"
 DIVERGING = "RdBu_r"
 A_COLOUR, B_COLOUR = "#1f77b4", "#d62728"
 MAX_WRITTEN = 24  # positions up to which the lens grid writes each cell's top token
+# The lens grid's cells are as wide as the plot area over the positions: about 460 px at a 1024-px window with
+# the sidebar open. A cell writes at most as many characters as fit in it at 10 px (about 6 px each), cut with
+# "…" (the hover has the whole token): written whole, neighbours ran together ("circlecircle" on shapes-lm).
+LENS_PLOT_PX = 460
+CHAR_PX = 6.0
 METRICS = {  # lens cell metric -> (colour-bar title, colour scale, range)
     "target_prob": ("P(target)", "Viridis", (0.0, 1.0)),
     "kl": ("KL to final (nats)", "Magma_r", (0.0, None)),
@@ -39,6 +44,12 @@ def _tokens(tokens: list[str]) -> list[str]:
     return [f"{j}:{html.escape(t).replace(' ', '·') or '∅'}" for j, t in enumerate(tokens)]
 
 
+def cell_text(token: str, fits: int) -> str:
+    """A token as a lens cell writes it: spaces shown as "·", at most `fits` characters (cut with "…")."""
+    text = token.replace(" ", "·")
+    return text if len(text) <= fits else text[:max(fits - 1, 1)] + "…"
+
+
 @shared_figure
 def lens_figure(result: Inspection, metric: str = "target_prob") -> go.Figure:
     """Layer x position: the chosen lens's top token in each cell, coloured by `metric`."""
@@ -48,12 +59,13 @@ def lens_figure(result: Inspection, metric: str = "target_prob") -> go.Figure:
         z = [[cell[0] for cell in row] for row in lens.top_probs]
     else:
         z = getattr(lens, metric)
-    text = [[html.escape(visible(cell[0])).replace(" ", "·") for cell in row] for row in lens.top_tokens]
+    fits = max(1, int(LENS_PLOT_PX / max(len(result.tokens), 1) / CHAR_PX))
+    text = [[html.escape(cell_text(visible(cell[0]), fits)) for cell in row] for row in lens.top_tokens]
     hover = [[f"top: {', '.join(html.escape(t) for t in lens.top_tokens[i][j])}<br>"
               f"P(target {html.escape(result.target)}) = {lens.target_prob[i][j]:.3f}, rank {lens.target_rank[i][j] + 1}<br>"
               f"KL to final = {lens.kl[i][j]:.3f} nats" for j in range(len(row))] for i, row in enumerate(z)]
     # the top token written in each cell while the cells are wide enough to read; beyond, hover says it
-    written = dict(text=text, texttemplate="%{text}", textfont=dict(size=10)) if len(result.tokens) <= MAX_WRITTEN else {}
+    written = dict(text=text, texttemplate="%{text}", textfont=dict(size=9)) if len(result.tokens) <= MAX_WRITTEN else {}
     fig = go.Figure(go.Heatmap(z=z, x=_tokens(result.tokens), y=list(range(len(z))), **written,
                                hovertext=hover, hoverinfo="text",
                                colorscale=scale, zmin=low, zmax=high, colorbar=dict(title=title)))

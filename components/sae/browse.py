@@ -7,6 +7,7 @@ import streamlit as st
 
 from analysis import sae_v
 from components.common import explain, metric_row
+from components.common import table as pinned_table
 from components.figures import sae as figs
 from components.hosting import escape_markdown
 
@@ -51,7 +52,7 @@ def summary(store: sae_v.FeatureStore) -> None:
 def table(store: sae_v.FeatureStore, rows: list[dict]) -> None:
     hide = set(MODALITY_COLUMNS) | {"modality"} if one_modality(store) else set()
     shown = [{k: v for k, v in r.items() if k not in hide} for r in rows]
-    st.dataframe(shown, hide_index=True, height=380, key="sae_table", column_config={
+    pinned_table(shown, height=380, key="sae_table", column_config={  # its feature column stays in view
         "omega": st.column_config.NumberColumn("ω", format="%.3f"),
         "density": st.column_config.NumberColumn(format="%.4f"),
         "text density": st.column_config.NumberColumn(format="%.4f"),

@@ -13,11 +13,11 @@ from analysis.framework.images import open_image
 from analysis.model_access.models import ModelSpec, load_model, zoo_models
 from analysis.framework.settings import labelled
 from components import hosting  # uploads under the deployment's limits
-from components.common import analysis_errors, explain, field_row, metric_row
+from components.common import table, analysis_errors, explain, field_row
 from components.figures import captions as F
 from components.params_form import ParamsForm
 from components.share import share_bar
-from components.view import Page, View
+from components.view import Headline, Metric, Page, View
 
 WEAK = "shapes-vlm-weak"
 PI_SHOWN = 10.0  # the slider's end: above -log ε = 9.2 (the default ε) every claim is kept
@@ -187,21 +187,24 @@ class CaptionView(View):
                             models=models, upload=self.upload)
         return page.run("correct", captions.correct_scene, params, label="Correcting the caption", models=models)
 
+    def headline(self, page: Page, params: captions.CorrectionParams, result) -> Headline:
+        """Factuality and coverage before and after, and the corrected caption (what the rewriter struck)."""
+        return Headline(tuple(Metric(label, value, delta, delta_color=colour)
+                              for label, value, delta, colour in F.metric_cards(result)),
+                        html=F.diff_html(result.diff), caption="Corrected caption")
+
     def show(self, page: Page, params: captions.CorrectionParams, result) -> None:
         handle = page.handle
-        st.subheader("Corrected caption")
-        st.markdown(F.diff_html(result.diff), unsafe_allow_html=True)
-        st.caption(f"{len(result.dropped)} of {len(result.claims)} claims dropped · agents: "
-                   + ", ".join(f"{k} = {v}" for k, v in result.agents.items()))
+        notes = page.headline_controls
+        notes.caption(f"{len(result.dropped)} of {len(result.claims)} claims dropped · agents: "
+                      + ", ".join(f"{k} = {v}" for k, v in result.agents.items()))
         for note in (result.decompose_note, result.rewrite_note):
             if note:
-                st.info(note)
-        explain("The caption you checked, with the words the rewriter removed struck through in red and any "
-                "words it added in green. A faithful rewrite only removes.")
+                notes.info(note)
+        with notes:
+            explain("The caption you checked, with the words the rewriter removed struck through in red and any "
+                    "words it added in green. A faithful rewrite only removes.")
 
-        row = metric_row()
-        for label, value, delta, colour in F.metric_cards(result):
-            row.metric(label, value, delta, delta_color=colour)
         if result.before and result.after:
             st.plotly_chart(F.metrics_figure(result.before, result.after), key="cap_metrics")
         if result.ground_truth:
@@ -215,7 +218,7 @@ class CaptionView(View):
         st.subheader("Claims")
         if any(c.low_mass for c in result.claims):
             st.warning(F.low_mass_message(result))
-        st.dataframe(F.claim_rows(result), hide_index=True)
+        table(F.claim_rows(result))
         explain("Each claim was put to the VLM as a yes/no question with only the image and that claim. "
                 "p_True / p_False are its next-token probabilities of 'yes' and 'no', and 'yes+no mass' is their "
                 "sum: the share of its answer that is yes or no at all. The hallucination score "

@@ -8,11 +8,11 @@ import streamlit as st
 from analysis.framework import cost
 from analysis import inversion
 from analysis.tasks import tasks_for
-from components.common import charts_side_by_side, explain, metric_row
+from components.common import table, charts_side_by_side, explain
 from components.figures import inversion as F
 from components.params_form import WIDTH
 from components.share import share_bar
-from components.view import Page, Section, View
+from components.view import Headline, Metric, Page, Section, View
 
 NOISES = [0.0, 0.01, 0.1, 0.3, 1.0, 3.0]
 
@@ -57,28 +57,32 @@ class InversionView(View):
         inversion.tokenize(page.handle, params.prompt, params.max_tokens)  # too many tokens: refused before any run
 
     def run(self, page: Page, params: inversion.AttackParams):
-        st.subheader("Original vs recovered")
         return page.run("attack", inversion.reconstruct, params, label="Reconstructing")
+
+    def headline(self, page: Page, params: inversion.AttackParams, result: inversion.AttackResult) -> Headline:
+        """How much of the prompt came back, at what cost, and the original over the recovered tokens."""
+        positions = len(result.tokens)
+        return Headline((
+            Metric("Tokens recovered", f"{result.accuracy:.0%}",
+                   help=f"{sum(t.correct for t in result.tokens)} of {positions}"),
+            Metric("Candidates scored", f"{result.evaluations:,}",
+                   help=f"Exhaustive search scores {positions * result.vocab_size:,} (vocabulary × positions)."),
+            Metric("Fewer than exhaustive", f"{positions * result.vocab_size / max(result.evaluations, 1):,.0f}×"),
+            Metric("Time", f"{result.seconds:.2f} s")),
+            html=F.tokens_html(result), caption="Original vs recovered")
 
     def show(self, page: Page, params: inversion.AttackParams, result: inversion.AttackResult) -> None:
         handle = page.handle
         positions = len(result.tokens)
-        row = metric_row()
-        row.metric("Tokens recovered", f"{result.accuracy:.0%}",
-                   help=f"{sum(t.correct for t in result.tokens)} of {positions}")
-        row.metric("Candidates scored", f"{result.evaluations:,}",
-                   help=f"Exhaustive search scores {positions * result.vocab_size:,} (vocabulary × positions).")
-        row.metric("Fewer than exhaustive", f"{positions * result.vocab_size / max(result.evaluations, 1):,.0f}×")
-        row.metric("Time", f"{result.seconds:.2f} s")
-        st.html(F.tokens_html(result))
-        explain(
-            f"Each box is one position: the original token (grey) over the token the attacker recovered from the "
-            f"layer-{params.layer} states (green = right, red = wrong). Hover for the L1 distance and the rank at "
-            f"which the true token came up. A candidate is accepted as soon as its recomputed state is within "
-            f"ε = {result.numerical_epsilon:.3g} of an observed row (the numerical noise of recomputation, measured "
-            f"on random tokens; a typical state has L1 norm {result.state_l1:.3g}). If none is, the closest token in "
-            "the whole vocabulary wins — always the case under noise or quantisation, where nothing matches exactly."
-        )
+        with page.headline_controls:
+            explain(
+                f"Each box is one position: the original token (grey) over the token the attacker recovered from the "
+                f"layer-{params.layer} states (green = right, red = wrong). Hover for the L1 distance and the rank at "
+                f"which the true token came up. A candidate is accepted as soon as its recomputed state is within "
+                f"ε = {result.numerical_epsilon:.3g} of an observed row (the numerical noise of recomputation, measured "
+                f"on random tokens; a typical state has L1 norm {result.state_l1:.3g}). If none is, the closest token in "
+                "the whole vocabulary wins — always the case under noise or quantisation, where nothing matches "
+                "exactly.")
         charts_side_by_side((F.distance_figure(result), "inv_dist"), (F.rank_figure(result), "inv_rank"))
         explain(
             "L1 distance: how far the chosen candidate's state is from the observed one; below the dashed line it is "
@@ -90,7 +94,7 @@ class InversionView(View):
                if result.gradient_steps else "")
         )
         with st.expander("Per-token table"):
-            st.dataframe(F.token_rows(result), hide_index=True)
+            table(F.token_rows(result))
         sweeps(page, params)
         speed = exhaustive(page, params, result)
         cascade(page, params, positions)
@@ -181,7 +185,7 @@ def cascade(page: Page, params: inversion.AttackParams, positions: int) -> None:
     if result is None:
         return
     st.plotly_chart(F.cascade_figure(result), key="inv_cascade")
-    st.dataframe(F.cascade_rows(result), hide_index=True)
+    table(F.cascade_rows(result))
     (st.success if result.verdict.startswith("Out of") else st.warning)(result.verdict)
     if result.brute_force_ran:
         st.write(f"Party {attacker} brute-forced its view: {result.attacker_accuracy:.0%} of its positions "

@@ -13,11 +13,11 @@ from analysis import residual
 from analysis.model_access import real_models
 from analysis.model_access.models import ModelSpec, ZOO_DIR, all_zoo_models, load_model, zoo_models
 from analysis.residual import translators
-from components.common import analysis_errors, explain, metric_row
+from components.common import analysis_errors, explain, table
 from components.hosting import escape_markdown
 from components.figures import residual as F
 from components.share import share_bar
-from components.view import Page, Section, View
+from components.view import Headline, Metric, Page, Section, View
 
 
 @st.cache_resource(max_entries=2, show_spinner="Loading the other model ...")
@@ -140,7 +140,7 @@ class ResidualView(View):
         residual.validate_params(_own_pair_typed(page, params))
 
     def run(self, page: Page, params: residual.ResidualParams):
-        section = page.control("view", width="content")
+        section = page.control("view", page.headline_choice, width="content")
         if section == "patching":
             return page.run("patch", residual.patch, params, label="Patching every cell")
         if section == "side":
@@ -158,6 +158,18 @@ class ResidualView(View):
                 st.caption(f"Lens: {none}, so the logit lens is the one offered.")
         return page.run("inspect", residual.inspect, params, label="Reading every layer")
 
+    def headline(self, page: Page, params: residual.ResidualParams, result) -> Headline:
+        if isinstance(result, residual.Inspection):
+            return lens_headline(page, result)
+        if isinstance(result, residual.Patching):
+            return patching_headline(params, result)
+        if isinstance(result, residual.SideBySide):
+            return Headline(tuple(Metric(label, repr(side.prediction), f"P(target) {side.lens.target_prob[-1][-1]:.2f}",
+                                         delta_color="off") for side, label in ((result.a, result.a_label),
+                                                                                (result.b, result.b_label))),
+                            F.side_figure(result), key="rs_fig_side")
+        return Headline(figure=F.sweep_figure(result), key="rs_fig_sweep")
+
     def show(self, page: Page, params: residual.ResidualParams, result) -> None:
         if isinstance(result, residual.Inspection):
             show_lens(page, params, result)
@@ -169,25 +181,30 @@ class ResidualView(View):
             show_pairs(page, params, result)
 
 
-def show_lens(page: Page, params: residual.ResidualParams, seen: residual.Inspection) -> None:
-    row = metric_row()
-    row.metric("The model predicts", repr(seen.prediction))
-    row.metric("Target", repr(seen.target), f"P = {seen.lens.target_prob[-1][-1]:.2f} at the last layer",
-               delta_color="off")
+def lens_headline(page: Page, seen: residual.Inspection) -> Headline:
     first = next((i for i, r in enumerate(seen.lens.target_rank) if r[-1] == 0), None)
-    row.metric("Target first on top at layer", "never" if first is None else str(first))
-    row.metric("Last layer vs the model's logits", f"{seen.lens.last_gap:.1e}", "max |difference|", delta_color="off")
-    colour = page.control("colour", width="content")
-    grid = F.lens_figure(seen, colour)
-    st.plotly_chart(grid, key="rs_fig_lens")
-    explain("Each row is the residual stream after one layer (0: the embeddings), each column a token of the "
-            "prompt; a cell shows the token the lens reads there as the most likely next token. The logit lens "
-            "applies the model's own final norm and unembedding to every layer, so its last row is exactly the "
-            "model's output; the tuned lens first maps each layer with a trained affine translator (Belrose et "
-            "al. 2023). Hover a cell for its top tokens, the target's probability and rank, and the KL divergence "
-            "from the final distribution (nats: 0 means identical).")
+    metrics = (Metric("The model predicts", repr(seen.prediction)),
+               Metric("Target", repr(seen.target), f"P = {seen.lens.target_prob[-1][-1]:.2f} at the last layer",
+                      delta_color="off"),
+               Metric("Target first on top at layer", "never" if first is None else str(first)),
+               Metric("Last layer vs the model's logits", f"{seen.lens.last_gap:.1e}", "max |difference|",
+                      delta_color="off"))
+    colour = page.control("colour", page.headline_controls, width="content")
+    page.grid = F.lens_figure(seen, colour)
+    return Headline(metrics, page.grid, key="rs_fig_lens")
+
+
+def show_lens(page: Page, params: residual.ResidualParams, seen: residual.Inspection) -> None:
+    with page.headline_controls:
+        explain("Each row is the residual stream after one layer (0: the embeddings), each column a token of the "
+                "prompt; a cell shows the token the lens reads there as the most likely next token. The logit lens "
+                "applies the model's own final norm and unembedding to every layer, so its last row is exactly the "
+                "model's output; the tuned lens first maps each layer with a trained affine translator (Belrose et "
+                "al. 2023). Hover a cell for its top tokens, the target's probability and rank, and the KL "
+                "divergence from the final distribution (nats: 0 means identical).")
+    grid = page.grid
     st.plotly_chart(F.lens_curves(seen), key="rs_fig_curves")
-    st.dataframe(F.last_position_rows(seen), hide_index=True)
+    table(F.last_position_rows(seen))
     dla = F.dla_figure(seen)
     st.plotly_chart(dla, key="rs_fig_dla")
     explain("Direct logit attribution: the last position's residual stream is the embeddings plus what every "
@@ -200,22 +217,28 @@ def show_lens(page: Page, params: residual.ResidualParams, seen: residual.Inspec
               figures={"Lens": grid, "Logit attribution": dla}, tables={"last position": F.last_position_rows(seen)})
 
 
+def patching_headline(params: residual.ResidualParams, result: residual.Patching) -> Headline:
+    metrics = [Metric("Clean: logit(target) − logit(foil)", f"{result.clean_diff:+.2f}"),
+               Metric("Corrupted", f"{result.corrupt_diff:+.2f}"),
+               Metric("Changed positions", ", ".join(map(str, result.changed)))]
+    metrics += [Metric(f"{residual.METHODS.label(name)} took", f"{seconds:.1f} s")
+                for name, seconds in result.seconds.items()]
+    first = params.components[0] if params.components else None
+    return Headline(tuple(metrics), F.patch_figure(result, first) if first else None, key=f"rs_fig_patch_{first}",
+                    caption=f"Clean: {escape_markdown(repr(result.pair.clean))} · corrupted: "
+                    f"{escape_markdown(repr(result.pair.corrupt))}"
+                    + (f" · the answer enters at {escape_markdown(result.pair.where)}" if result.pair.where else ""))
+
+
 def show_patching(page: Page, params: residual.ResidualParams, result: residual.Patching) -> None:
-    row = metric_row()
-    row.metric("Clean: logit(target) − logit(foil)", f"{result.clean_diff:+.2f}")
-    row.metric("Corrupted", f"{result.corrupt_diff:+.2f}")
-    row.metric("Changed positions", ", ".join(map(str, result.changed)))
-    for name, seconds in result.seconds.items():
-        row.metric(f"{residual.METHODS.label(name)} took", f"{seconds:.1f} s")
-    st.caption(f"Clean: {escape_markdown(repr(result.pair.clean))} · corrupted: {escape_markdown(repr(result.pair.corrupt))}"
-               + (f" · the answer enters at {escape_markdown(result.pair.where)}" if result.pair.where else ""))
     figures, tables = {}, {}
-    for name in params.components:
+    for i, name in enumerate(params.components):
         fig = F.patch_figure(result, name)
         figures[residual.COMPONENTS.label(name)] = fig
-        st.plotly_chart(fig, key=f"rs_fig_patch_{name}")
+        if i:  # the first is the headline's
+            st.plotly_chart(fig, key=f"rs_fig_patch_{name}")
         tables[name] = F.peak_rows(result, name)
-        st.dataframe(tables[name], hide_index=True)
+        table(tables[name], where=page.headline_controls if not i else None)
     explain("The corrupted prompt is run with one activation replaced by the clean prompt's (one cell at a "
             "time). Colour: the share of the clean − corrupted logit difference that this alone restores (1: "
             "all of it; 0: nothing; negative: it pushes the other way). Residual: the whole stream entering a "
@@ -232,12 +255,8 @@ def show_patching(page: Page, params: residual.ResidualParams, result: residual.
 
 
 def show_side(page: Page, params: residual.ResidualParams, result: residual.SideBySide) -> None:
-    row = metric_row()
-    for side, label in ((result.a, result.a_label), (result.b, result.b_label)):
-        row.metric(label, repr(side.prediction), f"P(target) {side.lens.target_prob[-1][-1]:.2f}", delta_color="off")
     fig = F.side_figure(result)
-    st.plotly_chart(fig, key="rs_fig_side")
-    explain("Both sides read with the same lens and scored on the same target (and foil), at their last position; "
+    page.headline_controls.caption(":material/info: **What am I looking at?** ""Both sides read with the same lens and scored on the same target (and foil), at their last position; "
             "grey bars are the difference (left side minus right). Two prompts on one model show where the "
             "corrupted prompt's prediction parts from the clean one; two models on one prompt show in which "
             "layers they differ.")
@@ -250,14 +269,13 @@ def show_side(page: Page, params: residual.ResidualParams, result: residual.Side
 
 def show_pairs(page: Page, params: residual.ResidualParams, result: residual.PairSweep) -> None:
     fig = F.sweep_figure(result)
-    st.plotly_chart(fig, key="rs_fig_sweep")
-    explain("Residual-stream patching of every pair offered for this model, averaged per layer at three kinds of "
+    page.headline_controls.caption(":material/info: **What am I looking at?** ""Residual-stream patching of every pair offered for this model, averaged per layer at three kinds of "
             "position: the subject's last token (the token the two prompts differ in), the last token, and the "
             "rest. The known pattern of factual recall (Meng et al. 2022): the subject's token carries the fact "
             "through the early and middle layers, then the last token takes it over.")
     rows = [{"pair": r.name, "clean diff": round(r.clean_diff, 2), "corrupted diff": round(r.corrupt_diff, 2),
              "subject's last token": r.subject} for r in result.runs]
-    st.dataframe(rows, hide_index=True)
+    table(rows)
     if result.skipped:
         st.caption(f"Skipped (the two prompts differ in length here): {', '.join(result.skipped)}")
     share_bar("residual", title=f"Residual patching over {len(result.runs)} pairs on {page.handle.spec.label}",

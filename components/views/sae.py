@@ -219,7 +219,7 @@ class SaeView(View):
                        "features may no longer match: train a new SAE above.")
         # a feature permalink (?feature=K) without a view opens the feature page
         default = "feature" if page.link_value("feature", default=None) is not None else "list"
-        view = page.control("view", default=default, key="view", width="content") or "list"
+        view = page.control("view", page.headline_choice, default=default, key="view", width="content") or "list"
         {"list": self.show_list, "feature": self.show_feature, "explain": self.show_explain,
          "ranking": self.show_ranking}[view]()
 
@@ -230,6 +230,7 @@ class SaeView(View):
     def steer_section(self, default: str, image_ref: str, where: str) -> None:
         page, store = self.page, self.store
         st.markdown("#### Steer: add features while the model generates")
+        output = st.container()  # the two outputs above their controls: the finding first
         row = field_row()
         text = page.control("steer", row, default=default, key=f"steer_{where}")
         values = {"mode": page.control("mode", row, key=f"steer_{where}_mode", width=135)}
@@ -245,9 +246,17 @@ class SaeView(View):
             params.validate()
         result = page.run("steer", sae_v.steer, params, label="Generating with and without steering", on_demand=True)
         if result is not None:  # None: not run yet (its button is shown)
-            steered.side_by_side(result)
+            with output:
+                steered.side_by_side(result)
 
     def show_list(self) -> None:
+        page, store = self.page, self.store
+        with page.headline:  # the finding first: the SAE's numbers and its feature list
+            self.feature_list()
+        if not browse.one_modality(store):
+            browse.scatter(store)
+
+    def feature_list(self) -> None:
         page, store = self.page, self.store
         browse.summary(store)
         c1, c2 = st.columns([1, 2])
@@ -271,26 +280,37 @@ class SaeView(View):
             page.set_link(view="feature", feature=int(pick))
             st.session_state.pop("sae_view", None)
             st.rerun()
-        if not browse.one_modality(store):
-            browse.scatter(store)
 
     def show_feature(self) -> None:
         page, store, handle = self.page, self.store, self.handle
         n_features = len(store.features)
-        index = page.control("feature", high=n_features - 1, width="stretch")
+        index = page.control("feature", page.headline_controls, high=n_features - 1, width="stretch")
         asked = page.state.raw.get("feature", index)
         if asked != index:
-            st.error(f"Feature {asked} does not exist: this SAE has features 0 to {n_features - 1}.")
+            page.headline.error(f"Feature {asked} does not exist: this SAE has features 0 to {n_features - 1}.")
         card = store.features[index]
-        browse.feature_header(store, index)
+        steering = page.preset is not None and page.preset.name.startswith("steer")
+        strength = round(max(2 * card.max_act, 1.0), 1)
+        pair = 0
+        if steering:  # its finding is the caption that moves: the steering first, the feature's page under it
+            with page.headline:
+                if self.is_vlm:
+                    pair = page.link_value("spair", high=max(len(store.pairs.pairs) - 1, 0))
+                self.steer_section(f"{index}={strength:g}", f"pair:{pair}" if self.is_vlm else "", "feature")
+                if self.is_vlm:  # under the steering's own controls
+                    page.control("spair", high=max(len(store.pairs.pairs) - 1, 0), key="steer_pair")
+            browse.feature_header(store, index)
+        else:
+            with page.headline:
+                browse.feature_header(store, index)
         browse.feature_text(store, card)
         if self.is_vlm and store.grid:
             browse.feature_images(store, card, self.image_of, handle.info.image_size or 64)
         browse.feature_tables(store, card)
-        pair = 0
+        if steering:
+            return
         if self.is_vlm:
             pair = page.control("spair", high=max(len(store.pairs.pairs) - 1, 0), key="steer_pair")
-        strength = round(max(2 * card.max_act, 1.0), 1)
         self.steer_section(f"{index}={strength:g}", f"pair:{pair}" if self.is_vlm else "", "feature")
 
     def show_explain(self) -> None:
@@ -322,7 +342,7 @@ class SaeView(View):
         if not result.totals:
             st.warning("No feature is active on this input.")
             return
-        left, right = st.columns([2, 3])
+        left, right = page.headline.columns([2, 3])  # the finding first: what this input activates
         if self.is_vlm and image is not None:
             with left:
                 explained.image_side(result, store, image)
@@ -350,9 +370,10 @@ class SaeView(View):
             params = sae_v.choose(handle, self.sae_name, choice.data, sae_v.RankParams, layer=self.outside_layer,
                                   rule=rule, by=by, rules=sae_v.rule_settings(cooccur_threshold=threshold))
         ranking = page.run("rank", sae_v.rank, params, label="Scoring every pair")
-        ranked.overview(ranking, store)
+        with page.headline:  # the finding first: how the kinds of pair rank
+            ranked.overview(ranking, store)
+            figures = ranked.distribution(ranking)
         keep_fig = ranked.keep_section(ranking, keep)
-        figures = ranked.distribution(ranking)
         user_data = bool(choice.data) and not choice.data.startswith("dataset:")
         ranked.extremes(ranking, self._user_image if user_data else (lambda r: self.image_of(r.pair)))
         kept = (lambda: sae_v.kept_subset(choice.data, ranking, keep, handle.kind)) if user_data else None

@@ -9,10 +9,10 @@ import streamlit as st
 
 from analysis import sharpness
 from analysis.framework.errors import SettingsError
-from components.common import explain, field_row, metric_row
+from components.common import table, explain, field_row, metric_row
 from components.figures import sharpness as F
 from components.share import share_bar
-from components.view import Page, Section, View
+from components.view import Headline, Metric, Page, Section, View
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -67,19 +67,6 @@ class SharpnessView(View):
     def overrides(self, page: Page, values: dict) -> dict:
         return {"tlayers": {"choices": self.layers(page)}}
 
-    def controls(self, page: Page) -> sharpness.SweepParams:
-        params = super().controls(page)
-        st.header("1 · The lemma, without a model")
-        spread = page.draw(st.container(), "lemma", layout="stack")["spread"]
-        curves = lemma(sharpness.LemmaParams(spread=spread, rules=params.rules).to_json())
-        st.plotly_chart(F.lemma_figure(curves), key="fig_lemma")
-        explain("n logits, one of them δ above the rest. At any fixed θ the weight on the maximum falls like 1/n "
-                "and the entropy climbs towards ln n (dotted): softmax cannot stay sharp as n grows. In this "
-                "model-free picture the adaptive rule (red) lowers the temperature when the row is diffuse, which "
-                "delays the decline but cannot stop it. A trained model need not follow: on the demo LM the rule "
-                "delays nothing (section 6).")
-        return params
-
     def params_of(self, page: Page, values: dict) -> sharpness.SweepParams:
         tlayers = page.state.values.get("tlayers", self.layers(page))
         return sharpness.SweepParams.from_flat(
@@ -92,72 +79,117 @@ class SharpnessView(View):
     def run(self, page: Page, params: sharpness.SweepParams):
         if not params.ns:
             st.error("Choose at least one item count n to run the model views.")
+            st.subheader("The lemma, without a model")  # it needs no n
+            st.plotly_chart(self.lemma_figure(page, params, st.container()), key="fig_lemma")
+            st.caption(LEMMA_NOTE)
             st.stop()
         return page.run("sweep", sharpness.size_sweep, params, label="Running the retrieval prompts ...")
+
+    def headline(self, page: Page, params: sharpness.SweepParams, result: sharpness.SweepResult) -> Headline:
+        """The retrieval head's weight and the accuracy, smallest n against largest, and the selected head
+        as n grows (the lemma's curves under the lemma preset)."""
+        values = page.values
+        sink = values["sink"]
+        found_layer, found_head = result.retrieval_head()  # the head with the most weight on the answer item
+        row = page.headline_controls.container(horizontal=True, wrap=True, vertical_alignment="bottom", gap="small")
+        page.layer = page.control("layer", row, default=found_layer, choices=self.layers(page))
+        page.head = page.control("head", row, default=found_head, choices=list(range(page.handle.info.heads)))
+        rows = result.accuracy_table()
+        first, last = rows[0], rows[-1]
+        rule = "adaptive" if values["theta"] == "adaptive" else "softmax"
+        weight = f"{rule} {result.item} weight L{found_layer}H{found_head}"
+        metrics = (
+            Metric(f"Retrieval head L{found_layer}H{found_head}: weight on the {result.item}",
+                   f"{last[weight]:.2f} at n = {last['n']}", f"{last[weight] - first[weight]:+.2f} from n = {first['n']}",
+                   help=f"{rule}: attention of the answer position on the answer item, mean over the prompts"),
+            Metric(f"Accuracy, {rule}", f"{last[f'{rule} accuracy']:.0%} at n = {last['n']}",
+                   f"{last[f'{rule} accuracy'] - first[f'{rule} accuracy']:+.0%} from n = {first['n']}"
+                   .replace("%", " pts"),
+                   help=f"{first[f'{rule} accuracy']:.0%} at n = {first['n']}"
+                   + (f"; chance {last['chance']:.0%} at n = {last['n']}" if "chance" in last else "")),
+        )
+        if page.preset is not None and page.preset.name == "lemma":
+            return Headline(metrics, self.lemma_figure(page, params, page.headline_controls), key="fig_lemma")
+        return Headline(metrics, F.size_figure(result, page.layer, page.head, sink), key="fig_size")
+
+    def lemma_figure(self, page: Page, params: sharpness.SweepParams, container):
+        """The lemma's curves at the spread δ of its control, drawn in `container`."""
+        spread = page.draw(container, "lemma", layout="stack")["spread"]
+        return F.lemma_figure(lemma(sharpness.LemmaParams(spread=spread, rules=params.rules).to_json()))
 
     def show(self, page: Page, params: sharpness.SweepParams, result: sharpness.SweepResult) -> None:
         handle, values = page.handle, page.values
         theta, sink = values["theta"], values["sink"]
-        # the layer and head shown start at the retrieval head found (the most weight on the answer item at
-        # the smallest n)
-        found_layer, found_head = result.retrieval_head()
-        with page.containers["row"]:  # one row of their own under the settings, side by side
-            row = field_row()
-        layer = page.control("layer", row, default=found_layer, choices=self.layers(page))
-        head = page.control("head", row, default=found_head, choices=list(range(handle.info.heads)))
-
+        layer, head = page.layer, page.head
         ex = result.example
         task_note = ("key-value recall through the model's chat template" if ex.chat else result.task)
-        st.caption(f"Task: **{task_note}** ({result.format} format) · example at n = {ex.n}: `{ex.text[-300:]}` → "
-                   f"`{ex.answer}`" + (f" · skipped n = {', '.join(map(str, result.skipped))} (more items than the "
-                                       "task writes, or longer than the model's context)" if result.skipped else ""))
+        page.headline_controls.caption(
+            f"Task: **{task_note}** ({result.format} format) · example at n = {ex.n}: `{ex.text[-300:]}` → "
+            f"`{ex.answer}`" + (f" · skipped n = {', '.join(map(str, result.skipped))} (more items than the "
+                                "task writes, or longer than the model's context)" if result.skipped else ""))
+        lemma_first = page.preset is not None and page.preset.name == "lemma"  # the headline is the lemma
+        page.headline_controls.caption(LEMMA_NOTE if lemma_first else size_note(result))
+        chapters = ["Each head as n grows" if lemma_first else "The lemma, without a model", "Temperature sweep",
+                    "The adaptive rule β(H)", "Which heads are sharp", "Accuracy vs n", "Your own prompt"]
+        chapter = page.chapter(chapters)
+        if chapter == "Each head as n grows":
+            st.plotly_chart(F.size_figure(result, layer, head, sink), key="fig_size")
+            st.caption(size_note(result))
+        elif chapter == "The lemma, without a model":
+            st.plotly_chart(self.lemma_figure(page, params, st.container()), key="fig_lemma")
+            st.caption(LEMMA_NOTE)
+        elif chapter == "Temperature sweep":
+            st.plotly_chart(F.theta_sweep_figure(result, layer, head, sink), key="fig_theta")
+            explain("Every head of the model runs at the same fixed θ (and, last, with the adaptive rule). Lower θ "
+                    "sharpens the selected head at every n; the P(correct answer) panel shows whether that helps the "
+                    "model give the right answer.")
+        elif chapter in ("The adaptive rule β(H)", "Which heads are sharp"):
+            n_views = [p.n for p in result.points]
+            n_view = page.control("n_view", default=n_views[-1], choices=n_views)
+            if chapter == "The adaptive rule β(H)":
+                st.plotly_chart(F.beta_figure(result, n_view), key="fig_beta")
+                explain("The paper's rule picks β = 1/θ from the entropy H of the plain softmax row. It only "
+                        "sharpens (β > 1) inside the shaded band; sharp rows (H at most the threshold, 0.5 in the "
+                        "paper) and very diffuse rows are left as they are. Dots: every head of this model at the "
+                        "answer position, placed at its mean entropy over the prompts (hover for the mean β it "
+                        "actually got).")
+            else:
+                st.plotly_chart(F.heatmap_figure(result, n_view, sink), key="fig_heat")
+                explain("Normalised entropy H / ln n for every layer and head (0: all weight on one key; 1: "
+                        "uniform), with plain softmax and with adaptive θ, on the same colour scale.")
+        elif chapter == "Accuracy vs n":
+            accuracy_section(result)
+        elif chapter == "Your own prompt":
+            own_prompt(page, params, theta, sink, layer, head)
 
-        st.header("2 · Each head as n grows")
-        st.plotly_chart(F.size_figure(result, layer, head, sink), key="fig_size")
-        explain("For the selected head, the attention row of the last prompt token (the one that must produce "
-                f"the answer), averaged over prompts. A sharp head keeps low entropy and puts its weight on the "
-                f"{'largest number' if result.item == 'max-item' else 'asked key’s code'}; a dispersing head drifts "
-                "towards uniform (dotted 1/n).")
-        own_prompt(page, params, theta, sink, layer, head)
-
-        st.header("3 · Temperature sweep")
-        st.plotly_chart(F.theta_sweep_figure(result, layer, head, sink), key="fig_theta")
-        explain("Every head of the model runs at the same fixed θ (and, last, with the adaptive rule). Lower θ "
-                "sharpens the selected head at every n; the P(correct answer) panel shows whether that helps the "
-                "model give the right answer.")
-
-        n_views = [p.n for p in result.points]
-        n_view = page.control("n_view", default=n_views[-1], choices=n_views)
-
-        st.header("4 · The adaptive rule, β(H)")
-        st.plotly_chart(F.beta_figure(result, n_view), key="fig_beta")
-        explain("The paper's rule picks β = 1/θ from the entropy H of the plain softmax row. It only sharpens "
-                "(β > 1) inside the shaded band; sharp rows (H at most the threshold, 0.5 in the paper) and very "
-                "diffuse rows are left as they are. Dots: every head of this model at the answer position, placed "
-                "at its mean entropy over the prompts (hover for the mean β it actually got).")
-
-        st.header("5 · Which heads are sharp")
-        st.plotly_chart(F.heatmap_figure(result, n_view, sink), key="fig_heat")
-        explain("Normalised entropy H / ln n for every layer and head (0: all weight on one key; 1: uniform), "
-                "with plain softmax and with adaptive θ, on the same colour scale.")
-
-        rows = accuracy_section(result)
-
+        n_view = page.values.get("n_view") or page.link_value("n_view", default=result.points[-1].n)
         share_bar("sharpness", title=f"Attention sharpness on {handle.spec.label}", params=params.to_dict(),
                   result=result, model=handle.spec.label,
                   figures={"Each head as n grows": F.size_figure(result, layer, head, sink),
                            "Temperature sweep": F.theta_sweep_figure(result, layer, head, sink),
                            "Heatmap": F.heatmap_figure(result, n_view, sink), "Accuracy": F.accuracy_figure(result),
                            "Retrieval heads": F.retrieval_heads_figure(result)},
-                  tables={"accuracy": rows, "retrieval heads": result.head_table()})
+                  tables={"accuracy": result.accuracy_table(), "retrieval heads": result.head_table()})
 
+
+LEMMA_NOTE = (":material/info: **What am I looking at?** n logits, one of them δ above the rest. At any fixed θ the "
+              "weight on the maximum falls like 1/n and the entropy climbs towards ln n (dotted): softmax cannot "
+              "stay sharp as n grows. In this model-free picture the adaptive rule (red) lowers the temperature "
+              "when the row is diffuse, which delays the decline but cannot stop it. A trained model need not "
+              "follow: on the demo LM the rule delays nothing (Accuracy vs n).")
+
+
+def size_note(result: sharpness.SweepResult) -> str:
+    return (":material/info: **What am I looking at?** For the selected head, the attention row of the last prompt "
+            "token (the one that must produce the answer), averaged over prompts. A sharp head keeps low entropy "
+            f"and puts its weight on the {'largest number' if result.item == 'max-item' else 'asked key’s code'}; "
+            "a dispersing head drifts towards uniform (dotted 1/n).")
 
 
 def accuracy_section(result: sharpness.SweepResult) -> list[dict]:
     """Accuracy vs n and the retrieval heads as n grows; the accuracy rows (for the share bar)."""
-    st.header("6 · Accuracy vs n")
     rows = result.accuracy_table()
-    st.dataframe(rows, hide_index=True, column_config={
+    table(rows, column_config={
         k: st.column_config.NumberColumn(format="%.3f") for k in rows[0] if k not in ("n", "tokens")})
     st.plotly_chart(F.accuracy_figure(result), key="fig_acc")
     rl, rh = result.retrieval_head()
@@ -176,7 +208,7 @@ def accuracy_section(result: sharpness.SweepResult) -> list[dict]:
 
     st.subheader("The retrieval heads as n grows")
     st.plotly_chart(F.retrieval_heads_figure(result), key="fig_heads")
-    st.dataframe(result.head_table(), hide_index=True, column_config={
+    table(result.head_table(), column_config={
         k: st.column_config.NumberColumn(format="%.3f") for k in result.head_table()[0] if k != "n"})
     explain("The three heads that put the most weight on the answer item at the smallest n, found "
             "automatically from the softmax runs: their weight on it (and their largest weight on any token) at "

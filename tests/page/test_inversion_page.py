@@ -31,7 +31,8 @@ def test_page_renders_a_reconstruction_with_every_view(app):
     assert not errors(at)
     assert metric(at, "Tokens recovered") == "100%"
     subheaders = [s.value for s in at.subheader]
-    for title in ("Original vs recovered", "Accuracy by layer", "Accuracy vs noise, per defence",
+    assert any(c.value == "Original vs recovered" for c in at.caption)  # the headline, above the settings
+    for title in ("Accuracy by layer", "Accuracy vs noise, per defence",
                   "Forwards and time vs exhaustive search", "Cascade: sharding the sequence across parties"):
         assert title in subheaders
     assert any("What am I looking at?" in c.value for c in at.caption)

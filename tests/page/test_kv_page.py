@@ -27,6 +27,13 @@ def _metrics(at) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
+def _chapter(at, name: str):
+    """Show one of the page's later sections (one at a time: the others are not drawn)."""
+    at.segmented_control(key="kv_chapter").set_value(name).run(timeout=600)
+    assert not at.exception, at.exception
+    return at
+
+
 def _errors(at) -> list[str]:
     return [e.value.replace("\\", "") for e in at.error]  # as read: messages are shown Markdown-escaped
 
@@ -36,7 +43,15 @@ def test_page_renders_heatmap_and_tables(demo_spec):
     assert not at.exception, at.exception
     assert not _errors(at)
     charts = [c for c in at.get("plotly_chart")]
-    assert len(charts) >= 4
+    assert len(charts) == 1  # the headline: which tokens stay in the cache
+    assert at.segmented_control(key="kv_chapter").options == ["All policies", "KL and needle survival", "Memory",
+                                                               "Budget sweep", "Generated text"]
+    assert len(_chapter(at, "KL and needle survival").get("plotly_chart")) == 3
+    assert len(_chapter(at, "Memory").get("plotly_chart")) == 2
+    assert len(at.dataframe) == 0  # the tables are drawn in "All policies" only
+    assert len(_chapter(at, "All policies").dataframe) >= 2
+    _chapter(at, "Budget sweep")
+    charts = [c for c in at.get("plotly_chart")]
     # The budget sweep runs on demand: its button, then its chart.
     sweep_button = next(b for b in at.button if b.label.startswith("Run: Sweeping budgets"))
     sweep_button.click().run()
@@ -115,7 +130,7 @@ def test_a_registered_policy_appears_in_the_page(tiny_llama_dir):
         box.set_value("toy_keep_first").run(timeout=600)
         assert not at.exception and not _errors(at), _errors(at)
         assert at.query_params["policy"] in ("toy_keep_first", ["toy_keep_first"])
-        assert any("Toy: the first C tokens" in str(df.value) for df in at.dataframe)
+        assert any("Toy: the first C tokens" in str(df.value) for df in _chapter(at, "All policies").dataframe)
     finally:
         kv.POLICIES.unregister("toy_keep_first")
     assert "toy_keep_first" not in kv.POLICIES
@@ -134,9 +149,10 @@ def test_long_response_view_renders_its_heatmap_tables_and_charts(demo_spec):
     assert not at.exception, at.exception
     assert not _errors(at), _errors(at)
     charts = [c.proto.spec for c in at.get("plotly_chart")]
-    assert len(charts) == 3 and "cached tokens while it writes" in charts[0]
+    assert len(charts) == 1 and "cached tokens while it writes" in charts[0]  # the headline
     assert "Item recall" in _metrics(at) and "Top-1 agreement (same prefix)" in _metrics(at)
     summary = next(df.value for df in at.dataframe if "identical for (tokens)" in df.value.columns)
+    assert len(_chapter(at, "Agreement and memory").get("plotly_chart")) == 3
     assert list(summary["policy"]) == [kv.POLICIES.label(n) for n in kv.main_policies()]
     assert at.query_params["task"] in ("long-response", ["long-response"])
     at.radio(key="kv_position_metric").set_value("kl").run(timeout=600)

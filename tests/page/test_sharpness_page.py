@@ -10,22 +10,40 @@ PAGE = "views/attention_sharpness.py"
 QUERY = {"ns": "4,8,16", "samples": "2"}
 
 
+CHAPTERS = ["The lemma, without a model", "Temperature sweep", "The adaptive rule β(H)", "Which heads are sharp",
+            "Accuracy vs n", "Your own prompt"]
+
+
 def metrics(at) -> list[str]:
     return [m.value for m in at.metric]
+
+
+def chapter(at, name: str):
+    """Show one of the page's later sections (one at a time: the rest is not drawn)."""
+    at.segmented_control(key="sh_chapter").set_value(name).run()
+    assert not at.exception, at.exception
+    return at
 
 
 def test_page_renders_all_views_on_demo_model(tiny_llama_dir):
     at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, QUERY)
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
-    headers = [h.value for h in at.header]
-    assert len(headers) == 6 and headers[0].startswith("1") and headers[-1].startswith("6")
-    assert len(at.get("plotly_chart")) >= 7
-    assert len(at.caption) >= 6  # the "what am I looking at" notes
+    # the finding first: two headline cards and the head's curves; then one section at a time
+    assert len(metrics(at)) == 2 and len(at.get("plotly_chart")) == 2  # the headline's and the lemma's
+    assert at.segmented_control(key="sh_chapter").options == CHAPTERS
+    charts = 1
+    for name in CHAPTERS:
+        chapter(at, name)
+        assert not at.error, [e.value for e in at.error]
+        charts += len(at.get("plotly_chart")) - 1
+        assert any("What am I looking at" in c.value for c in at.caption)
+    assert charts >= 7
+    chapter(at, "Accuracy vs n")
     table = at.dataframe[0].value
     assert list(table["n"]) == [4, 8, 16]
     assert table["softmax accuracy"].between(0, 1).all()
-    assert len(metrics(at)) == 5
+    assert len(metrics(chapter(at, "Your own prompt"))) == 2 + 5
     assert at.query_params["theta"] == ["adaptive"] or at.query_params["theta"] == "adaptive"
 
 
@@ -33,11 +51,11 @@ def test_page_runs_on_a_vlm_language_model(tiny_llava_dir):
     at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, {"ns": "4,8", "samples": "2"})
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
-    assert len(at.header) == 6 and len(metrics(at)) == 5
+    assert len(metrics(chapter(at, "Your own prompt"))) == 2 + 5
 
 
 def test_changing_theta_layer_and_head_updates_the_values(tiny_llama_dir):
-    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, QUERY)
+    at = chapter(app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, QUERY), "Your own prompt")
     first = metrics(at)
     at.select_slider(key="sh_theta").set_value("0.125").run()
     cold = metrics(at)
@@ -67,7 +85,7 @@ def test_item_counts_are_toggles_kept_sorted_in_the_url(tiny_llama_dir):
     pills.unselect(8).select(2).run()
     assert not at.exception and not at.error
     assert str(at.query_params["ns"]).strip("[]'") == "2,4,16"
-    assert list(at.dataframe[0].value["n"]) == [2, 4, 16]
+    assert list(chapter(at, "Accuracy vs n").dataframe[0].value["n"]) == [2, 4, 16]
     at.button_group(key="sh_tlayers").set_value([]).run()  # no layer: plain softmax everywhere
     assert not at.exception and not at.error
     assert str(at.query_params["tlayers"]).strip("[]'") == "none"
@@ -79,15 +97,16 @@ def test_no_item_count_gives_a_clear_message(tiny_llama_dir):
     at.button_group(key="sh_ns").set_value([]).run()
     assert not at.exception
     assert [e.value for e in at.error] == ["Choose at least one item count n to run the model views."]
-    assert [h.value for h in at.header] == ["1 · The lemma, without a model"]  # the lemma needs no n
+    assert "The lemma, without a model" in [h.value for h in at.subheader]  # the lemma needs no n
+    assert len(at.get("plotly_chart")) == 1
 
 
 def test_empty_prompt_gives_a_clear_message(tiny_llama_dir):
-    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, QUERY)
+    at = chapter(app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, QUERY), "Your own prompt")
     at.text_area(key="sh_text").input("").run()
     assert not at.exception
     assert any("prompt is empty" in e.value for e in at.error)
-    assert len(at.header) == 6  # the other views still render
+    assert len(metrics(at)) == 2  # the headline still renders
 
 
 def test_model_without_attention_interface_gives_a_clear_message(tiny_llama_dir, monkeypatch):
@@ -111,7 +130,7 @@ def test_page_renders_on_shapes_lm_with_training_format():
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     assert any("shapes-world" in c.value for c in at.caption)
-    table = at.dataframe[0].value
+    table = chapter(at, "Accuracy vs n").dataframe[0].value
     assert table["softmax accuracy"].iloc[0] >= 0.7  # n = 8 is inside the trained range (n <= 16)
 
 
