@@ -136,10 +136,12 @@ def commitment_strip(handle: ModelHandle, lens: Lens, states: torch.Tensor, logi
             chunk = _spread(open_rows, CHUNK)
             rest = open_rows[~torch.isin(open_rows, chunk)]
             full = capped(lm, torch.nn.functional.linear(x[chunk], weight, bias)).float()
-            best = full.argmax(-1)
-            top1[chunk] = (best == row_token[chunk]).cpu()
-            logp = torch.log_softmax(full, -1)
-            prob[chunk] = logp.gather(1, row_token[chunk][:, None])[:, 0].exp().cpu()
+            on = (full.argmax(-1) == row_token[chunk]).cpu()
+            top1[chunk] = on
+            if on.any():  # P(token) where it is on top (the strip shows it at the first such state)
+                kept = full[on.to(full.device)]
+                own = kept.gather(1, row_token[chunk][on.to(full.device)][:, None])[:, 0]
+                prob[chunk[on]] = (own - torch.logsumexp(kept, -1)).exp().cpu()
             candidates |= set(full.topk(CANDIDATES_PER_ROW, -1).indices.flatten().tolist())
             full_rows += len(chunk)
             open_rows = rest

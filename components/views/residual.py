@@ -8,7 +8,7 @@ import streamlit as st
 
 from analysis import residual
 from analysis.model_access.models import ModelSpec, all_zoo_models, load_model
-from components.common import analysis_errors, explain, metric_row
+from components.common import analysis_errors, explain, metric_row, stays_local
 from components.figures import residual as F
 from components.share import share_bar
 from components.view import Page, Section, View
@@ -60,6 +60,7 @@ class ResidualView(View):
         Section("tokens"),
         Section("patching"),
         Section("side"),
+        Section("generate"),
     )
 
     def defaults(self, page: Page) -> dict:
@@ -87,6 +88,9 @@ class ResidualView(View):
                             models=_other(params))
         if section == "pairs":
             return page.run("pairs", residual.pair_sweep, params, label="Patching every offered pair")
+        if section == "generate":
+            stays_local(page.handle, "Generating text")
+            return page.run("generate", residual.generate, params, label="Generating and reading every layer")
         _weights_here(page)
         return page.run("inspect", residual.inspect, params, label="Reading every layer")
 
@@ -97,6 +101,8 @@ class ResidualView(View):
             show_patching(page, params, result)
         elif isinstance(result, residual.SideBySide):
             show_side(page, params, result)
+        elif isinstance(result, residual.Generation):
+            show_generation(page, params, result)
         else:
             show_pairs(page, params, result)
 
@@ -194,3 +200,30 @@ def show_pairs(page: Page, params: residual.ResidualParams, result: residual.Pai
     share_bar("residual", title=f"Residual patching over {len(result.runs)} pairs on {page.handle.spec.label}",
               params=params.to_dict(), result=result, model=page.handle.spec.label, figures={"All pairs": fig},
               tables={"pairs": rows})
+
+
+def show_generation(page: Page, params: residual.ResidualParams, result: residual.Generation) -> None:
+    from components.hosting import escape_markdown
+
+    main = result.strips[-1]
+    row = metric_row()
+    row.metric("Generated tokens", str(len(result.tokens)), "ended by the model" if result.ended else "the limit",
+               delta_color="off")
+    row.metric("Mean P(token)", f"{sum(result.prob) / max(1, len(result.prob)):.2f}")
+    row.metric("States read over the whole vocabulary", f"{main.full_rows} of {main.rows}",
+               "the rest ruled out by a candidate token", delta_color="off")
+    st.markdown(f"{escape_markdown(result.prompt)} **→** {escape_markdown(result.text)}")
+    definition = page.control("commit", width="content")
+    fig = F.strip_figure(result, definition)
+    st.plotly_chart(fig, key="rs_fig_strip")
+    explain("Each column is a generated token, each row a state of the residual stream (state s: after s layers; "
+            "0: the embeddings, the last: the model's output) at the position that produced it. Dark: the lens "
+            "reads this token as the most likely next one there. Markers: the commitment state, either the first "
+            "state where the token is on top, or the state from which it stays on top through the output (a sampled "
+            "token that is not the model's own top-1 never stays). The states are the generation's own; no second "
+            "forward is run.")
+    rows = F.strip_rows(result)
+    st.dataframe(rows, hide_index=True)
+    share_bar("residual", title=f"Commitment strip on {page.handle.spec.label}", params=params.to_dict(),
+              result=result, model=page.handle.spec.label, figures={"Commitment strip": fig},
+              tables={"generated tokens": rows})

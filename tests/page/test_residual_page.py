@@ -67,3 +67,19 @@ def test_bad_own_pairs_and_missing_lenses_are_one_line(tiny_llama_dir):
     assert not at.exception and len(at.error) == 1 and "No tuned lens is trained" in at.error[0].value
     at = app_with_model(spec, PAGE)  # a tiny random model: its generic pairs still run through the logit lens
     assert not at.exception and metric_starting(at, "Last layer vs the model's logits").value == "0.0e+00"
+
+
+@needs_zoo
+def test_generate_view_shows_the_commitment_strip_of_each_generated_token():
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={"view": "generate", "pair": "colour-0",
+                                                                    "new_tokens": "8", "lens": "tuned"})
+    _ok(at)
+    rows = table_with(at, "logit: first top-1 (state)").to_dict("records")
+    assert [r["token"] for r in rows] == ["blue", "circle", ";", "the", "blue", "circle", "is", "small"]
+    # the colour word is on top only after the last layer (state 4), the next word from state 1
+    assert [r["logit: first top-1 (state)"] for r in rows] == ["3", "1", "1", "1", "3", "1", "3", "2"]
+    assert [r["tuned: first top-1 (state)"] for r in rows][:4] == ["3", "0", "1", "0"]
+    assert metric_starting(at, "States read over the whole vocabulary").value.endswith("of 32")
+    assert len(at.get("plotly_chart")) == 1
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={"view": "generate", "new_tokens": "999"})
+    assert not at.exception and len(at.error) == 1 and "at most 64" in at.error[0].value
