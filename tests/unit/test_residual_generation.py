@@ -151,7 +151,7 @@ def test_candidates_rule_out_most_states_yet_the_table_is_the_full_readouts(monk
     screened = generate(h, params).strip("logit")
     from analysis.residual import generation
 
-    monkeypatch.setattr(generation, "_rule_out", lambda lm, x, w, b, tokens, rows, cands: rows)
+    monkeypatch.setattr(generation, "_rule_out", lambda lm, x, w, b, own, rows, cands: rows)
     full = generate(h, params).strip("logit")
     assert full.full_rows == full.rows
     assert screened.full_rows < screened.rows and screened.top1 == full.top1
