@@ -127,19 +127,25 @@ def commitment_strip(handle: ModelHandle, lens: Lens, states: torch.Tensor, logi
     prob = torch.full((k_tokens * layers,), float("nan"))
     open_rows = torch.arange(k_tokens * layers)
     candidates = set(tokens.tolist()) | set(logits.topk(min(MODEL_TOP, logits.shape[1]), -1).indices.flatten().tolist())
+    tried: set[int] = set()
     full_rows = 0
     with torch.no_grad():
+        own = _scores(lm, x, weight, bias, row_token)  # each state's logit of its own token
         while len(open_rows):
-            open_rows = _rule_out(lm, x, weight, bias, row_token, open_rows, candidates)
+            fresh = sorted(candidates - tried)  # a row that survived a candidate survives it again
+            tried |= candidates
+            open_rows = _rule_out(lm, x, weight, bias, own, open_rows, fresh)
             if not len(open_rows):
                 break
             chunk = _spread(open_rows, CHUNK)
             rest = open_rows[~torch.isin(open_rows, chunk)]
             full = capped(lm, torch.nn.functional.linear(x[chunk], weight, bias)).float()
-            best = full.argmax(-1)
-            top1[chunk] = (best == row_token[chunk]).cpu()
-            logp = torch.log_softmax(full, -1)
-            prob[chunk] = logp.gather(1, row_token[chunk][:, None])[:, 0].exp().cpu()
+            on = (full.argmax(-1) == row_token[chunk]).cpu()
+            top1[chunk] = on
+            if on.any():  # P(token) where it is on top (the strip shows it at the first such state)
+                kept = full[on.to(full.device)]
+                hit = kept.gather(1, row_token[chunk][on.to(full.device)][:, None])[:, 0]
+                prob[chunk[on]] = (hit - torch.logsumexp(kept, -1)).exp().cpu()
             candidates |= set(full.topk(CANDIDATES_PER_ROW, -1).indices.flatten().tolist())
             full_rows += len(chunk)
             open_rows = rest
@@ -164,15 +170,23 @@ def _stays(row: list[bool]) -> int | None:
     return s
 
 
-def _rule_out(lm, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, row_token: torch.Tensor,
-              rows: torch.Tensor, candidates: set[int]) -> torch.Tensor:
+def _scores(lm, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            row_token: torch.Tensor) -> torch.Tensor:
+    """Each row's (capped) logit of its own token, the way `_rule_out` scores candidates."""
+    own = (x * weight[row_token]).sum(-1) + (bias[row_token] if bias is not None else 0.0)
+    return capped(lm, own).float()
+
+
+def _rule_out(lm, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, own: torch.Tensor,
+              rows: torch.Tensor, candidates: list[int]) -> torch.Tensor:
     """The rows of `rows` that no candidate rules out: a row is ruled out (its token is not the lens's top-1)
     when a candidate's logit exceeds the token's by more than the rounding margin."""
-    cand = torch.tensor(sorted(candidates), device=weight.device)
+    if not candidates or not len(rows):
+        return rows
+    cand = torch.tensor(candidates, device=weight.device)
     scores = capped(lm, torch.nn.functional.linear(x[rows], weight[cand], None if bias is None else bias[cand])).float()
-    where = torch.searchsorted(cand, row_token[rows])  # every generated token is a candidate
-    own = scores.gather(1, where[:, None])
-    beaten = (scores - own).max(-1).values > MARGIN * (1.0 + own[:, 0].abs())
+    mine = own[rows.to(own.device)]
+    beaten = (scores.max(-1).values - mine) > MARGIN * (1.0 + mine.abs())
     return rows[~beaten.cpu()]
 
 

@@ -6,7 +6,7 @@ import html
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.residual import COMPONENTS, Inspection, Patching, PairSweep, SideBySide
+from analysis.residual import COMPONENTS, Generation, Inspection, Patching, PairSweep, SideBySide
 from components.figures.memo import shared_figure
 from components.figures.text import legend_below, panel_titles, set_title
 
@@ -230,3 +230,47 @@ def peak_rows(result: Patching, component: str, top: int = 5) -> list[dict]:
     cells = sorted(((v, i, j) for i, row in enumerate(grid.share) for j, v in enumerate(row)), reverse=True)[:top]
     return [{"layer": i, component.rstrip("s") if component == "heads" else "output": grid.cols[j],
              f"share ({grid.method})": round(v, 3)} for v, i, j in cells]
+
+
+COMMIT_LABELS = {"first": "first top-1", "stays": "top-1 from there on"}
+LENS_MARKERS = {"logit": ("circle", "#111111"), "tuned": ("diamond", "#ff7f0e")}
+
+
+@shared_figure
+def strip_figure(result: Generation, definition: str = "first") -> go.Figure:
+    """The commitment strip: per generated token (x), the states (y) where the chosen lens has it top-1, each
+    lens's commitment state marked, and the model's own P(token) below."""
+    states, tokens = result.layers + 1, _tokens(result.tokens)
+    main = result.strips[-1]  # the chosen lens (the logit lens comes first when a tuned one is beside it)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25], vertical_spacing=0.06,
+                        subplot_titles=(f"Where the {main.lens} lens has the generated token on top (dark: top-1)",
+                                        "The model's own P(token)"))
+    z = [[int(main.top1[k][s]) for k in range(len(tokens))] for s in range(states)]
+    fig.add_heatmap(z=z, x=tokens, y=list(range(states)), colorscale=[[0, "#f2f2f2"], [1, "#4c78a8"]], zmin=0, zmax=1,
+                    showscale=False, hovertemplate="%{x}, state %{y}: top-1 = %{z}<extra></extra>", row=1, col=1)
+    for strip in result.strips:
+        symbol, colour = LENS_MARKERS.get(strip.lens, ("x", "#d62728"))
+        ys = strip.commitment(definition)
+        fig.add_scatter(x=[t for t, y in zip(tokens, ys) if y is not None], y=[y for y in ys if y is not None],
+                        mode="markers", marker=dict(symbol=symbol, size=10, color=colour, line=dict(width=1, color="white")),
+                        name=f"{strip.lens} lens: {COMMIT_LABELS[definition]}", row=1, col=1)
+    fig.add_bar(x=tokens, y=result.prob, marker_color="#7f7f7f", name="P(token)", showlegend=False, row=2, col=1)
+    fig.update_yaxes(title_text="state s (after s layers; 0: embeddings)", range=[-0.5, states - 0.5], row=1, col=1)
+    fig.update_yaxes(title_text="P", range=[0, 1], row=2, col=1)
+    fig.update_xaxes(title_text="generated token", tickangle=-45, row=2, col=1)
+    fig.update_layout(height=max(420, 14 * states + 300))
+    set_title(fig, f"Commitment strip ({COMMIT_LABELS[definition]}): {len(tokens)} generated tokens", chars=80)
+    return panel_titles(legend_below(fig))
+
+
+def strip_rows(result: Generation) -> list[dict]:
+    """Per generated token: its text, the model's P and top-1, and each lens's two commitment states."""
+    rows = []
+    for k, token in enumerate(result.tokens):
+        row = {"#": k, "token": token, "P(token)": round(result.prob[k], 3), "model's top-1": result.top[k]}
+        for strip in result.strips:
+            first, stays = strip.first[k], strip.stays[k]
+            row[f"{strip.lens}: first top-1 (state)"] = "never" if first is None else str(first)
+            row[f"{strip.lens}: top-1 from state"] = "not the model's top-1" if stays is None else str(stays)
+        rows.append(row)
+    return rows

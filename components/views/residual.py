@@ -13,7 +13,7 @@ from analysis import residual
 from analysis.model_access import real_models
 from analysis.model_access.models import ModelSpec, ZOO_DIR, all_zoo_models, load_model, zoo_models
 from analysis.residual import translators
-from components.common import analysis_errors, explain, table
+from components.common import analysis_errors, explain, stays_local, table
 from components.hosting import escape_markdown
 from components.figures import residual as F
 from components.share import share_bar
@@ -120,6 +120,7 @@ class ResidualView(View):
         Section("tokens"),
         Section("patching"),
         Section("side"),
+        Section("generate"),
     )
 
     def defaults(self, page: Page) -> dict:
@@ -149,6 +150,9 @@ class ResidualView(View):
                             models=_other(page, params))
         if section == "pairs":
             return page.run("pairs", residual.pair_sweep, params, label="Patching every offered pair")
+        if section == "generate":
+            stays_local(page.handle, "Generating text")
+            return page.run("generate", residual.generate, params, label="Generating and reading every layer")
         _weights_here(page)
         if not _has_tuned_lens(page):
             none = f"no tuned lens exists for {escape_markdown(page.handle.spec.label)} yet"
@@ -168,6 +172,8 @@ class ResidualView(View):
                                          delta_color="off") for side, label in ((result.a, result.a_label),
                                                                                 (result.b, result.b_label))),
                             F.side_figure(result), key="rs_fig_side")
+        if isinstance(result, residual.Generation):
+            return generation_headline(page, result)
         return Headline(figure=F.sweep_figure(result), key="rs_fig_sweep")
 
     def show(self, page: Page, params: residual.ResidualParams, result) -> None:
@@ -177,6 +183,8 @@ class ResidualView(View):
             show_patching(page, params, result)
         elif isinstance(result, residual.SideBySide):
             show_side(page, params, result)
+        elif isinstance(result, residual.Generation):
+            show_generation(page, params, result)
         else:
             show_pairs(page, params, result)
 
@@ -281,3 +289,31 @@ def show_pairs(page: Page, params: residual.ResidualParams, result: residual.Pai
     share_bar("residual", title=f"Residual patching over {len(result.runs)} pairs on {page.handle.spec.label}",
               params=params.to_dict(), result=result, model=page.handle.spec.label, figures={"All pairs": fig},
               tables={"pairs": rows})
+
+
+def generation_headline(page: Page, result: residual.Generation) -> Headline:
+    main = result.strips[-1]
+    definition = page.control("commit", page.headline_controls, width="content")
+    page.strip_figure = F.strip_figure(result, definition)
+    metrics = (Metric("Generated tokens", str(len(result.tokens)), "ended by the model" if result.ended else "the limit",
+                      delta_color="off"),
+               Metric("Mean P(token)", f"{sum(result.prob) / max(1, len(result.prob)):.2f}"),
+               Metric("States read over the whole vocabulary", f"{main.full_rows} of {main.rows}",
+                      "the rest ruled out by a candidate token", delta_color="off"))
+    return Headline(metrics, page.strip_figure, key="rs_fig_strip",
+                    caption=f"{escape_markdown(result.prompt)} **→** {escape_markdown(result.text)}")
+
+
+def show_generation(page: Page, params: residual.ResidualParams, result: residual.Generation) -> None:
+    fig = page.strip_figure
+    explain("Each column is a generated token, each row a state of the residual stream (state s: after s layers; "
+            "0: the embeddings, the last: the model's output) at the position that produced it. Dark: the lens "
+            "reads this token as the most likely next one there. Markers: the commitment state, either the first "
+            "state where the token is on top, or the state from which it stays on top through the output (a sampled "
+            "token that is not the model's own top-1 never stays). The states are the generation's own; no second "
+            "forward is run.")
+    rows = F.strip_rows(result)
+    table(rows)
+    share_bar("residual", title=f"Commitment strip on {page.handle.spec.label}", params=params.to_dict(),
+              result=result, model=page.handle.spec.label, figures={"Commitment strip": fig},
+              tables={"generated tokens": rows})

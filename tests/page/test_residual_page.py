@@ -106,3 +106,19 @@ def test_the_tuned_lens_is_offered_only_where_one_exists(tiny_llama_dir):
     assert at.get("button_group")[0].proto.options and \
         [o.content for o in at.get("button_group")[0].proto.options] == ["Logit lens"]
     assert any("no tuned lens exists" in c.value for c in at.caption)
+
+
+@needs_zoo
+def test_generate_view_shows_the_commitment_strip_of_each_generated_token():
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={"view": "generate", "pair": "colour-0",
+                                                                    "new_tokens": "8", "lens": "tuned"})
+    _ok(at)
+    rows = table_with(at, "logit: first top-1 (state)").to_dict("records")
+    assert [r["token"] for r in rows] == ["blue", "circle", ";", "the", "blue", "circle", "is", "small"]
+    # the colour word is on top only after the last layer (state 4), the next word from state 1
+    assert [r["logit: first top-1 (state)"] for r in rows] == ["3", "1", "1", "1", "3", "1", "3", "2"]
+    assert [r["tuned: first top-1 (state)"] for r in rows][:4] == ["3", "0", "1", "0"]
+    assert metric_starting(at, "States read over the whole vocabulary").value.endswith("of 32")
+    assert len(at.get("plotly_chart")) == 1
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={"view": "generate", "new_tokens": "999"})
+    assert not at.exception and len(at.error) == 1 and "at most 64" in at.error[0].value

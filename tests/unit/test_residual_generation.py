@@ -68,7 +68,9 @@ def reference(model, prompt: list[int], new: list[int] | None, n: int, eos: int)
         try:
             with torch.no_grad():
                 final = m(input_ids=torch.tensor([seq])).logits[0, -1]
-                rows = [head(norm(s)) for s in seen] + [final]
+                rows = [head(norm(s)) for s in seen]
+                cap = getattr(m.config, "final_logit_softcapping", None)  # Gemma 2 caps its output logits
+                rows = [torch.tanh(r / cap) * cap if cap else r for r in rows] + [final]
         finally:
             for h in hooks:
                 h.remove()
@@ -76,7 +78,7 @@ def reference(model, prompt: list[int], new: list[int] | None, n: int, eos: int)
         cells = []
         for logits in rows:
             top2 = logits.topk(2).values
-            cells.append((int(logits.argmax()), float(top2[0] - top2[1])))
+            cells.append((int(logits.argmax()), float(top2[0] - top2[1]), float(logits.softmax(-1)[token])))
         table.append(cells)
         tokens.append(token)
         seq.append(token)
@@ -90,8 +92,8 @@ def _check(result, table, tokens):
     assert result.token_ids == tokens
     compared = 0
     for k, cells in enumerate(table):
-        expect = [top == tokens[k] for top, _ in cells]
-        near = [margin < NEAR for _, margin in cells]
+        expect = [top == tokens[k] for top, _, _ in cells]
+        near = [margin < NEAR for _, margin, _ in cells]
         for s, (want, got, skip) in enumerate(zip(expect, strip.top1[k], near)):
             if not skip:
                 assert got == want, (k, s)
@@ -99,6 +101,9 @@ def _check(result, table, tokens):
         if not any(near):
             assert strip.first[k] == next((s for s, on in enumerate(expect) if on), None)
             assert strip.stays[k] == next((s for s in range(len(expect)) if all(expect[s:])), None)
+        if strip.first[k] is not None:  # the lens's P(token) where it is first on top
+            assert abs(strip.first_prob[k] - cells[strip.first[k]][2]) < 1e-4
+        assert abs(result.prob[k] - cells[-1][2]) < 1e-4  # the model's own P(token)
     assert compared >= 0.95 * sum(len(c) for c in table)
     return strip
 
@@ -146,7 +151,7 @@ def test_candidates_rule_out_most_states_yet_the_table_is_the_full_readouts(monk
     screened = generate(h, params).strip("logit")
     from analysis.residual import generation
 
-    monkeypatch.setattr(generation, "_rule_out", lambda lm, x, w, b, tokens, rows, cands: rows)
+    monkeypatch.setattr(generation, "_rule_out", lambda lm, x, w, b, own, rows, cands: rows)
     full = generate(h, params).strip("logit")
     assert full.full_rows == full.rows
     assert screened.full_rows < screened.rows and screened.top1 == full.top1
