@@ -271,6 +271,7 @@ def present() -> None:
     else:
         draw(now)
     _controls(talk, k)
+    _audience_copy(talk, k)
 
 
 def draw(now: Shown) -> None:
@@ -300,3 +301,65 @@ def _controls(talk: Talk, k: int) -> None:
     row.button("Next", icon=":material/arrow_forward:", key="talk_next", shortcut="Right",
                disabled=k == len(talk.steps) - 1, on_click=_go, args=(k + 1,))
     row.link_button("Explore this", explore_link(talk.steps[k]), icon=":material/open_in_new:")
+
+
+# --- the audience's copy: one offline HTML file, a read-only link and its QR code --------------------------
+
+
+def audience_link(talk: Talk) -> str:
+    """The talk's read-only link on this instance: the presentation itself (no control, nothing computed)."""
+    try:
+        base = (st.context.url or "").split("?")[0]
+    except Exception:  # AppTest and scripts have no browser URL
+        base = ""
+    base = base.rstrip("/").removesuffix("/talk")
+    return f"{base}/?{TALK_KEY}={talk.name}"
+
+
+def qr_png(text: str) -> bytes:
+    """A QR code of `text` as PNG bytes (segno, pinned in requirements.txt)."""
+    import io
+
+    import segno
+
+    buf = io.BytesIO()
+    segno.make(text, error="m").save(buf, kind="png", scale=6, border=2)
+    return buf.getvalue()
+
+
+def export_html(talk: Talk, link: str = "") -> str:
+    """Every step of the talk in one self-contained HTML file (analysis/hosting/export.py's report: plotly.js
+    inlined, every text escaped): the narration and the page's plain sentence, the number, the figure, and the
+    researcher's note folded."""
+    from analysis.hosting.export import ReportSection, html_report
+    from components import plain
+
+    sections = []
+    for k, step in enumerate(talk.steps, 1):
+        now = shown(step)
+        heading = f"{k}. {step.title}"
+        page = plain.sentence(view_of(step.panel).panel)
+        if now.missing:
+            sections.append(ReportSection(heading, f"{step.narration} This step cannot be shown: {now.missing}."))
+            continue
+        fig = figure_of(now)
+        sections.append(ReportSection(
+            heading, f"{step.narration} {page}".strip(), figure=fig,
+            table=[{"look at": READINGS[step.reading].label, "number": now.text,
+                    "model": step.preset_value().model}],
+            detail=step.preset_value().finding))
+    return html_report(talk.title, sections, note=talk.summary, url=link)
+
+
+def _audience_copy(talk: Talk, k: int) -> None:
+    """On the first and last step: the read-only link as a QR code, and the talk as one HTML file."""
+    if k not in (0, len(talk.steps) - 1):
+        return
+    link = audience_link(talk)
+    with st.container(horizontal=True, vertical_alignment="center", gap="medium"):
+        st.image(qr_png(link), width=130, caption="This talk on your phone")
+        with st.container():
+            st.code(link, language=None, wrap_lines=True)
+            st.download_button("Take the talk home (one HTML file, works offline)", lambda: export_html(talk, link),
+                               file_name=f"talk-{talk.name}.html", mime="text/html", key="talk_export",
+                               icon=":material/download:", on_click="ignore")

@@ -65,6 +65,7 @@ class ReportSection:
     text: str = ""
     figure: Any = None  # plotly Figure or its JSON dict
     table: list[dict] = field(default_factory=list)
+    detail: str = ""  # folded under the section (<details>): e.g. a talk step's researcher's note
 
 
 def html_report(title: str, sections: list[ReportSection], *, model: str = "", note: str = "",
@@ -96,6 +97,8 @@ def html_report(title: str, sections: list[ReportSection], *, model: str = "", n
             figures.append(fig)
         if section.table:
             body.append(_table(section.table))
+        if section.detail:
+            body.append(f"<details><summary>The researcher's note</summary><p>{esc(section.detail)}</p></details>")
     script = (
         "var figs = JSON.parse(document.getElementById('figures').textContent);"
         "figs.forEach(function (f, i) { Plotly.newPlot('fig' + i, f.data || [], f.layout || {}, "
