@@ -231,11 +231,11 @@ def explore_link(step: Step) -> str:
     return f"/{step.panel}?{urlencode(step.preset_value().query())}"
 
 
-@st.cache_resource(max_entries=2, show_spinner=False)
 def _handle(label: str) -> ModelHandle:
-    from analysis.model_access.models import load_model
+    """The step's model from the app's one cache of loaded models (the picker's: a model is never held twice)."""
+    from components.model_picker import _load_cached
 
-    return load_model(ModelSpec.parse(label))
+    return _load_cached(ModelSpec.parse(label))
 
 
 def shown(step: Step) -> Shown:
