@@ -116,8 +116,41 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
+# Pages whose Params come out of an earlier run (caption correction checks a caption the weak captioner
+# writes first): their controls cannot be planned without drawing them, so the step's run is the stored
+# entry of that page's kind whose every setting equals the link's, for the same scene and helper model.
+MATCHED = {"caption-correction": ("correct", "lm", ("text",))}  # page -> (run kind, helper keyword, not compared)
+
+
+def matched_run(step: Step, handle: ModelHandle) -> Run:
+    from analysis.framework import precompute
+    from analysis.framework.settings import url_values
+
+    kind, helper, skip = MATCHED[step.panel]
+    preset, state = step.preset_value(), state_of(step)
+    want = {k: v for k, v in preset.values().items() if k not in skip}
+    cls = view_of(step.panel).analysis.params
+    found = []
+    for _, entry in precompute.entries():
+        if entry.kind != kind or entry.model != preset.model or entry.helpers.get(helper, {}).get("model") != \
+                state.get(helper):
+            continue
+        params = cls.from_json(entry.params)
+        have = url_values(params)
+        if getattr(params, "scene_seed", None) == state.get("seed") and \
+                all(have.get(k, v) == v for k, v in want.items()):
+            found.append((entry, params))
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} stored runs of the page '{step.panel}' match the preset '{step.preset}'")
+    entry, params = found[0]
+    models = {helper: _handle(state[helper])}
+    return Run(kind, precompute._resolve(entry.function), handle, params, models, {})
+
+
 def planned_run(step: Step, handle: ModelHandle) -> Run:
     """The run the step's page makes for its preset (recorded, not started)."""
+    if step.panel in MATCHED:
+        return matched_run(step, handle)
     view = view_of(step.panel)
     page = PlanPage(view, handle, step.preset_value().values())
     params = view.params_of(page, page.form.values)
@@ -169,7 +202,8 @@ def show_step(step: Step, handle: ModelHandle) -> Shown:
 
 
 def _figures() -> dict[str, Callable[[Any, Any, dict], Any]]:
-    from components.figures import inversion as IF, kv as KF, kv_long as LF, residual as RF, sharpness as SF
+    from components.figures import captions as CF, inversion as IF, kv as KF, kv_long as LF, residual as RF
+    from components.figures import sharpness as SF
 
     def heads(state):
         return state.get("layer", 0), state.get("head", 0)
@@ -183,6 +217,9 @@ def _figures() -> dict[str, Callable[[Any, Any, dict], Any]]:
         "sharpness.head_weight": lambda r, p, s: SF.size_figure(r, *heads(s), s.get("sink", True)),
         "sharpness.accuracy": lambda r, p, s: SF.accuracy_figure(r),
         "sharpness.adaptive_accuracy": lambda r, p, s: SF.accuracy_figure(r),
+        "captions.factuality": lambda r, p, s: CF.metrics_figure(r.before, r.after),
+        "captions.factuality_before": lambda r, p, s: CF.metrics_figure(r.before, r.after),
+        "captions.coverage": lambda r, p, s: CF.sweep_figure(r),
         "residual.best_head": lambda r, p, s: RF.patch_figure(r, "heads"),
         "residual.first_on_top": lambda r, p, s: RF.lens_curves(r),
     }
@@ -246,7 +283,10 @@ def shown(step: Step) -> Shown:
         handle = _handle(step.preset_value().model)
     except ModelLoadError as exc:
         return Shown(step, missing=f"its model could not be loaded here ({exc})")
-    return show_step(step, handle)
+    try:
+        return show_step(step, handle)
+    except LookupError as exc:  # the page or its stored run is not on this instance
+        return Shown(step, missing=str(exc))
 
 
 def present() -> None:

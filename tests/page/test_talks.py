@@ -68,7 +68,8 @@ def test_every_step_resolves_to_a_stored_entry_and_its_number(handles):
     ("dispersion", "sharpness.head_weight", "0.53"),  # "only 0.53 among 128"
     ("dispersion", "sharpness.accuracy", "56%"),  # "accuracy falls from 100 % to 56 %"
     ("needle-found", "residual.best_head", "0.73"),  # "head L0H3 alone restores 0.73"
-    ("tuned-colour", "residual.first_on_top", "3"),  # "After layer 3 the tuned lens has 'yellow' on top"
+    ("tuned-colour", "residual.first_on_top", "3"),
+    ("invented-objects", "captions.factuality_before", "0.00"),  # "factuality goes from 0 to 1"  # "After layer 3 the tuned lens has 'yellow' on top"
 ])
 def test_a_steps_number_is_the_one_its_preset_quotes(handles, preset, reading, quoted):
     step = next(s for t in TALKS for s in t.steps if s.preset == preset and s.reading == reading)
@@ -138,3 +139,15 @@ def test_the_first_and_last_step_show_the_link_and_its_qr_code():
         assert (len(at.get("image")) == 1) is shows
         assert (len(at.get("download_button")) == 1) is shows
 
+
+
+def test_a_caption_step_shows_the_number_its_page_shows():
+    """Caption correction's step is matched among the stored runs (its page generates the caption first):
+    the page opened on the same preset shows the same factuality."""
+    from conftest import metric_starting
+
+    step = talks.load("caption-correction").steps[0]
+    at = app_with_model(ModelSpec.parse(step.preset_value().model), page="views/caption_correction.py",
+                        query={"preset": step.preset}, timeout=180)
+    assert not at.exception
+    assert metric_starting(at, "Factuality").value == T.shown(step).text
