@@ -116,8 +116,41 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
+# Pages whose Params come out of an earlier run (caption correction checks a caption the weak captioner
+# writes first): their controls cannot be planned without drawing them, so the step's run is the stored
+# entry of that page's kind whose every setting equals the link's, for the same scene and helper model.
+MATCHED = {"caption-correction": ("correct", "lm", ("text",))}  # page -> (run kind, helper keyword, not compared)
+
+
+def matched_run(step: Step, handle: ModelHandle) -> Run:
+    from analysis.framework import precompute
+    from analysis.framework.settings import url_values
+
+    kind, helper, skip = MATCHED[step.panel]
+    preset, state = step.preset_value(), state_of(step)
+    want = {k: v for k, v in preset.values().items() if k not in skip}
+    cls = view_of(step.panel).analysis.params
+    found = []
+    for _, entry in precompute.entries():
+        if entry.kind != kind or entry.model != preset.model or entry.helpers.get(helper, {}).get("model") != \
+                state.get(helper):
+            continue
+        params = cls.from_json(entry.params)
+        have = url_values(params)
+        if getattr(params, "scene_seed", None) == state.get("seed") and \
+                all(have.get(k, v) == v for k, v in want.items()):
+            found.append((entry, params))
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} stored runs of the page '{step.panel}' match the preset '{step.preset}'")
+    entry, params = found[0]
+    models = {helper: _handle(state[helper])}
+    return Run(kind, precompute._resolve(entry.function), handle, params, models, {})
+
+
 def planned_run(step: Step, handle: ModelHandle) -> Run:
     """The run the step's page makes for its preset (recorded, not started)."""
+    if step.panel in MATCHED:
+        return matched_run(step, handle)
     view = view_of(step.panel)
     page = PlanPage(view, handle, step.preset_value().values())
     params = view.params_of(page, page.form.values)
@@ -169,7 +202,8 @@ def show_step(step: Step, handle: ModelHandle) -> Shown:
 
 
 def _figures() -> dict[str, Callable[[Any, Any, dict], Any]]:
-    from components.figures import inversion as IF, kv as KF, kv_long as LF, residual as RF, sharpness as SF
+    from components.figures import captions as CF, inversion as IF, kv as KF, kv_long as LF, residual as RF
+    from components.figures import sharpness as SF
 
     def heads(state):
         return state.get("layer", 0), state.get("head", 0)
@@ -183,6 +217,9 @@ def _figures() -> dict[str, Callable[[Any, Any, dict], Any]]:
         "sharpness.head_weight": lambda r, p, s: SF.size_figure(r, *heads(s), s.get("sink", True)),
         "sharpness.accuracy": lambda r, p, s: SF.accuracy_figure(r),
         "sharpness.adaptive_accuracy": lambda r, p, s: SF.accuracy_figure(r),
+        "captions.factuality": lambda r, p, s: CF.metrics_figure(r.before, r.after),
+        "captions.factuality_before": lambda r, p, s: CF.metrics_figure(r.before, r.after),
+        "captions.coverage": lambda r, p, s: CF.sweep_figure(r),
         "residual.best_head": lambda r, p, s: RF.patch_figure(r, "heads"),
         "residual.first_on_top": lambda r, p, s: RF.lens_curves(r),
     }
@@ -231,11 +268,11 @@ def explore_link(step: Step) -> str:
     return f"/{step.panel}?{urlencode(step.preset_value().query())}"
 
 
-@st.cache_resource(max_entries=2, show_spinner=False)
 def _handle(label: str) -> ModelHandle:
-    from analysis.model_access.models import load_model
+    """The step's model from the app's one cache of loaded models (the picker's: a model is never held twice)."""
+    from components.model_picker import _load_cached
 
-    return load_model(ModelSpec.parse(label))
+    return _load_cached(ModelSpec.parse(label))
 
 
 def shown(step: Step) -> Shown:
@@ -246,7 +283,10 @@ def shown(step: Step) -> Shown:
         handle = _handle(step.preset_value().model)
     except ModelLoadError as exc:
         return Shown(step, missing=f"its model could not be loaded here ({exc})")
-    return show_step(step, handle)
+    try:
+        return show_step(step, handle)
+    except LookupError as exc:  # the page or its stored run is not on this instance
+        return Shown(step, missing=str(exc))
 
 
 def present() -> None:
@@ -271,6 +311,7 @@ def present() -> None:
     else:
         draw(now)
     _controls(talk, k)
+    _audience_copy(talk, k)
 
 
 def draw(now: Shown) -> None:
@@ -300,3 +341,65 @@ def _controls(talk: Talk, k: int) -> None:
     row.button("Next", icon=":material/arrow_forward:", key="talk_next", shortcut="Right",
                disabled=k == len(talk.steps) - 1, on_click=_go, args=(k + 1,))
     row.link_button("Explore this", explore_link(talk.steps[k]), icon=":material/open_in_new:")
+
+
+# --- the audience's copy: one offline HTML file, a read-only link and its QR code --------------------------
+
+
+def audience_link(talk: Talk) -> str:
+    """The talk's read-only link on this instance: the presentation itself (no control, nothing computed)."""
+    try:
+        base = (st.context.url or "").split("?")[0]
+    except Exception:  # AppTest and scripts have no browser URL
+        base = ""
+    base = base.rstrip("/").removesuffix("/talk")
+    return f"{base}/?{TALK_KEY}={talk.name}"
+
+
+def qr_png(text: str) -> bytes:
+    """A QR code of `text` as PNG bytes (segno, pinned in requirements.txt)."""
+    import io
+
+    import segno
+
+    buf = io.BytesIO()
+    segno.make(text, error="m").save(buf, kind="png", scale=6, border=2)
+    return buf.getvalue()
+
+
+def export_html(talk: Talk, link: str = "") -> str:
+    """Every step of the talk in one self-contained HTML file (analysis/hosting/export.py's report: plotly.js
+    inlined, every text escaped): the narration and the page's plain sentence, the number, the figure, and the
+    researcher's note folded."""
+    from analysis.hosting.export import ReportSection, html_report
+    from components import plain
+
+    sections = []
+    for k, step in enumerate(talk.steps, 1):
+        now = shown(step)
+        heading = f"{k}. {step.title}"
+        page = plain.sentence(view_of(step.panel).panel)
+        if now.missing:
+            sections.append(ReportSection(heading, f"{step.narration} This step cannot be shown: {now.missing}."))
+            continue
+        fig = figure_of(now)
+        sections.append(ReportSection(
+            heading, f"{step.narration} {page}".strip(), figure=fig,
+            table=[{"look at": READINGS[step.reading].label, "number": now.text,
+                    "model": step.preset_value().model}],
+            detail=step.preset_value().finding))
+    return html_report(talk.title, sections, note=talk.summary, url=link)
+
+
+def _audience_copy(talk: Talk, k: int) -> None:
+    """On the first and last step: the read-only link as a QR code, and the talk as one HTML file."""
+    if k not in (0, len(talk.steps) - 1):
+        return
+    link = audience_link(talk)
+    with st.container(horizontal=True, vertical_alignment="center", gap="medium"):
+        st.image(qr_png(link), width=130, caption="This talk on your phone")
+        with st.container():
+            st.code(link, language=None, wrap_lines=True)
+            st.download_button("Take the talk home (one HTML file, works offline)", lambda: export_html(talk, link),
+                               file_name=f"talk-{talk.name}.html", mime="text/html", key="talk_export",
+                               icon=":material/download:", on_click="ignore")

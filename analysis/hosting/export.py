@@ -32,6 +32,7 @@ class ReportSection:
     text: str = ""
     figure: Any = None  # plotly Figure or its JSON dict
     table: list[dict] = field(default_factory=list)
+    detail: str = ""  # folded under the section (<details>): e.g. a talk step's researcher's note
 
 
 HEADLINE = "Headline"  # the share bar's metric cards, as a table of (metric, value, change)
@@ -73,6 +74,8 @@ def html_report(title: str, sections: list[ReportSection], *, model: str = "", n
             figures.append(fig)
         if section.table:
             body.append(_table(section.table))
+        if section.detail:
+            body.append(f"<details><summary>The researcher's note</summary><p>{esc(section.detail)}</p></details>")
     if notes:
         body.append(f"<h2>{esc(NOTES)}</h2>" + "".join(f"<p class='note'>{esc(n)}</p>" for n in notes))
     if params:

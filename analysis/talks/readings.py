@@ -59,6 +59,14 @@ def _accuracy_at_largest(rule: str) -> Callable:
     return lambda result, params, state: result.points[-1].run(rule).accuracy
 
 
+def _after(name: str) -> Callable:
+    return lambda result, params, state: getattr(result.after, name) if result.after is not None else None
+
+
+def _before(name: str) -> Callable:
+    return lambda result, params, state: getattr(result.before, name) if result.before is not None else None
+
+
 def _best_head(result, params, state):
     grid = result.grid("heads", "exact") or result.grid("heads", "attribution")
     return grid.peak()[2] if grid is not None else None
@@ -82,6 +90,12 @@ READINGS: dict[str, Reading] = {r.name: r for r in (
             "{:.0%}"),
     Reading("sharpness.adaptive_accuracy", "Right answers with the most items, adaptive temperature", ("sweep",),
             _accuracy_at_largest("adaptive θ"), "{:.0%}"),
+    Reading("captions.factuality", "Share of the corrected caption's claims that are true", ("correct",),
+            _after("factuality"), "{:.2f}"),
+    Reading("captions.factuality_before", "Share of the original caption's claims that are true", ("correct",),
+            _before("factuality"), "{:.2f}"),
+    Reading("captions.coverage", "Share of the picture's facts the corrected caption still states", ("correct",),
+            _after("coverage"), "{:.2f}"),
     Reading("residual.best_head", "Share of the answer one head brings back", ("patch",), _best_head, "{:.2f}"),
     Reading("residual.first_on_top", "First layer where the lens reads the answer on top", ("inspect",),
             _first_on_top, "{:d}"),

@@ -8,8 +8,9 @@ TALK = Talk(
         Step("kv-cache", "needle-streaming", "A small memory forgets the fact",
              "When the model keeps only its first few and its newest words, the one fact it was asked about is "
              "gone and it answers wrong.", "kv.accuracy"),
-        Step("kv-cache", "morphkv", "A long answer in a small memory",
-             "MorphKV writes a long answer while its memory stays the same small size.", "kv.cache_kib"),
+        Step("caption-correction", "invented-objects", "A caption that makes things up",
+             "A weak captioning model got every object in the picture wrong, and the checker drops every one of "
+             "those claims.", "captions.factuality_before"),
         Step("attention-sharpness", "dispersion", "Attention blurs as the list grows",
              "The head that finds the largest number gives it barely half its attention once the list is long.",
              "sharpness.head_weight"),

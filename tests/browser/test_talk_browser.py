@@ -28,7 +28,7 @@ def _remember_outside(request) -> None:
     from urllib.parse import urlparse
 
     url = urlparse(request.url)
-    if url.scheme not in ("data", "blob", "about") and url.hostname not in ("127.0.0.1", "localhost"):
+    if url.scheme not in ("data", "blob", "about", "file") and url.hostname not in ("127.0.0.1", "localhost"):
         OUTSIDE.append(request.url)
 
 
@@ -116,3 +116,23 @@ def test_buttons_walk_and_explore_links_to_the_presets_page(browser_page, expect
     assert _screen(page, 1, len(t.steps)) == expected(t.steps[0])
     href = page.get_by_role("link", name="Explore this").get_attribute("href")
     assert href.startswith("/kv-cache?") and "preset=needle-streaming" in href
+
+
+def test_the_html_export_opens_offline_with_every_step(browser_page, tmp_path):
+    """The audience's copy: opened from a file, it draws every step's figure and asks no host at all."""
+    _, page = browser_page
+    t = talks.load("six-findings")
+    if not _ready(t):
+        pytest.skip("a real model of this talk is not converted here")
+    path = tmp_path / "talk.html"
+    path.write_text(T.export_html(t, "http://127.0.0.1/?talk=six-findings"))
+    OUTSIDE.clear()
+    page.goto(path.as_uri())
+    page.wait_for_function(f"() => document.querySelectorAll('.figure .main-svg').length >= {len(t.steps)}",
+                           timeout=60_000)
+    assert OUTSIDE == [], f"the export asked other hosts: {sorted(set(OUTSIDE))}"
+    text = page.locator("body").inner_text()
+    for step in t.steps:
+        assert step.narration in text
+    page.locator("summary").first.click()
+    assert t.steps[0].preset_value().finding[:60] in page.locator("details").first.inner_text()

@@ -68,7 +68,8 @@ def test_every_step_resolves_to_a_stored_entry_and_its_number(handles):
     ("dispersion", "sharpness.head_weight", "0.53"),  # "only 0.53 among 128"
     ("dispersion", "sharpness.accuracy", "56%"),  # "accuracy falls from 100 % to 56 %"
     ("needle-found", "residual.best_head", "0.73"),  # "head L0H3 alone restores 0.73"
-    ("tuned-colour", "residual.first_on_top", "3"),  # "After layer 3 the tuned lens has 'yellow' on top"
+    ("tuned-colour", "residual.first_on_top", "3"),
+    ("invented-objects", "captions.factuality_before", "0.00"),  # "factuality goes from 0 to 1"  # "After layer 3 the tuned lens has 'yellow' on top"
 ])
 def test_a_steps_number_is_the_one_its_preset_quotes(handles, preset, reading, quoted):
     step = next(s for t in TALKS for s in t.steps if s.preset == preset and s.reading == reading)
@@ -109,3 +110,44 @@ def test_an_unknown_talk_is_one_line_listing_the_talks():
 def test_a_step_out_of_range_opens_the_nearest_step():
     at = app_with_model(None, query={"talk": "kv-cache", "step": "99"}, timeout=120)
     assert not at.exception and "step 4 of 4" in at.caption[0].value
+
+
+@pytest.mark.parametrize("name", [t.name for t in TALKS])
+def test_the_html_export_holds_every_step_and_asks_no_other_host(name):
+    import html as H
+    import re
+
+    t = talks.load(name)
+    if not _ready(t):
+        pytest.skip("a real model of this talk is not converted here")
+    page = T.export_html(t)
+    body = page.split("</script></head>", 1)[1]  # after the inlined plotly.js
+    assert re.findall(r"https?://", body) == [], "the export names another host"
+    assert not re.search(r"""(src|href)\s*=\s*['"]?(?!data:|#)""", body), "the export loads a file"
+    assert body.count("<details><summary>The researcher's note</summary>") == len(t.steps)
+    for step in t.steps:
+        assert H.escape(step.narration) in body
+        assert f"<td>{H.escape(T.shown(step).text)}</td>" in body, step.title
+
+
+def test_the_first_and_last_step_show_the_link_and_its_qr_code():
+    t = talks.load("kv-cache")
+    for index, shows in ((0, True), (1, False), (len(t.steps) - 1, True)):
+        at = _open("kv-cache", index)
+        codes = [c.value for c in at.code]
+        assert (codes == ["/?talk=kv-cache"]) is shows, codes
+        assert (len(at.get("image")) == 1) is shows
+        assert (len(at.get("download_button")) == 1) is shows
+
+
+
+def test_a_caption_step_shows_the_number_its_page_shows():
+    """Caption correction's step is matched among the stored runs (its page generates the caption first):
+    the page opened on the same preset shows the same factuality."""
+    from conftest import metric_starting
+
+    step = talks.load("caption-correction").steps[0]
+    at = app_with_model(ModelSpec.parse(step.preset_value().model), page="views/caption_correction.py",
+                        query={"preset": step.preset}, timeout=180)
+    assert not at.exception
+    assert metric_starting(at, "Factuality").value == T.shown(step).text

@@ -14,9 +14,10 @@ GOOD = Step("kv-cache", "needle-streaming", "Keep only the newest words", "The f
 
 def test_shipped_talks_cover_every_panel_with_presets_and_six_findings():
     names = {t.name for t in talks.all_talks()}
-    assert {"kv-cache", "attention-sharpness", "prompt-reconstruction", "residual-stream", "six-findings"} <= names
+    assert {"kv-cache", "attention-sharpness", "prompt-reconstruction", "residual-stream", "caption-correction",
+            "six-findings"} <= names
     six = talks.load("six-findings")
-    assert len(six.steps) == 6 and len({s.panel for s in six.steps}) >= 4
+    assert len(six.steps) == 6 and len({s.panel for s in six.steps}) == 5
     real = [s for t in talks.all_talks() for s in t.steps if s.preset_value().model == "zoo:smollm2-135m-instruct"]
     assert len(real) >= 4  # steps on the real SmolLM2 where its presets exist
 
