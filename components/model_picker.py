@@ -152,7 +152,7 @@ def _real_note(name: str) -> None:
     if name in real_models.REAL_MODELS:
         model = real_models.REAL_MODELS[name]
         st.caption(f"A real trained model: {model.upstream} ({model.licence})."
-                   + ("" if real_models.is_built(name) else " Converted from its package on first load (about 20 s)."))
+                   + ("" if real_models.is_built(name) else f" Converted from its package on first load (about {real_models.CONVERSION_S:.0f} s)."))
 
 
 def _pick(source: str, names: list[str], start: ModelSpec, label: str, key: str, none: str,

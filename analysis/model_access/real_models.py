@@ -6,7 +6,7 @@ into a standard Hugging Face folder (safetensors, tokenizer with its chat templa
 transformers' own GGUF loader (`from_pretrained(..., gguf_file=...)`), once, and then loaded like
 any local folder by `analysis.model_access.models.load_model` (safetensors only, `trust_remote_code=False`).
 
-    python -m analysis.zoo build --only smollm2-135m-instruct     # convert now (about 30 s)
+    python -m analysis.zoo build --only smollm2-135m-instruct     # convert now (CONVERSION_S)
 
 or at first use (`load_model(ModelSpec("zoo", "smollm2-135m-instruct"))`). The converted folder
 (538 MB in float32) lives under `real_models/<name>/`, which git ignores.
@@ -40,6 +40,10 @@ from typing import Iterator
 from analysis.framework import paths
 from analysis.framework.errors import ModelLoadError
 from analysis.framework.progress import Progress, silent
+
+# Seconds a conversion takes, the one figure every page and doc quotes: measured 35 s (#50) and 54 s (#47)
+# on the busy 2-core development machine; the page says "about 45 s".
+CONVERSION_S = 45.0
 
 REAL_DIR = paths.REAL_MODELS
 MARKER = "conversion.json"  # written last: a folder without it is not a finished conversion

@@ -75,7 +75,7 @@ def tempered_attention(method: Rule, layers: tuple[int, ...] | None, row: int, r
     kept = {}
     if record:
         raw_entropy = row_entropy(row_scores)
-        kept = dict(scores=row_scores, probs=probs[:, :, row, :].float(), raw_entropy=raw_entropy,
+        kept = dict(scores=row_scores, probs=probs[:, :, row, :].float().clone(), raw_entropy=raw_entropy,
                     beta=torch.ones_like(raw_entropy) if method is None else method.beta(raw_entropy))
     return output, probs, kept
 

