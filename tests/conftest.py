@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent  # the one bootstrap: put the checkout on the path
 sys.path.insert(0, str(ROOT))
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
 # Tests live in one folder per tier; the folder is the marker (`pytest -m unit`, registered in pytest.ini):
 # unit: pure logic and tiny models, the inner loop (the whole tier under a minute); model: analyses on the
@@ -231,3 +232,73 @@ def computations(monkeypatch):
     yield started
     runs.run_store().clear()
 
+
+# One Chromium and one app server per test process, shared by the browser tests (each started on first
+# use: a worker that draws no page starts neither). A test takes a browser context of its own (its own
+# cookies: a fresh Streamlit session), so tests share processes, never state.
+class SharedChromium:
+    """Debian's headless Chromium under one Playwright, started on first use. Playwright's sync API allows
+    one Playwright per thread, so it is stopped before a browser test that does not ask for it (one that
+    starts its own) and started again for the next that does."""
+
+    def __init__(self):
+        self._playwright = self._browser = None
+
+    @property
+    def browser(self):
+        if self._browser is None or not self._browser.is_connected():
+            from playwright.sync_api import sync_playwright
+
+            sys.path.insert(0, str(ROOT / "scripts"))
+            import screenshot
+
+            self.stop()
+            self._playwright = sync_playwright().start()
+            self._browser = self._playwright.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
+        return self._browser
+
+    def new_context(self, **options):
+        return self.browser.new_context(**options)
+
+    def stop(self) -> None:
+        playwright, self._playwright, self._browser = self._playwright, None, None
+        if playwright is not None:
+            playwright.stop()  # closes the browser with it
+
+
+_CHROMIUM = SharedChromium()
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """The process's Chromium (skips where Debian's chromium is not installed)."""
+    import shutil
+
+    if not shutil.which(CHROMIUM):
+        pytest.skip("Debian chromium is not installed")
+    yield _CHROMIUM
+    _CHROMIUM.stop()
+
+
+def pytest_runtest_setup(item):
+    if "chromium" not in item.fixturenames:
+        _CHROMIUM.stop()
+
+
+@pytest.fixture(scope="session")
+def app_server(tmp_path_factory):
+    """The process's app server, as deployed (scripts/serve.py), on the demo zoo, with its own store and the
+    cost gate off (no run waits for a click, whatever this machine's speed); stopped at the end. Started on
+    first use. Its run cache is shared: a test that needs a live computation asks for settings no other
+    test uses."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import crowd_bench
+
+    store = tmp_path_factory.mktemp("app-server") / "analyses.db"
+    proc, base, _ = crowd_bench.start_server({"MODEL_INSPECTOR_STORE": str(store),
+                                              "MODEL_INSPECTOR_ROOTS": str(ZOO_DIR),
+                                              "MODEL_INSPECTOR_ASK_ABOVE_S": "inf"})
+    yield SimpleNamespace(base=base, store=store, proc=proc)
+    crowd_bench.stop_server(proc)

@@ -34,23 +34,13 @@ def _remember_outside(request) -> None:
 
 
 @pytest.fixture(scope="module")
-def browser_page(tmp_path_factory):
-    from playwright.sync_api import sync_playwright
-
-    port = screenshot.free_port()
-    store = tmp_path_factory.mktemp("store") / "analyses.db"
-    proc = screenshot.start_app(port, env={"MODEL_INSPECTOR_STORE": str(store),
-                                           "MODEL_INSPECTOR_ROOTS": str(ROOT / "analysis" / "zoo" / "models")})
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.on("request", _remember_outside)
-            yield f"http://127.0.0.1:{port}", page
-            browser.close()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+def browser_page(chromium, app_server):
+    """One page for the module, on the process's app server and Chromium (tests/conftest.py)."""
+    context = chromium.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.on("request", _remember_outside)
+    yield app_server.base, page
+    context.close()
 
 
 def open_offline(page, url: str) -> None:

@@ -6,10 +6,9 @@ shared model (its lock is taken per chunk, first come first served).
 """
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import threading
+import time
 
 import pytest
 
@@ -19,12 +18,7 @@ from analysis.framework.paths import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import crowd_bench  # noqa: E402
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-
-pytestmark = [
-    pytest.mark.skipif(not shutil.which(CHROMIUM), reason="Debian chromium is not installed"),
-    pytest.mark.skipif(not {"shapes-lm", "shapes-vlm"} <= set(zoo_models()), reason="needs the demo zoo"),
-]
+pytestmark = pytest.mark.skipif(not {"shapes-lm", "shapes-vlm"} <= set(zoo_models()), reason="needs the demo zoo")
 
 USERS = [
     ("kv-cache", "?context=48&budget=16&snap_window=4&morph_window=4&examples=1"),  # computed live, not precomputed
@@ -35,21 +29,23 @@ USERS = [
 ]
 
 
-def _together(users, env):
-    proc, base, healthy_at = crowd_bench.start_server(env)
+def _visit(browser, base, users, healthy_at):
+    """crowd_bench.crowd in the process's Chromium: each user in a browser context of its own, all at once."""
+    pages = [crowd_bench.new_page(browser) for _ in users]
     try:
-        return crowd_bench.crowd(base, users, healthy_at)
+        return crowd_bench.visit(pages, base, users, healthy_at)
     finally:
-        crowd_bench.stop_server(proc)
+        for page in pages:
+            page.context.close()
 
 
-def _one_at_a_time(users, env, protocol_users):
+def _one_at_a_time(browser, users, env, protocol_users):
     """A fresh server where each user comes alone, after the previous one has finished; then the
     benchmark's protocol-level users (websocket clients, no browser) open `protocol_users` the same
     way. Returns (browser pages, protocol pages)."""
     proc, base, healthy_at = crowd_bench.start_server(env)
     try:
-        pages = [crowd_bench.crowd(base, [user], healthy_at)[0] for user in users]
+        pages = [_visit(browser, base, [user], healthy_at)[0] for user in users]
         go = threading.Barrier(1)  # one user at a time: nobody to wait for
         seen = [crowd_bench.protocol_user(base, path, query, go) for path, query in protocol_users]
         return pages, seen
@@ -57,16 +53,19 @@ def _one_at_a_time(users, env, protocol_users):
         crowd_bench.stop_server(proc)
 
 
-def test_crowd_of_sessions_sees_no_exception_and_the_same_numbers(tmp_path):
+def test_crowd_of_sessions_sees_no_exception_and_the_same_numbers(chromium, app_server, tmp_path):
+    """The crowd on the process's app server (tests/conftest.py: no other test asks for the two live
+    settings, so they are computed here, side by side; the rest are precomputed views), then each user
+    alone on a fresh server (nothing cached there), all in the process's Chromium."""
     env = {"MODEL_INSPECTOR_STORE": str(tmp_path / "analyses.db"),
            "MODEL_INSPECTOR_ROOTS": str(ROOT / "analysis" / "zoo" / "models"),
            "MODEL_INSPECTOR_ASK_ABOVE_S": "inf"}  # this machine's speed is not the subject here
-    together = _together(USERS, env)
+    together = _visit(chromium.browser, app_server.base, USERS, time.perf_counter())
     for page in together:
         assert not page["exceptions"], (page["page"], page["exceptions"])
         assert not page["errors"], (page["page"], page["errors"])
         assert page["charts"] >= 1, page["page"]
-    alone, protocol = _one_at_a_time(USERS, env, USERS[2:4])
+    alone, protocol = _one_at_a_time(chromium.browser, USERS, env, USERS[2:4])
     assert all(p["numbers"] for p in together[:3])  # the computed views show metric cards
     for crowd_page, single in zip(together, alone):
         assert not single["exceptions"], single["page"]

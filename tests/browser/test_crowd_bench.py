@@ -2,14 +2,11 @@
 its watch on the pages (when each page was drawn)."""
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import time
 
 import psutil
-import pytest
 
 from analysis.framework.paths import BENCHMARKS, ROOT  # noqa: E402
 sys.path.insert(0, str(BENCHMARKS))
@@ -39,50 +36,48 @@ def test_cpu_seconds_counts_living_descendants_by_name(tmp_path):
         child.communicate(b"")
 
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 # A page shaped like Streamlit's, as the watcher sees it: the app's script state, a title, placeholders
 PAGE = ("<div data-testid='stApp' data-test-script-state='running'><h1>t</h1>"
         "<div data-testid='stSkeleton'></div></div>")
 
 
-@pytest.mark.skipif(not shutil.which(CHROMIUM), reason="Debian chromium is not installed")
-def test_settle_dates_a_page_by_its_last_change_and_waits_for_quiet_from_the_call():
+def test_settle_dates_a_page_by_its_last_change_and_waits_for_quiet_from_the_call(chromium):
     """The watcher notes when the page's state last changed (here 0.6 s after the call: the script run
     ends, and a moment later the placeholder makes way for a chart); settle returns that moment, after
     a quiet second; a page already quiet still waits a second from the call (so a rerun that an action
     just before causes is seen); a page made without the watcher gets it."""
-    from playwright.sync_api import sync_playwright
-
     script = ("document.querySelector(\"[data-testid='stApp']\").setAttribute('data-test-script-state', "
               "'notRunning')")
     chart = ("const s = document.querySelector(\"[data-testid='stSkeleton']\"); "
              "s.setAttribute('data-testid', 'stPlotlyChart')")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=crowd_bench.screenshot.CHROMIUM_ARGS)
-        try:
-            page = crowd_bench.new_page(browser)
-            page.set_content(PAGE)
-            start = time.perf_counter()
-            page.evaluate(f"setTimeout(() => {{ {script} }}, 300); setTimeout(() => {{ {chart} }}, 600)")
-            [(done, first)] = crowd_bench._settle_all([page], 20_000)
-            returned = time.perf_counter()
-            assert 0.25 <= first - start <= 1.5  # the script run ended (a placeholder was still there)
-            assert 0.55 <= done - start <= 2.0 and done - first >= 0.25  # drawn: a chart replaced the placeholder
-            assert returned - done >= 1.0  # after a quiet second
-            time.sleep(1.5)
-            called = time.perf_counter()
-            # a change half a second after the call: settle must see it and wait a second more
-            page.evaluate("setTimeout(() => { const d = document.createElement('div'); "
-                          "d.setAttribute('data-testid', 'stMetric'); document.querySelector('h1').after(d) }, 500)")
-            [again] = crowd_bench.settle_all([page], 20_000)
-            assert 0.45 <= again - called <= 2.0 and time.perf_counter() - called >= 1.5
-            plain = browser.new_page()  # no watcher installed before its content
-            plain.set_content(PAGE.replace("running", "notRunning").replace("stSkeleton", "stPlotlyChart"))
-            called = time.perf_counter()
-            crowd_bench.settle(plain, 20_000)
-            assert time.perf_counter() - called >= 1.0
-        finally:
-            browser.close()
+    browser = chromium.browser
+    page = plain = None
+    try:
+        page = crowd_bench.new_page(browser)
+        page.set_content(PAGE)
+        start = time.perf_counter()
+        page.evaluate(f"setTimeout(() => {{ {script} }}, 300); setTimeout(() => {{ {chart} }}, 600)")
+        [(done, first)] = crowd_bench._settle_all([page], 20_000)
+        returned = time.perf_counter()
+        assert 0.25 <= first - start <= 1.5  # the script run ended (a placeholder was still there)
+        assert 0.55 <= done - start <= 2.0 and done - first >= 0.25  # drawn: a chart replaced the placeholder
+        assert returned - done >= 1.0  # after a quiet second
+        time.sleep(1.5)
+        called = time.perf_counter()
+        # a change half a second after the call: settle must see it and wait a second more
+        page.evaluate("setTimeout(() => { const d = document.createElement('div'); "
+                      "d.setAttribute('data-testid', 'stMetric'); document.querySelector('h1').after(d) }, 500)")
+        [again] = crowd_bench.settle_all([page], 20_000)
+        assert 0.45 <= again - called <= 2.0 and time.perf_counter() - called >= 1.5
+        plain = browser.new_page()  # no watcher installed before its content
+        plain.set_content(PAGE.replace("running", "notRunning").replace("stSkeleton", "stPlotlyChart"))
+        called = time.perf_counter()
+        crowd_bench.settle(plain, 20_000)
+        assert time.perf_counter() - called >= 1.0
+    finally:
+        for opened in (page, plain):
+            if opened is not None:
+                opened.context.close()
 
 
 def test_browser_floor_rejects_a_bad_repeat_count_with_one_error_line():

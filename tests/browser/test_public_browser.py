@@ -4,8 +4,6 @@ The server is tests/public_instance.py's (shared with tests/service/test_public_
 in one process); every request the page makes is recorded, and anything not for the app is refused."""
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from urllib.parse import quote, urlsplit
 
@@ -19,9 +17,7 @@ from public_instance import ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import screenshot  # noqa: E402
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-pytestmark = [pytest.mark.skipif(not shutil.which(CHROMIUM), reason="Debian chromium is not installed"),
-              pytest.mark.skipif("shapes-lm" not in zoo_models(), reason="needs the demo zoo"),
+pytestmark = [pytest.mark.skipif("shapes-lm" not in zoo_models(), reason="needs the demo zoo"),
               public_instance.ON_SHARED_SERVER]
 EVIL = "evil.example"
 HOSTILE_TEXT = (f"**bold** [link](http://{EVIL}/l) ![img](http://{EVIL}/i.png) https://{EVIL}/bare www.{EVIL} "
@@ -29,29 +25,25 @@ HOSTILE_TEXT = (f"**bold** [link](http://{EVIL}/l) ![img](http://{EVIL}/i.png) h
 
 
 @pytest.fixture(scope="module")
-def browser_page():
-    from playwright.sync_api import sync_playwright
-
+def browser_page(chromium):
     server = public_instance.shared()
     proxy = server.proxy(peer="203.0.113.50")
     requests: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1200, "height": 900})
-        ours = urlsplit(proxy.base).netloc
+    context = chromium.new_context(viewport={"width": 1200, "height": 900})  # the process's Chromium
+    ours = urlsplit(proxy.base).netloc
 
-        def guard(route):
-            requests.append(route.request.url)
-            if urlsplit(route.request.url).netloc == ours or route.request.url.startswith(("data:", "blob:")):
-                route.continue_()
-            else:
-                route.abort()
+    def guard(route):
+        requests.append(route.request.url)
+        if urlsplit(route.request.url).netloc == ours or route.request.url.startswith(("data:", "blob:")):
+            route.continue_()
+        else:
+            route.abort()
 
-        context.route("**/*", guard)
-        context.on("websocket", lambda ws: requests.append(ws.url))
-        page = context.new_page()
-        yield server, proxy, page, requests
-        browser.close()
+    context.route("**/*", guard)
+    context.on("websocket", lambda ws: requests.append(ws.url))
+    page = context.new_page()
+    yield server, proxy, page, requests
+    context.close()
 
 
 def foreign(requests: list[str], base: str) -> list[str]:

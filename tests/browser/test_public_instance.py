@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +33,6 @@ import local_postgres  # noqa: E402
 import screenshot  # noqa: E402
 
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CLIENTS, SECONDS = 20, 60
 
 pytestmark = [
@@ -177,10 +175,7 @@ def _visible(page, selector: str) -> int:
         return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; }).length""", selector)
 
 
-@pytest.mark.skipif(not shutil.which(CHROMIUM), reason="Debian chromium is not installed")
-def test_embeds_show_the_view_alone_in_a_browser(instance):
-    from playwright.sync_api import sync_playwright
-
+def test_embeds_show_the_view_alone_in_a_browser(instance, chromium):
     from analysis.hosting.store import SavedAnalysis
 
     base = instance["a"]
@@ -188,9 +183,9 @@ def test_embeds_show_the_view_alone_in_a_browser(instance):
         title="Embedded KV run", panel="kv", model="zoo:shapes-lm",
         figures=[{"name": "fig", "figure": {"data": [{"type": "bar", "y": [3, 1, 2]}], "layout": {}}}],
         tables={"policies": [{"policy": "h2o", "acc": 0.5}]}))
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
-        page = browser.new_context(viewport={"width": 1000, "height": 800}).new_page()
+    context = chromium.new_context(viewport={"width": 1000, "height": 800})  # the process's Chromium
+    try:
+        page = context.new_page()
         page.goto(f"{base}/kv-cache")  # the same page, not embedded: sidebar and controls are there
         screenshot.wait_rendered(page)
         assert _visible(page, "[data-testid='stSidebar']") == 1 and _visible(page, ".stSlider, .stSelectbox") > 0
@@ -208,7 +203,8 @@ def test_embeds_show_the_view_alone_in_a_browser(instance):
                 assert "Embedded KV run" in page.inner_text("body")
                 ARTIFACTS.mkdir(exist_ok=True)
                 page.screenshot(path=str(ARTIFACTS / "embed-saved-analysis.png"))
-        browser.close()
+    finally:
+        context.close()
 
 
 def test_server_killed_while_saving_loses_nothing_confirmed(instance):

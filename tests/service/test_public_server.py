@@ -73,6 +73,32 @@ def no_leak(run, where: str) -> None:
         assert not re.search(r"(?<!\\)\]\((?!\\)|(?<!\\)!\[", body), (where, body)  # a link or image Markdown renders
 
 
+# First of the upload cases (section 3 and 6 below): what it leaves expires while the other cases run.
+def test_uploads_are_bounded_per_visitor_and_expire(server):
+    """One visitor's fifth zip is refused (four at once, 25 MB); another visitor still uploads; the
+    disk never holds more than the limits. First in this file: that every upload is gone after
+    keep_seconds is its last case, whose wait overlaps every case between."""
+    runs = []
+    for i in range(5):  # each from a new session (a new tab): the same visitor
+        me = client(server, visitor(6))
+        try:
+            runs.append(use_zip(me, zip_of({f"d{i}/texts.txt": b"a b c\n" * (1 << 20)}), f"mine{i}.zip"))
+        finally:
+            me.close()
+    peak = server.upload_bytes()
+    other = client(server, visitor(7))
+    try:
+        theirs = use_zip(other, zip_of({"x/texts.txt": b"d e f\n" * 1000}), "theirs.zip")
+    finally:
+        other.close()
+    for run in runs + [theirs]:
+        no_leak(run, "uploads")
+    refusals = [("the most one visitor may keep" in plain(shown(r))) for r in runs]
+    assert refusals == [False] * 4 + [True], [plain(shown(r))[:300] for r in runs]
+    assert "the most one visitor may keep" not in plain(shown(theirs))
+    assert peak <= 25 * 2**20 + 2**20 and server.partials() == []
+
+
 # ---------------------------------------------------------------------------------------------
 # 1. Who the visitor is
 
@@ -199,31 +225,6 @@ def test_a_zip_bomb_is_refused_and_leaves_nothing_on_disk(server):
     text = plain(shown(run))
     assert "bomb.zip' unpacked takes 391 MB" in text and "25 MB" in text and "Nothing was kept" in text, text
     assert server.upload_bytes() <= before and server.partials() == []
-
-
-def test_uploads_are_bounded_per_visitor_and_expire(server):
-    """One visitor's fifth zip is refused (four at once, 25 MB); another visitor still uploads; the
-    disk never holds more than the limits (that every upload is gone after keep_seconds is this file's
-    last case: its wait overlaps the cases between)."""
-    runs = []
-    for i in range(5):  # each from a new session (a new tab): the same visitor
-        me = client(server, visitor(6))
-        try:
-            runs.append(use_zip(me, zip_of({f"d{i}/texts.txt": b"a b c\n" * (1 << 20)}), f"mine{i}.zip"))
-        finally:
-            me.close()
-    peak = server.upload_bytes()
-    other = client(server, visitor(7))
-    try:
-        theirs = use_zip(other, zip_of({"x/texts.txt": b"d e f\n" * 1000}), "theirs.zip")
-    finally:
-        other.close()
-    for run in runs + [theirs]:
-        no_leak(run, "uploads")
-    refusals = [("the most one visitor may keep" in plain(shown(r))) for r in runs]
-    assert refusals == [False] * 4 + [True], [plain(shown(r))[:300] for r in runs]
-    assert "the most one visitor may keep" not in plain(shown(theirs))
-    assert peak <= 25 * 2**20 + 2**20 and server.partials() == []
 
 
 def test_one_session_cannot_hold_more_uploads_in_memory(server):
