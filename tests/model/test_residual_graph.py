@@ -78,3 +78,17 @@ def test_the_position_can_be_any_token_and_the_cost_is_one_forward(shapes):
 def test_a_model_it_cannot_decompose_is_refused(tiny_gpt2):
     with pytest.raises(ResidualError, match="contribution graph"):
         contribution_graph(tiny_gpt2, "a b c")
+
+
+def test_the_command_line_prints_the_graph_as_json(shapes, capsys):
+    import json
+
+    from analysis.residual.cli import cli
+    from analysis.residual.contributions import ContributionGraph
+
+    assert cli(["graph", "--model", "zoo:shapes-lm", "--pair", "needle-0", "--threshold", "0.08", "--json"]) == 0
+    got = ContributionGraph.from_dict(json.loads(capsys.readouterr().out))
+    assert got.threshold == 0.08 and got.ranked_sources()[0] == 15  # the needle's value, token 15
+    assert got.best_path[15][0].source == 15
+    assert cli(["graph", "--model", "zoo:shapes-lm", "--pair", "needle-0", "--position", "5"]) == 0
+    assert "from position 5" in capsys.readouterr().out
