@@ -132,3 +132,13 @@ def test_the_docs_quote_the_graph_benchmark():
            f"{shapes['captured_forward_ratio']:.2f}×" in doc
     assert f"({real['tokens']} tokens)\n{real['ratio_cpu']:.2f}× (captured forward {real['captured_forward_ratio']:.2f}×)" in doc
     assert real["ratio_cpu"] < 2.0  # one forward plus the decomposition, never a forward per edge
+
+
+def test_chunks_of_destinations_and_sources_give_the_same_importances(llama, monkeypatch):
+    import analysis.residual.contributions as module
+
+    whole = importances(llama, torch.tensor([IDS]))
+    monkeypatch.setattr(module, "CHUNK", 3)
+    monkeypatch.setattr(module, "BUDGET", 3 * 32 * 4 * 2)  # two sources at a time
+    cut = importances(llama, torch.tensor([IDS]))
+    assert torch.equal(whole.attn, cut.attn) and torch.equal(whole.attn_residual, cut.attn_residual)
