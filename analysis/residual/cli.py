@@ -8,7 +8,7 @@ from analysis.residual.params import ResidualParams, validate_params
 from analysis.framework.settings import ArgumentParser, add_arguments, labelled, read_arguments
 
 FIELDS = [(f, ResidualParams) for f in labelled(ResidualParams)]
-WHAT = ("lens", "patch", "side", "sweep", "generate")
+WHAT = ("lens", "patch", "side", "sweep", "generate", "graph")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -18,9 +18,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("what", nargs="?", default="lens", choices=WHAT,
                     help="lens: lens and direct logit attribution; patch: patch the pair; side: side by side; "
                          "sweep: residual patching over every offered pair; generate: continue the clean prompt "
-                         "and show where each lens commits to every generated token")
+                         "and show where each lens commits to every generated token; graph: the contribution graph "
+                         "(Ferrando & Voita 2024) of the clean prompt")
     ap.add_argument("--model", default="zoo:shapes-lm", help="zoo:NAME, hub:ID[@REV] or local:PATH")
     add_arguments(ap, FIELDS)
+    ap.add_argument("--threshold", type=float, default=0.04,
+                    help="graph: keep edges whose importance exceeds this (the paper's tau, 0..1)")
+    ap.add_argument("--position", type=int, default=None,
+                    help="graph: the position the graph is built from (default: the last token)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     return ap
 
@@ -79,6 +84,18 @@ def print_generation(r) -> None:
     _table(rows, head)
 
 
+def print_graph(r) -> None:
+    print(f"{r.model}: {r.prompt!r}, from position {r.position} ({r.tokens[r.position]!r}) -> {r.prediction!r}; "
+          f"tau = {r.threshold}")
+    print(f"kept {r.nodes} of {r.possible_nodes} nodes, {len(r.edges)} edges; kept share {r.kept_share:.3f}\n")
+    rows = []
+    for j in r.ranked_sources(skip_own=False)[:8]:
+        hops = [f"L{e.layer}H{max(range(r.heads), key=lambda h: e.heads[h])} {e.source}->{e.target}"
+                for e in r.best_path[j] if e.kind == "attn"]
+        rows.append([j, repr(r.tokens[j]), r.source_strength[j], ", ".join(hops) or "residual"])
+    _table(rows, ["position", "token", "strongest path (product of importances)", "its attention hops (top head)"])
+
+
 def cli(argv: list[str]) -> int:
     from analysis.model_access.models import ModelSpec, load_model
     from analysis.residual import analysis
@@ -99,6 +116,13 @@ def cli(argv: list[str]) -> int:
         from analysis.residual.generation import generate
 
         result, show = generate(handle, params), print_generation
+    elif args.what == "graph":
+        from analysis.residual.contributions import contribution_graph
+        from analysis.residual.prompts import chosen_pair
+
+        result = contribution_graph(handle, chosen_pair(handle, params).clean, threshold=args.threshold,
+                                    position=args.position)
+        show = print_graph
     else:
         result, show = analysis.pair_sweep(handle, params), print_sweep
     if args.json:

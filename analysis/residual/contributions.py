@@ -44,6 +44,7 @@ from analysis.residual.sites import head_weights, layer_parts
 
 TOLERANCE = 1e-3  # relative: how closely the decomposition must add up to the captured outputs
 CHUNK = 16  # destination positions weighed at once
+BUDGET = 1 << 24  # elements of (destination, source, head, width) parts held at once (64 MB in float32)
 
 
 def proximity(parts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
@@ -133,14 +134,20 @@ def importances(handle: ModelHandle, input_ids: torch.Tensor) -> Importances:
         _check("the heads' shares do not add up to the attention output", total, attn_out, label, layer)
         mid = x + attn_out
         _check("the MLP's output and its input do not add up to the layer's output", mid + mlp_out, post, label, layer)
+        width = heads * moved.shape[-1]
         for start in range(0, T, CHUNK):
             dest = slice(start, min(T, start + CHUNK))
             y = mid[dest]  # (C, D)
-            z_parts = pattern[:, dest, :].permute(1, 2, 0)[..., None] * moved[None]  # (C, T_src, H, D)
-            p_attn = proximity(z_parts, y[:, None, None, :])
+            sources = dest.stop  # causal: a destination reads no later source
+            p_attn = torch.zeros(dest.stop - start, sources, heads, device=device)
+            step = max(1, BUDGET // ((dest.stop - start) * width))
+            for s0 in range(0, sources, step):
+                src = slice(s0, min(sources, s0 + step))
+                z_parts = pattern[:, dest, src].permute(1, 2, 0)[..., None] * moved[None, src]  # (C, S, H, D)
+                p_attn[:, src] = proximity(z_parts, y[:, None, None, :])
             p_res = proximity(x[dest], y)
             a, r = normalised(p_attn, p_res, dims=((1, 2), ()))
-            attn_imp[layer, dest], attn_res[layer, dest] = a.cpu(), r.cpu()
+            attn_imp[layer, dest, :sources], attn_res[layer, dest] = a.cpu(), r.cpu()
         m, r = normalised(proximity(mlp_out, post), proximity(mid, post), dims=((), ()))
         mlp_imp[layer], mlp_res[layer] = m.cpu(), r.cpu()
     t2 = time.process_time()

@@ -274,3 +274,63 @@ def strip_rows(result: Generation) -> list[dict]:
             row[f"{strip.lens}: top-1 from state"] = "not the model's top-1" if stays is None else str(stays)
         rows.append(row)
     return rows
+
+
+GRAPH_COLOURS = {"attn": "#1f77b4", "attn_residual": "#bbbbbb", "mlp": "#ff7f0e", "mlp_residual": "#bbbbbb"}
+GRAPH_KINDS = {"attn": "attention edge (source → destination)", "attn_residual": "residual past attention",
+               "mlp": "MLP", "mlp_residual": "residual past the MLP"}
+
+
+def contribution_graph_figure(graph) -> go.Figure:
+    """The contribution graph (analysis/residual/contributions.py) over (position, state): state s is the
+    residual stream after s layers (0: the embeddings), s + ½ the stream after layer s's attention; each kept
+    edge drawn with a width that grows with its importance."""
+    fig = go.Figure()
+    for kind, colour in GRAPH_COLOURS.items():
+        for low, high, width in ((0.0, 0.1, 1.0), (0.1, 0.3, 2.5), (0.3, 1.01, 5.0)):
+            xs, ys = [], []
+            for e in graph.edges:
+                if e.kind == kind and low <= e.weight < high:
+                    bottom = e.layer + (0.5 if kind.startswith("mlp") else 0.0)
+                    xs += [e.source, e.target, None]
+                    ys += [bottom, bottom + 0.5, None]
+            if xs:
+                fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"color": colour, "width": width},
+                                         hoverinfo="skip", showlegend=False))
+    hx, hy, text = [], [], []
+    for e in graph.edges:
+        bottom = e.layer + (0.5 if e.kind.startswith("mlp") else 0.0)
+        hx.append((e.source + e.target) / 2)
+        hy.append(bottom + 0.25)
+        top = ""
+        if e.heads:
+            h = max(range(len(e.heads)), key=lambda k: e.heads[k])
+            top = f"<br>largest head: L{e.layer}H{h} ({e.heads[h]:.3f})"
+        text.append(f"{GRAPH_KINDS[e.kind]}, layer {e.layer}: {e.source} → {e.target}<br>importance {e.weight:.3f}{top}")
+    for kind, colour in GRAPH_COLOURS.items():
+        if kind in ("attn", "mlp"):
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line={"color": colour, "width": 3},
+                                     name=GRAPH_KINDS[kind]))
+    fig.add_trace(go.Scatter(x=hx, y=hy, mode="markers", marker={"size": 6, "color": "rgba(0,0,0,0.15)"},
+                             hovertext=text, hoverinfo="text", showlegend=False))
+    fig.add_trace(go.Scatter(x=[graph.position], y=[graph.layers], mode="markers", name="output node",
+                             marker={"size": 12, "symbol": "star", "color": "#d62728"}))
+    fig.update_xaxes(tickvals=list(range(len(graph.tokens))), ticktext=_tokens(graph.tokens), title="position",
+                     range=[-0.5, len(graph.tokens) - 0.5])
+    fig.update_yaxes(title=STATE_AXIS, range=[-0.3, graph.layers + 0.3])
+    set_title(fig, f"Contribution graph from {graph.position}: {graph.nodes} of {graph.possible_nodes} nodes kept "
+                   f"(τ = {graph.threshold}); kept edges carry {graph.kept_share:.0%} of each kept node's importance")
+    legend_below(fig)
+    fig.update_layout(height=max(360, 22 * graph.layers + 160))
+    return fig
+
+
+def graph_path_rows(graph, top: int = 8) -> list[dict]:
+    """The strongest kept path from each source position's embedding to the output node."""
+    rows = []
+    for j in graph.ranked_sources(skip_own=False)[:top]:
+        hops = [f"L{e.layer}H{max(range(len(e.heads)), key=lambda k: e.heads[k])} {e.source}→{e.target}"
+                for e in graph.best_path[j] if e.kind == "attn"]
+        rows.append({"position": j, "token": graph.tokens[j], "strongest path": round(graph.source_strength[j], 4),
+                     "attention hops (largest head)": ", ".join(hops) or "residual only"})
+    return rows

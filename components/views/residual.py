@@ -223,6 +223,42 @@ def show_lens(page: Page, params: residual.ResidualParams, seen: residual.Inspec
     share_bar("residual", title=f"Residual stream ({residual.LENSES.label(params.lens)}) on {page.handle.spec.label}",
               params=params.to_dict(), result=seen, model=page.handle.spec.label,
               figures={"Lens": grid, "Logit attribution": dla}, tables={"last position": F.last_position_rows(seen)})
+    show_graph(page, seen)
+
+
+def show_graph(page: Page, seen: residual.Inspection) -> None:
+    """The contribution graph of the lens's prompt (Ferrando & Voita 2024), on request: about one more forward."""
+    st.subheader("Contribution graph")
+    if not st.toggle("Build the contribution graph of this prompt", key="rs_graph_on",
+                     help="Which attention edges and MLPs carry the prediction, from one forward (Ferrando & Voita "
+                          "2024, *Information flow routes*)."):
+        return
+    c0, c1 = st.columns(2)
+    tau = c0.slider("Threshold τ", 0.0, 0.5, 0.04, 0.01, key="rs_graph_tau",
+                    help="Edges whose importance exceeds τ are kept, from the output node down.")
+    last = len(seen.tokens) - 1
+    position = c1.number_input("From position", 0, last, last, key="rs_graph_position",
+                               help="The token whose prediction the graph explains (default: the last).")
+    from analysis.residual.contributions import contribution_graph
+
+    key = (page.handle.spec.label, seen.prompt, float(tau), int(position))
+    cached = st.session_state.get("rs_graph_result")
+    if cached is None or cached[0] != key:
+        cached = None
+        with analysis_errors(stop=False), st.spinner("Decomposing every layer's attention and MLP ..."):
+            cached = (key, contribution_graph(page.handle, seen.prompt, threshold=float(tau), position=int(position)))
+        st.session_state["rs_graph_result"] = cached
+        if cached is None:
+            return
+    graph = cached[1]
+    st.plotly_chart(F.contribution_graph_figure(graph), key="rs_fig_graph")
+    st.dataframe(F.graph_path_rows(graph), hide_index=True)
+    explain("Every block adds to the residual stream, so what it writes is a sum of parts: attention's parts are "
+            "what each head moves from each earlier position (attention weight × value through the output "
+            "projection), the MLP's is its output; the residual itself is one more part. A part's importance is "
+            "its proximity to the sum, max(0, ‖y‖₁ − ‖y − part‖₁), as a share of all parts' (Ferrando & Voita "
+            "2024). From the output node (star) down, edges above τ are kept. A path's strength is the product of "
+            "its importances; the table lists each position's strongest path to the output.")
 
 
 def patching_headline(params: residual.ResidualParams, result: residual.Patching) -> Headline:

@@ -78,3 +78,41 @@ def test_the_position_can_be_any_token_and_the_cost_is_one_forward(shapes):
 def test_a_model_it_cannot_decompose_is_refused(tiny_gpt2):
     with pytest.raises(ResidualError, match="contribution graph"):
         contribution_graph(tiny_gpt2, "a b c")
+
+
+def test_the_command_line_prints_the_graph_as_json(shapes, capsys):
+    import json
+
+    from analysis.residual.cli import cli
+    from analysis.residual.contributions import ContributionGraph
+
+    assert cli(["graph", "--model", "zoo:shapes-lm", "--pair", "needle-0", "--threshold", "0.08", "--json"]) == 0
+    got = ContributionGraph.from_dict(json.loads(capsys.readouterr().out))
+    assert got.threshold == 0.08 and got.ranked_sources()[0] == 15  # the needle's value, token 15
+    assert got.best_path[15][0].source == 15
+    assert cli(["graph", "--model", "zoo:shapes-lm", "--pair", "needle-0", "--position", "5"]) == 0
+    assert "from position 5" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("family, works", [("llama", True), ("mistral-sliding", True), ("qwen2", True),
+                                           ("qwen3", True), ("gemma2", False), ("phi3", False), ("opt", False)])
+def test_families_are_decomposed_or_refused_in_words(family, works):
+    from analysis.model_access import tiny_models
+    from analysis.model_access.models import ModelHandle, describe
+
+    model, tok, _ = tiny_models.build_tiny(family)
+    handle = ModelHandle(spec=ModelSpec("local", f"tiny-{family}"), model=model, kind="causal_lm",
+                         info=describe(model, "causal_lm"), language_model=model, tokenizer=tok)
+    if works:  # the decomposition adds up to the captured outputs (else it refuses): importances sum to 1
+        g = contribution_graph(handle, "a b c d e", threshold=0.0)
+        imp = importances(handle, encoded(handle, "a b c d e", "prompt"))
+        sums = imp.attn.sum((2, 3)) + imp.attn_residual
+        assert float((sums - 1).abs().max()) < 1e-5 and g.edges
+    else:
+        with pytest.raises(ResidualError, match="contribution graph cannot"):
+            contribution_graph(handle, "a b c d e")
+
+
+def test_a_vlms_language_model(tiny_llava):
+    g = contribution_graph(tiny_llava, "a b c d e", threshold=0.02)
+    assert g.layers == 2 and g.edges and g.best_path[g.position]

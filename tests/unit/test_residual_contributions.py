@@ -118,3 +118,27 @@ def test_the_graph_is_built_top_down_from_the_output_node():
     assert strength == pytest.approx([0.5 * 0.6, 0.0, 0.5 * 0.39])
     assert [e.kind for e in paths[0]] == ["attn_residual", "mlp_residual", "attn", "mlp"]
     assert share == pytest.approx((1.0 + 0.99 + 1.0 + 1.0 + 1.0 + 1.0) / 6)
+
+
+def test_the_docs_quote_the_graph_benchmark():
+    import json
+
+    from analysis.framework.paths import DOCS, RESULTS
+
+    doc = (DOCS / "readme_residual.md").read_text()
+    rows = {r["model"]: r for r in json.loads((RESULTS / "residual_graph.json").read_text())}
+    shapes, real = rows["zoo:shapes-lm"], rows["zoo:smollm2-135m-instruct"]
+    assert f"shapes-lm ({shapes['tokens']} tokens) {shapes['ratio_cpu']:.2f}× (its captured forward " \
+           f"{shapes['captured_forward_ratio']:.2f}×" in doc
+    assert f"({real['tokens']} tokens)\n{real['ratio_cpu']:.2f}× (captured forward {real['captured_forward_ratio']:.2f}×)" in doc
+    assert real["ratio_cpu"] < 2.0  # one forward plus the decomposition, never a forward per edge
+
+
+def test_chunks_of_destinations_and_sources_give_the_same_importances(llama, monkeypatch):
+    import analysis.residual.contributions as module
+
+    whole = importances(llama, torch.tensor([IDS]))
+    monkeypatch.setattr(module, "CHUNK", 3)
+    monkeypatch.setattr(module, "BUDGET", 3 * 32 * 4 * 2)  # two sources at a time
+    cut = importances(llama, torch.tensor([IDS]))
+    assert torch.equal(whole.attn, cut.attn) and torch.equal(whole.attn_residual, cut.attn_residual)
