@@ -112,8 +112,12 @@ def show_lens(page: Page, params: residual.ResidualParams, seen: residual.Inspec
     row.metric("The model predicts", repr(seen.prediction))
     row.metric("Target", repr(seen.target), f"P = {seen.lens.target_prob[-1][-1]:.2f} at the last layer",
                delta_color="off")
-    first = next((i for i, r in enumerate(seen.lens.target_rank) if r[-1] == 0), None)
-    row.metric("Target first on top at layer", "never" if first is None else str(first))
+    ranks = [r[-1] for r in seen.lens.target_rank]
+    first = next((i for i, r in enumerate(ranks) if r == 0), None)
+    stays = next((i for i in range(len(ranks)) if all(r == 0 for r in ranks[i:])), None)
+    row.metric("Target on top from state", f"{stays} on" if stays is not None else
+               f"— the model says {seen.prediction!r}", "never on top" if first is None else
+               f"first on top at state {first}", delta_color="off")
     row.metric("Last layer vs the model's logits", f"{seen.lens.last_gap:.1e}", "max |difference|", delta_color="off")
     colour = page.control("colour", width="content")
     grid = F.lens_figure(seen, colour)
@@ -193,7 +197,8 @@ def show_pairs(page: Page, params: residual.ResidualParams, result: residual.Pai
             "rest. The known pattern of factual recall (Meng et al. 2022): the subject's token carries the fact "
             "through the early and middle layers, then the last token takes it over.")
     rows = [{"pair": r.name, "clean diff": round(r.clean_diff, 2), "corrupted diff": round(r.corrupt_diff, 2),
-             "subject's last token": r.subject} for r in result.runs]
+             "subject's last token": r.subject, "r (exact vs attribution, this pair)": round(r.correlation, 3)}
+            for r in result.runs]
     st.dataframe(rows, hide_index=True)
     if result.skipped:
         st.caption(f"Skipped (the two prompts differ in length here): {', '.join(result.skipped)}")
