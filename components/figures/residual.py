@@ -10,7 +10,7 @@ from analysis.residual import Generation, Inspection, Patching, PairSweep, SideB
 from components.figures.memo import shared_figure
 from components.figures.text import legend_below, panel_titles, set_title
 
-STATE_AXIS = "state s (after s layers = entering layer s; 0: embeddings)"  # one word for rows, lens and patching
+STATE_AXIS = "state s = after s layers (0: embeddings)"  # one word for rows, lens and patching (= entering layer s)
 PATCH_AXIS = STATE_AXIS
 SHARE = "share of the logit difference recovered"
 DIVERGING = "RdBu_r"
@@ -235,7 +235,7 @@ def strip_figure(result: Generation, definition: str = "first") -> go.Figure:
                         mode="markers", marker=dict(symbol=symbol, size=10, color=colour, line=dict(width=1, color="white")),
                         name=f"{strip.lens} lens: {COMMIT_LABELS[definition]}", row=1, col=1)
     fig.add_bar(x=tokens, y=result.prob, marker_color="#7f7f7f", name="P(token)", showlegend=False, row=2, col=1)
-    fig.update_yaxes(title_text=STATE_AXIS, range=[-0.5, states - 0.5], row=1, col=1)
+    fig.update_yaxes(title_text="state s (after s layers)", range=[-0.5, states - 0.5], row=1, col=1)
     fig.update_yaxes(title_text="P", range=[0, 1], row=2, col=1)
     fig.update_xaxes(title_text="generated token", tickangle=-45, row=2, col=1)
     fig.update_layout(height=max(420, 14 * states + 300))

@@ -216,7 +216,8 @@ def show_generation(page: Page, params: residual.ResidualParams, result: residua
                delta_color="off")
     row.metric("Mean P(token)", f"{sum(result.prob) / max(1, len(result.prob)):.2f}")
     row.metric("States read over the whole vocabulary", f"{main.full_rows} of {main.rows}",
-               "the rest ruled out by a candidate token", delta_color="off")
+               "every state" if main.full_rows == main.rows else "the rest ruled out by a candidate token",
+               delta_color="off")
     st.markdown(f"{escape_markdown(result.prompt)} **→** {escape_markdown(result.text)}")
     definition = page.control("commit", width="content")
     fig = F.strip_figure(result, definition)
