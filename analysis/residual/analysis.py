@@ -268,7 +268,8 @@ def pair_sweep(handle: ModelHandle, params: ResidualParams, progress: Progress |
         m_c, m_x, shares, _ = patch_problem(handle, problem, ["residual"], ["exact", "attribution"], params.batch, sub)
         changed = (problem.clean[0] != problem.corrupt[0]).nonzero().flatten().tolist()
         exact, attr = shares[("residual", "exact")], shares[("residual", "attribution")]
-        runs.append(PairRun(pair.name, m_c, m_x, changed[-1], exact.tolist(), attr.tolist()))
+        runs.append(PairRun(pair.name, m_c, m_x, changed[-1], exact.tolist(), attr.tolist(),
+                            _pearson(exact.flatten().tolist(), attr.flatten().tolist())))
         cells_exact += exact.flatten().tolist()
         cells_attr += attr.flatten().tolist()
     if not runs:
@@ -277,7 +278,15 @@ def pair_sweep(handle: ModelHandle, params: ResidualParams, progress: Progress |
                      subject=_mean_at(runs, "exact", "subject"), last=_mean_at(runs, "exact", "last"),
                      other=_mean_at(runs, "exact", "other"), subject_attribution=_mean_at(runs, "attribution", "subject"),
                      last_attribution=_mean_at(runs, "attribution", "last"),
-                     correlation=_pearson(cells_exact, cells_attr), skipped=skipped)
+                     correlation=_pearson(cells_exact, cells_attr), skipped=skipped,
+                     median_correlation=_median([r.correlation for r in runs]))
+
+
+def _median(values: list[float]) -> float:
+    import statistics
+
+    kept = [v for v in values if v == v]  # NaN: a pair whose cells do not vary
+    return statistics.median(kept) if kept else float("nan")
 
 
 def _mean_at(runs: list[PairRun], method: str, where: str) -> list[float]:

@@ -61,7 +61,7 @@ def print_patching(r) -> None:
 
 def print_sweep(r) -> None:
     print(f"{r.model}: {len(r.runs)} pairs (skipped: {', '.join(r.skipped) or 'none'}); exact vs attribution "
-          f"r = {r.correlation:.3f}\n")
+          f"r = {r.correlation:.3f} over every cell, median of the pairs' own r = {r.median_correlation:.3f}\n")
     _table([[i, r.subject[i], r.last[i], r.other[i], r.subject_attribution[i], r.last_attribution[i]]
             for i in range(r.layers)],
            ["state", "subject's last token", "last token", "other", "subject (attribution)", "last (attribution)"])

@@ -36,6 +36,7 @@ from analysis.residual.records import Generation, Strip
 
 MARGIN = 1e-4  # relative: a candidate rules a state out only when it beats the token by more than this
 CHUNK = 32  # states read over the whole vocabulary per product
+SMALL = 1 << 21  # states x vocabulary up to which reading everything at once beats screening (Python per step)
 CANDIDATES_PER_ROW = 4  # top tokens of each fully read state added to the candidates
 MODEL_TOP = 4  # the model's own top tokens at each step, candidates from the start
 
@@ -132,12 +133,14 @@ def commitment_strip(handle: ModelHandle, lens: Lens, states: torch.Tensor, logi
     with torch.no_grad():
         own = _scores(lm, x, weight, bias, row_token)  # each state's logit of its own token
         while len(open_rows):
-            fresh = sorted(candidates - tried)  # a row that survived a candidate survives it again
-            tried |= candidates
-            open_rows = _rule_out(lm, x, weight, bias, own, open_rows, fresh)
-            if not len(open_rows):
-                break
-            chunk = _spread(open_rows, CHUNK)
+            small = len(open_rows) * weight.shape[0] <= SMALL  # a small vocabulary: one product reads them all
+            if not small:
+                fresh = sorted(candidates - tried)  # a row that survived a candidate survives it again
+                tried |= candidates
+                open_rows = _rule_out(lm, x, weight, bias, own, open_rows, fresh)
+                if not len(open_rows):
+                    break
+            chunk = open_rows if small else _spread(open_rows, CHUNK)
             rest = open_rows[~torch.isin(open_rows, chunk)]
             full = capped(lm, torch.nn.functional.linear(x[chunk], weight, bias)).float()
             on = (full.argmax(-1) == row_token[chunk]).cpu()

@@ -123,6 +123,7 @@ class PairRun(Result):
     subject: int  # the last changed position
     exact: list[list[float]]  # residual share [layer][position]
     attribution: list[list[float]]
+    correlation: float = math.nan  # Pearson r of exact vs attribution over this pair's cells
 
 
 @dataclass
@@ -139,6 +140,7 @@ class PairSweep(Result):
     last_attribution: list[float]
     correlation: float  # Pearson r of exact vs attribution over every cell of every pair
     skipped: list[str] = field(default_factory=list)  # pairs whose prompts differ in length here
+    median_correlation: float = math.nan  # the median over pairs of each pair's own r
 
 
 @dataclass

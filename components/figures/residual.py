@@ -10,8 +10,8 @@ from analysis.residual import COMPONENTS, Generation, Inspection, Patching, Pair
 from components.figures.memo import shared_figure
 from components.figures.text import legend_below, panel_titles, set_title
 
-STATE_AXIS = "after layer (0: embeddings)"
-PATCH_AXIS = "entering layer (0: embeddings)"
+STATE_AXIS = "state s = after s layers (0: embeddings)"  # one word for rows, lens and patching (= entering layer s)
+PATCH_AXIS = STATE_AXIS
 SHARE = "share of the logit difference recovered"
 DIVERGING = "RdBu_r"
 A_COLOUR, B_COLOUR = "#1f77b4", "#d62728"
@@ -179,8 +179,8 @@ def side_figure(result: SideBySide) -> go.Figure:
                 marker_color="#7f7f7f", opacity=0.5, row=1, col=1)
     fig.add_bar(x=states, y=result.kl_diff, showlegend=False, marker_color="#7f7f7f", opacity=0.5, row=1, col=2)
     fig.add_bar(x=layers, y=result.dla_diff, showlegend=False, marker_color="#7f7f7f", opacity=0.5, row=1, col=3)
-    fig.update_xaxes(title_text="layer (0 = embeddings)", row=1, col=1)
-    fig.update_xaxes(title_text="layer (0 = embeddings)", row=1, col=2)
+    fig.update_xaxes(title_text=STATE_AXIS, row=1, col=1)
+    fig.update_xaxes(title_text=STATE_AXIS, row=1, col=2)
     fig.update_xaxes(title_text="layer", row=1, col=3)
     fig.update_yaxes(title_text="probability", row=1, col=1)
     fig.update_yaxes(title_text="nats", row=1, col=2)
@@ -205,13 +205,16 @@ def sweep_figure(result: PairSweep) -> go.Figure:
     fig.update_yaxes(title_text=f"{SHARE} (mean over pairs)")
     fig.update_layout(height=420)
     return legend_below(set_title(fig, f"Residual patching over {len(result.runs)} pairs "
-                                       f"(exact vs attribution r = {result.correlation:.2f})", chars=80))
+                                       f"(exact vs attribution r = {result.correlation:.2f} over every cell"
+                                       + ("" if result.median_correlation != result.median_correlation else
+                                          f", median of each pair's own r = {result.median_correlation:.2f}")
+                                       + ")", chars=80))
 
 
 def last_position_rows(result: Inspection) -> list[dict]:
     """Per layer, at the last position: the lens's top token, P(target), its rank, KL to the final layer."""
     lens = result.lens
-    return [{"layer": i, "top token": visible(lens.top_tokens[i][-1][0]), "P(top)": round(lens.top_probs[i][-1][0], 3),
+    return [{"state": i, "top token": visible(lens.top_tokens[i][-1][0]), "P(top)": round(lens.top_probs[i][-1][0], 3),
              f"P({result.target.strip()})": round(lens.target_prob[i][-1], 3), "target rank (1 = top)": lens.target_rank[i][-1] + 1,
              "KL to final (nats)": round(lens.kl[i][-1], 3)} for i in range(len(lens.kl))]
 
@@ -224,7 +227,7 @@ def peak_rows(result: Patching, component: str, top: int = 5) -> list[dict]:
         rows = []
         for i, row in enumerate(grid.share):
             j = max(range(len(row)), key=lambda k: row[k])
-            rows.append({"layer": i, "position": j, "token": result.clean_tokens[j], "share there": round(row[j], 3),
+            rows.append({"state": i, "position": j, "token": result.clean_tokens[j], "share there": round(row[j], 3),
                          "share at the last token": round(row[-1], 3)})
         return rows
     cells = sorted(((v, i, j) for i, row in enumerate(grid.share) for j, v in enumerate(row)), reverse=True)[:top]
@@ -255,7 +258,7 @@ def strip_figure(result: Generation, definition: str = "first") -> go.Figure:
                         mode="markers", marker=dict(symbol=symbol, size=10, color=colour, line=dict(width=1, color="white")),
                         name=f"{strip.lens} lens: {COMMIT_LABELS[definition]}", row=1, col=1)
     fig.add_bar(x=tokens, y=result.prob, marker_color="#7f7f7f", name="P(token)", showlegend=False, row=2, col=1)
-    fig.update_yaxes(title_text="state s (after s layers; 0: embeddings)", range=[-0.5, states - 0.5], row=1, col=1)
+    fig.update_yaxes(title_text="state s (after s layers)", range=[-0.5, states - 0.5], row=1, col=1)
     fig.update_yaxes(title_text="P", range=[0, 1], row=2, col=1)
     fig.update_xaxes(title_text="generated token", tickangle=-45, row=2, col=1)
     fig.update_layout(height=max(420, 14 * states + 300))

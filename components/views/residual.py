@@ -190,11 +190,15 @@ class ResidualView(View):
 
 
 def lens_headline(page: Page, seen: residual.Inspection) -> Headline:
-    first = next((i for i, r in enumerate(seen.lens.target_rank) if r[-1] == 0), None)
+    ranks = [r[-1] for r in seen.lens.target_rank]
+    first = next((i for i, r in enumerate(ranks) if r == 0), None)
+    stays = next((i for i in range(len(ranks)) if all(r == 0 for r in ranks[i:])), None)
     metrics = (Metric("The model predicts", repr(seen.prediction)),
                Metric("Target", repr(seen.target), f"P = {seen.lens.target_prob[-1][-1]:.2f} at the last layer",
                       delta_color="off"),
-               Metric("Target first on top at layer", "never" if first is None else str(first)),
+               Metric("Target on top from state", f"{stays} on" if stays is not None else
+                      f"— the model says {seen.prediction!r}", "never on top" if first is None else
+                      f"first on top at state {first}", delta_color="off"),
                Metric("Last layer vs the model's logits", f"{seen.lens.last_gap:.1e}", "max |difference|",
                       delta_color="off"))
     colour = page.control("colour", page.headline_controls, width="content")
@@ -318,7 +322,8 @@ def show_pairs(page: Page, params: residual.ResidualParams, result: residual.Pai
             "rest. The known pattern of factual recall (Meng et al. 2022): the subject's token carries the fact "
             "through the early and middle layers, then the last token takes it over.")
     rows = [{"pair": r.name, "clean diff": round(r.clean_diff, 2), "corrupted diff": round(r.corrupt_diff, 2),
-             "subject's last token": r.subject} for r in result.runs]
+             "subject's last token": r.subject, "r (exact vs attribution, this pair)": round(r.correlation, 3)}
+            for r in result.runs]
     table(rows)
     if result.skipped:
         st.caption(f"Skipped (the two prompts differ in length here): {', '.join(result.skipped)}")
@@ -335,7 +340,8 @@ def generation_headline(page: Page, result: residual.Generation) -> Headline:
                       delta_color="off"),
                Metric("Mean P(token)", f"{sum(result.prob) / max(1, len(result.prob)):.2f}"),
                Metric("States read over the whole vocabulary", f"{main.full_rows} of {main.rows}",
-                      "the rest ruled out by a candidate token", delta_color="off"))
+                      "every state" if main.full_rows == main.rows else "the rest ruled out by a candidate token",
+                      delta_color="off"))
     return Headline(metrics, page.strip_figure, key="rs_fig_strip",
                     caption=f"{escape_markdown(result.prompt)} **→** {escape_markdown(result.text)}")
 

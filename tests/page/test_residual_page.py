@@ -24,6 +24,8 @@ def test_lens_view_ends_at_the_models_logits_and_explains_itself():
     assert metric_starting(at, "Last layer vs the model's logits").value == "0.0e+00"
     rows = table_with(at, "KL to final (nats)").to_dict("records")
     assert len(rows) == 5 and rows[-1]["KL to final (nats)"] == 0.0 and rows[-1]["target rank (1 = top)"] == 1
+    on_top = metric_starting(at, "Target on top from state")  # needle-0's answer, from state 1 on
+    assert on_top.value == f"{next(r['state'] for r in rows if all(x['target rank (1 = top)'] == 1 for x in rows[r['state']:]))} on"
     assert len(at.get("plotly_chart")) == 3  # lens grid, per-layer curves, logit attribution
     assert any("final norm and unembedding" in e.value for e in list(at.caption) + list(at.markdown))
     assert at.query_params["view"] == ["lens"] or at.query_params["view"] == "lens"
@@ -58,6 +60,16 @@ def test_all_pairs_view_lists_every_offered_pair():
     _ok(at)
     rows = table_with(at, "subject's last token").to_dict("records")
     assert len(rows) == 9 and all(r["clean diff"] > 0 > r["corrupted diff"] for r in rows)
+    # each pair's own r (exact vs attribution over its cells) beside the pooled r; the median of them in the title
+    from analysis.model_access.models import load_model
+    from analysis.residual import ResidualParams, pair_sweep
+    import numpy as np
+
+    sweep = pair_sweep(load_model(ModelSpec("zoo", "shapes-lm")), ResidualParams())
+    own = [float(np.corrcoef(np.ravel(r.exact), np.ravel(r.attribution))[0, 1]) for r in sweep.runs]
+    assert [r["r (exact vs attribution, this pair)"] for r in rows] == pytest.approx(own, abs=1e-3)
+    assert sweep.median_correlation == pytest.approx(float(np.median(own)), abs=1e-9)
+    assert f"median of each pair's own r = {np.median(own):.2f}" in str(at.get("plotly_chart")[0].proto.spec)
 
 
 def test_bad_own_pairs_and_missing_lenses_are_one_line(tiny_llama_dir):

@@ -44,3 +44,34 @@ def test_the_step_size_comparison_on_the_real_model_comes_from_its_run():
     assert all(sgd[i] > logit[i] for i in range(1, 30)) and all(adam[i] < logit[i] for i in range(30))
     for state in (0, 1, 10, 20, 25, 28, 29):
         assert f"| {state} | {logit[state]:.2f} | {sgd[state]:.2f} | {adam[state]:.2f} |" in DOC, state
+
+
+def test_commitment_strip_numbers_come_from_the_benchmark():
+    import statistics
+
+    runs = {r["model"]: r for r in _result("residual_generate.json")["runs"]}
+    for r in runs.values():
+        row = (f"| {r['model']} | {r['generated']} × {r['layers']} | {r['states_read_in_full']} | "
+               f"{r['ratio_cpu']:.2f} | {r['naive_ratio_cpu']:.2f} | {r['ratio_wall']:.2f} |")
+        assert row in DOC, row
+        assert r["ratio_cpu"] <= 1.2
+    real = runs["zoo:smollm2-135m-instruct"]
+    layers, n = real["layers"], real["generated"]
+    assert real["first"][0] == real["stays"][0] == layers  # ' Paris': only the output has it on top
+    at_output = sum(s == layers for s in real["stays"])
+    differ = sum(f != s for f, s in zip(real["first"], real["stays"]))
+    early = sum(f is not None and f <= 5 for f in real["first"])
+    assert f"{at_output} of the {n} tokens" in DOC and f"{differ} of the {n}" in DOC and f"{early} tokens" in DOC
+    assert f"median {statistics.median(real['first']):g}" in DOC and f"median {statistics.median(real['stays']):g}" in DOC
+
+
+def test_per_pair_correlations_come_from_the_sweep():
+    import numpy as np
+
+    for r in _result("residual_factual.json")["results"]:
+        own = [float(np.corrcoef(np.ravel(x["exact"]), np.ravel(x["attribution"]))[0, 1]) for x in r["sweep"]["runs"]]
+        if "smollm2" in r["model"]:
+            assert (f"the median of\nthe {len(own)} pairs' own r is {np.median(own):.2f}, from {min(own):.2f} to "
+                    f"{max(own):.2f}") in DOC
+        else:
+            assert f"shapes-lm's {len(own)} pairs: {np.median(own):.2f}, pooled {r['sweep']['correlation']:.2f}" in DOC

@@ -19,6 +19,14 @@ from analysis.residual.generation import CHUNK
 from analysis.residual.prompts import prompt_ids
 from analysis.world.tokenizer import make_word_tokenizer
 
+@pytest.fixture(autouse=True)
+def screened(monkeypatch):
+    """These models' vocabularies are small enough to be read at once; the tests prove the screening path."""
+    from analysis.residual import generation
+
+    monkeypatch.setattr(generation, "SMALL", 0)
+
+
 NEAR = 1e-4  # states whose top two logits are closer than this (float64) are not compared: float32 may swap them
 
 
@@ -151,8 +159,13 @@ def test_candidates_rule_out_most_states_yet_the_table_is_the_full_readouts(monk
     screened = generate(h, params).strip("logit")
     from analysis.residual import generation
 
+    monkeypatch.setattr(generation, "SMALL", 1 << 30)  # a small vocabulary read at once: the same table
+    at_once = generate(h, params).strip("logit")
+    assert at_once.full_rows == at_once.rows and at_once.top1 == screened.top1
+    monkeypatch.setattr(generation, "SMALL", 0)
     monkeypatch.setattr(generation, "_rule_out", lambda lm, x, w, b, own, rows, cands: rows)
     full = generate(h, params).strip("logit")
     assert full.full_rows == full.rows
     assert screened.full_rows < screened.rows and screened.top1 == full.top1
+    assert screened.first_prob == full.first_prob
     assert CHUNK >= 1
