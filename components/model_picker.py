@@ -132,6 +132,8 @@ def current_handle() -> ModelHandle | None:
             st.caption(f"Showing the default model, {hosting.escape_markdown(default_spec().label)}, instead.")
             handle = try_load(default_spec())
         return handle
+    if spec.source == "local" and short_local(spec) != spec:  # set by a full path: named by its folder from now on
+        st.session_state[STATE_KEY] = spec = short_local(spec)
     if _refusal(spec):  # the configuration changed under the session
         st.session_state.pop(STATE_KEY, None)
         return current_handle()
