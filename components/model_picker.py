@@ -18,8 +18,8 @@ import streamlit as st
 
 from analysis import backends
 from analysis.backends import ndif
-from analysis.model_access.models import (ModelHandle, ModelLoadError, ModelSpec, all_zoo_models, load_model,
-                                          short_local, zoo_models)
+from analysis.model_access.models import (ModelHandle, ModelLoadError, ModelSpec, all_zoo_models, allowed_roots,
+                                          load_model, resolve_folder, zoo_models)
 from analysis.model_access import real_models
 from components import hosting
 
@@ -57,6 +57,23 @@ def _spec_from_url() -> ModelSpec | None:
         return ModelSpec.parse(text)
     except Exception:
         return None
+
+
+def short_local(spec: ModelSpec) -> ModelSpec:
+    """A local model by its path under its allowed root (`local:my-model`), not the server's full path, where
+    that name finds the same folder again; any other spec as it is."""
+    if spec.source != "local":
+        return spec
+    try:
+        path = resolve_folder(spec)
+        for root in allowed_roots():
+            short = ModelSpec(spec.source, str(path.relative_to(root)), spec.revision, spec.dtype) \
+                if root in path.parents else None
+            if short is not None and resolve_folder(short) == path:
+                return short
+    except ModelLoadError:
+        pass
+    return spec
 
 
 def try_load(spec: ModelSpec, *, borrowed: tuple[str, str] | None = None) -> ModelHandle | None:
@@ -115,6 +132,8 @@ def current_handle() -> ModelHandle | None:
             st.caption(f"Showing the default model, {hosting.escape_markdown(default_spec().label)}, instead.")
             handle = try_load(default_spec())
         return handle
+    if spec.source == "local" and short_local(spec) != spec:  # set by a full path: named by its folder from now on
+        st.session_state[STATE_KEY] = spec = short_local(spec)
     if _refusal(spec):  # the configuration changed under the session
         st.session_state.pop(STATE_KEY, None)
         return current_handle()

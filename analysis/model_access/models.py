@@ -218,9 +218,8 @@ def resolve_folder(spec: ModelSpec) -> Path:
 def _check_local(text: str) -> Path:
     if not text.strip():
         raise ModelLoadError("Enter the path of a local model folder.")
-    given = Path(text.strip()).expanduser()
-    roots = allowed_roots()
-    # a folder's name as the app shows it (`local:my-model`, see short_local): under the first root that has it
+    given, roots = Path(text.strip()).expanduser(), allowed_roots()
+    # a name as the app shows it (`local:my-model`): under the first root that has it
     under = [(r / given).resolve() for r in roots if not given.is_absolute() and (r / given).exists()]
     path = under[0] if under else given.resolve()
     if not any(path == r or r in path.parents for r in roots):
@@ -236,21 +235,6 @@ def _check_local(text: str) -> Path:
     if not path.is_dir():
         raise ModelLoadError(f"'{path}' is a file; choose the model's folder (save_pretrained layout).")
     return path
-
-
-def short_local(spec: ModelSpec) -> ModelSpec:
-    """A local model by its path under its allowed root (`local:my-model`), not the server's full path, where
-    that name finds the same folder again; any other spec as it is."""
-    if spec.source != "local":
-        return spec
-    try:
-        path = _check_local(spec.name)
-        for root in allowed_roots():
-            if root in path.parents and _check_local(str(path.relative_to(root))) == path:
-                return ModelSpec(spec.source, str(path.relative_to(root)), spec.revision, spec.dtype)
-    except ModelLoadError:
-        pass
-    return spec
 
 
 def _fetch_hub(repo_id: str, revision: str | None) -> Path:

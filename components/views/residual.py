@@ -74,6 +74,15 @@ def _others(page: Page) -> list[str]:
             if f"zoo:{n}" != page.handle.spec.label and _zoo_vocabulary(n) == mine] or [""]
 
 
+def _others_or_linked(page: Page) -> list[str]:
+    """The compatible models, and a link's own zoo model (a preset pins one): kept in the link, refused with
+    one line only where the side by side of two models would read it (`_other`)."""
+    linked = st.query_params.get("other_model")
+    offered = [o for o in _others(page) if o]
+    extra = [linked] if linked and linked.startswith("zoo:") and linked not in offered else []
+    return offered + extra or [""]
+
+
 def _refused(page: Page) -> dict[str, str]:
     """What the link asked for that this model is not offered (the other model, the lens), read before the page
     mirrors its controls into the URL: the page only ever writes offered values, so these came with a link."""
@@ -135,7 +144,7 @@ class ResidualView(View):
         lens = {} if _has_tuned_lens(page) else {"lens": {"choices": ["logit"]}}
         return {"pair": {"choices": ["", *[p.name for p in pairs], residual.OWN],
                          "format_func": lambda n: labels.get(n, n)},
-                "other_model": {"choices": _others(page), "widget": "select"}} | lens
+                "other_model": {"choices": _others_or_linked(page), "widget": "select"}} | lens
 
     def validate(self, page: Page, params: residual.ResidualParams) -> None:
         residual.validate_params(_own_pair_typed(page, params))

@@ -40,7 +40,7 @@ def test_bad_picker_input_shows_error_and_keeps_model(tiny_llama_dir, source, fi
     assert not at.exception
     errors = " ".join(e.value for e in at.error)
     assert message in errors
-    assert at.session_state["model_spec"] == ModelSpec("local", str(tiny_llama_dir))
+    assert at.session_state["model_spec"] == ModelSpec("local", "tiny-llama")  # the same folder, by its name
     assert "LlamaForCausalLM" in _table_values(at)
 
 

@@ -35,7 +35,8 @@ def _round_trip(spec: ModelSpec, page: str, query: dict[str, str], timeout: floa
     written = _params(first)
     for key, value in query.items():
         assert written.get(key) == value, f"{key}: asked {value!r}, the page wrote {written.get(key)!r}"
-    assert written["model"] == spec.label
+    # a local folder is named by its path under its allowed root, never by the server's path (issue 47)
+    assert written["model"] == (f"local:{spec.name.rsplit('/', 1)[-1]}" if spec.source == "local" else spec.label)
     second = app_with_model(None, page, query=written, timeout=timeout)  # a new session, URL only
     assert not second.exception, second.exception
     assert _params(second) == written

@@ -237,7 +237,7 @@ def _real_capital(at):  # ' France' through layer 23, the last token from 24, L2
     assert all(r["share at the last token"] >= 0.98 for r in rows[24:])
     heads = table_with(at, "head").to_dict("records")
     assert (heads[0]["layer"], heads[0]["head"]) == (23, "H4") and abs(heads[0]["share (exact)"] - 0.93) < 0.006
-    assert any("Residual: share" in str(c.proto.spec) and "r = 0.99" in str(c.proto.spec) for c in at.get("plotly_chart"))
+    assert any("Residual stream: share" in str(c.proto.spec) and "r = 0.99" in str(c.proto.spec) for c in at.get("plotly_chart"))
 
 
 def _real_tuned(at):  # tuned: Paris on top from layer 28, ' capital' at 26, rank 11,448 at 10; logit: 30, ' ', 3,384
