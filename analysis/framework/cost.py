@@ -316,7 +316,11 @@ def estimate(fn: Callable, handle: ModelHandle, params: Any, kwargs: dict | None
 # in a fresh process per run (benchmarks/memory_bench.py; table in docs/performance.md).
 
 MIB = float(2 ** 20)
-ATTENTION_COPIES = 3.0  # scores, their softmax, and the weights x values product's input copy (measured)
+# Fitted to the peak resident growth of plain eager forwards (benchmarks/memory_bench.py): SmolLM2 8 x 333
+# tokens +274 MB, shapes-lm sharpness 64 x 260: one layer's temporaries count about 3 times (the allocator
+# keeps freed blocks for reuse, the MLP's gate, up and product live together), the scores about 2.2 times.
+ACTIVATION_COPIES = 3.0
+ATTENTION_COPIES = 2.2
 RUN_OVERHEAD_MB = 10.0  # allocator arenas, Python objects and the result of any run (measured: tiny runs)
 
 
@@ -337,7 +341,7 @@ def forward_bytes(handle: ModelHandle, rows: float, length: float, keys: float |
     info = handle.info
     keys = length if keys is None else keys
     e = element_bytes(handle)
-    layer = rows * length * (4 * info.hidden_size + 3 * _intermediate(handle)) * e
+    layer = rows * length * (4 * info.hidden_size + 3 * _intermediate(handle)) * e * ACTIVATION_COPIES
     scores = rows * info.heads * length * keys * 4 * copies  # softmax is taken in float32
     return layer + scores + logits * info.vocab_size * 4
 
@@ -352,7 +356,7 @@ def memory_mb(work: Work, handle: ModelHandle) -> float:
         per_call = work.tokens / work.calls
         pairs = work.attended / work.calls
         info = handle.info
-        peak = (per_call * (4 * info.hidden_size + 3 * _intermediate(handle)) * element_bytes(handle)
+        peak = (per_call * (4 * info.hidden_size + 3 * _intermediate(handle)) * element_bytes(handle) * ACTIVATION_COPIES
                 + pairs * 2 * info.heads * 4 * ATTENTION_COPIES  # attended counts half the causal square
                 + (1 + work.logits / work.calls) * info.vocab_size * 4)
     return RUN_OVERHEAD_MB + (peak + work.held) / MIB

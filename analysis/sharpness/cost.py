@@ -15,9 +15,12 @@ from analysis.sharpness.sweep import chunks, prompt_builder, prompts_for
 # The temperature attention function with its recorder, against a plain eager call: the extra per-call
 # Python work and the second softmax pass of the adaptive rule.
 TEMPERATURE_OVERHEAD = 1.5
-# Attention score tensors alive at once in a tempered forward: the scores, the tempered scores, their
-# softmax, the recorder's entropy pass and the packed tree's float mask (measured, benchmarks/memory_bench.py).
-TEMPERATURE_COPIES = 4.0
+# Memory, fitted to peak resident growth (benchmarks/memory_bench.py: shapes-lm n = 256 x 64, SmolLM2 n = 32
+# x 8 and n = 128 x 4): attention score tensors alive at once in a tempered forward (the scores, the tempered
+# softmax, the packed tree's float mask), and what stays per layer until the forward ends, in units of the
+# residual stream (rows x tokens x d floats): 1.4 of it per layer, measured (30 layers of SmolLM2: +257 MB).
+TEMPERATURE_COPIES = 2.5
+KEPT_PER_LAYER = 1.4
 # Prompts built to count the work, over all n together: more prompts per n are extrapolated from these,
 # so that estimating costs the same for 32 prompts as for 10,000 (#50: an estimate took 620 s).
 SAMPLE_PROMPTS = 256
@@ -54,9 +57,14 @@ def sweep_work(handle: ModelHandle, params: SweepParams, kwargs: dict) -> Work:
             work.add(calls=count, tokens=rows * length * count, logits=rows * extra * count,
                      overhead=(TEMPERATURE_OVERHEAD - 1) * count,
                      attended=rows * length * (length + 1) / 2 * TEMPERATURE_OVERHEAD * count, times=rules,
-                     peak=forward_bytes(handle, rows, length, logits=rows * (extra + 1) * 2,
-                                        copies=TEMPERATURE_COPIES))
+                     peak=_peak(handle, rows, length, logits=rows * (extra + 1) * 2))
     return work
+
+
+def _peak(handle: ModelHandle, rows: int, length: int, logits: int) -> float:
+    """Bytes at the peak of one tempered forward (see TEMPERATURE_COPIES, KEPT_PER_LAYER)."""
+    kept = handle.info.layers * rows * length * handle.info.hidden_size * 4 * KEPT_PER_LAYER
+    return forward_bytes(handle, rows, length, logits=logits, copies=TEMPERATURE_COPIES) + kept
 
 
 def _scaled_chunks(prompts: list, batch: int, scale: float) -> list[tuple[list, float]]:
@@ -82,4 +90,4 @@ def prompt_work(handle: ModelHandle, params: PromptParams, kwargs: dict) -> Work
     n = len(prompt_ids(handle.tokenizer, params.text))
     return Work().add(calls=1, tokens=n, attended=n * (n + 1) / 2 * TEMPERATURE_OVERHEAD,
                       overhead=TEMPERATURE_OVERHEAD - 1, times=2,
-                      peak=forward_bytes(handle, 1, n, logits=n, copies=TEMPERATURE_COPIES))
+                      peak=_peak(handle, 1, n, logits=n))

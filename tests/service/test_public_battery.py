@@ -388,8 +388,8 @@ st.write(f"result {cached_run('rate', work, H(), P(n), label='Working')}")
 def test_visitor_over_the_rate_limit_is_told_when_to_come_back(monkeypatch, public):
     from components import runs
 
-    # (its analysis is no panel's: no estimate, which the public example's largest-run limit refuses)
-    use(monkeypatch, write_config(public, "limits.runs_per_minute = 2\nlimits.max_run_seconds = 0"))
+    # (its analysis is no panel's: no estimate, which the public example's largest-run and memory limits refuse)
+    use(monkeypatch, write_config(public, "limits.runs_per_minute = 2\nlimits.max_run_seconds = 0\nlimits.max_run_mb = 0\nlimits.server_mb = 0"))
     runs.run_store().clear()  # nothing computed by another test counts as ready
     estimated = []
     real_estimate = runs.cost.estimate
@@ -414,8 +414,8 @@ def test_rate_limit_holds_where_two_tabs_pass_the_guard_together(monkeypatch, pu
     where the computation begins, so two tabs of one visitor cannot both slip past the guard."""
     from components import limits, runs
 
-    # (its analysis is no panel's: no estimate, which the public example's largest-run limit refuses)
-    use(monkeypatch, write_config(public, "limits.runs_per_minute = 2\nlimits.max_run_seconds = 0"))
+    # (its analysis is no panel's: no estimate, which the public example's largest-run and memory limits refuse)
+    use(monkeypatch, write_config(public, "limits.runs_per_minute = 2\nlimits.max_run_seconds = 0\nlimits.max_run_mb = 0\nlimits.server_mb = 0"))
     monkeypatch.setattr(runs, "_GUARDS", [g for g in runs._GUARDS if g is not limits.check_run])
     runs.run_store().clear()  # nothing computed by another test counts as ready
     at = AppTest.from_string(RATE_PAGE, default_timeout=30)
