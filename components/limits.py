@@ -217,6 +217,13 @@ def cost_capped() -> bool:
     return bool(limits.max_run_seconds or limits.max_run_mb or limits.server_mb)
 
 
+def count_refused_view() -> None:
+    """A view refused before it ran (above the largest run) counts against the visitor's views per minute as
+    one that ran: its estimate was work the server did (#50: before, refused views cost nothing)."""
+    RUNS.wait_s(hosting.visitor_id(), hosting.settings().limits.runs_per_minute, record=True,
+                token=hosting.script_run_token())
+
+
 @contextlib.contextmanager
 def run_slot(label: str, mb: float = 0.0) -> Iterator[None]:
     """Around one heavy computation: counts its view against the visitor's per-minute limit and waits for

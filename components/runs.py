@@ -284,6 +284,7 @@ def _gate(key: RunKey, fn: Callable, handle, params, label: str, kwargs: dict,
     refusal = limits.run_refusal(fn, estimate, estimate_failed=failed, label=label)
     if refusal:  # above the instance's largest run, or training it does not allow: nothing starts
         st.warning(refusal, icon=":material/block:")
+        limits.count_refused_view()
         return False, estimate
     stopped = _stopped_runs().get(_widget_key("stop", key))
     if stopped is None and not on_demand and estimate is not None and estimate.seconds <= ASK_ABOVE_S:
