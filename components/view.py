@@ -298,8 +298,7 @@ class View:
         return {}
 
     def controls(self, page: Page) -> Any:
-        with st.container(border=True):
-            page.draw_sections(self.sections, defaults=self.defaults(page))
+        page.draw_sections(self.sections, defaults=self.defaults(page))  # in the Settings expander (its own border)
         return self.params_of(page, page.form.values)
 
     def params_of(self, page: Page, values: dict[str, Any]) -> Any:
