@@ -299,8 +299,7 @@ class View:
         return {}
 
     def controls(self, page: Page) -> Any:
-        with st.container(border=True):
-            page.draw_sections(self.sections, defaults=self.defaults(page))
+        page.draw_sections(self.sections, defaults=self.defaults(page))  # in the Settings expander (its own border)
         return self.params_of(page, page.form.values)
 
     def params_of(self, page: Page, values: dict[str, Any]) -> Any:
@@ -329,12 +328,14 @@ class View:
         render(self)
 
 
-# The first screen at 1024x768 holds the title, the headline's cards and the top of its figure: less empty space
-# above the title (Streamlit's 6rem) and headline cards as wide as their text, not a fixed share of the row
-# (five cards took two rows at 1024 px).
+# The first screen at 1024x768 holds the title, a preset's finding, the headline's cards and the top of its figure:
+# less empty space above and under the title (Streamlit's 6rem), the finding in smaller type, headline cards as wide
+# as their text, not a fixed share of the row (five cards took two rows at 1024 px).
 FIRST_SCREEN_CSS = """<style>
 [data-testid="stMainBlockContainer"] { padding-top: 3rem; }
+[data-testid="stMainBlockContainer"] h1 { padding-bottom: 0.25rem; }
 .st-key-headline [data-testid="stMetricValue"] { font-size: 1.9rem; }
+.st-key-preset_banner [data-testid="stAlert"] p { font-size: 0.9rem; line-height: 1.4; }
 </style>"""
 
 
@@ -357,7 +358,7 @@ def render(view: View) -> None:
     analysis = view.analysis
     st.html(FIRST_SCREEN_CSS)
     st.title(analysis.title)
-    banner = st.container()  # the active preset's finding: the claim the headline shows
+    banner = st.container(key="preset_banner")  # the active preset's finding: the claim the headline shows
     top = st.container(key=HEADLINE_KEY)
     top_choice, top_figure, top_controls = top.container(), top.container(), top.container()
     plain.first(view)  # the plain sentence, then the intro folded as the researcher's note (components/plain.py)

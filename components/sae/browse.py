@@ -6,8 +6,7 @@ from typing import Callable
 import streamlit as st
 
 from analysis import sae_v
-from components.common import explain, metric_row
-from components.common import table as pinned_table
+from components.common import explain, metric_row, table as pinned_table
 from components.figures import sae as figs
 from components.hosting import escape_markdown
 
@@ -143,18 +142,18 @@ def feature_tables(store: sae_v.FeatureStore, card: sae_v.FeatureCard) -> None:
     c1, c2, c3 = st.columns(3)
     with c1:
         st.markdown("**Decoder neighbours** (cosine)")
-        st.dataframe([{"feature": int(s.key), "cosine": s.value, "modality": store.features[int(s.key)].label}
-                      for s in card.neighbours], hide_index=True, key="sae_nb")
+        pinned_table([{"feature": int(s.key), "cosine": s.value, "modality": store.features[int(s.key)].label}
+                      for s in card.neighbours], key="sae_nb")
     with c2:
         st.markdown("**Co-activating features** (correlation)")
-        st.dataframe([{"feature": int(s.key), "correlation": s.value, "modality": store.features[int(s.key)].label}
-                      for s in card.coactive], hide_index=True, key="sae_co")
+        pinned_table([{"feature": int(s.key), "correlation": s.value, "modality": store.features[int(s.key)].label}
+                      for s in card.coactive], key="sae_co")
     with c3:
         st.markdown("**Quantile samples**")
-        st.dataframe([{"bin": f"{b.low:.2f}–{b.high:.2f}", "pair": e.pair,
+        pinned_table([{"bin": f"{b.low:.2f}–{b.high:.2f}", "pair": e.pair,
                        "modality": sae_v.MODALITY_NAMES[e.modality],
                        "where": store.tokens[e.pair][e.index] if e.modality == sae_v.TEXT else f"patch {e.index}",
-                       "act": e.act} for b in card.quantiles for e in b.examples], hide_index=True, key="sae_q")
+                       "act": e.act} for b in card.quantiles for e in b.examples], key="sae_q")
     explain("Neighbours: features whose decoder directions point the same way. Co-activation: Pearson correlation "
             "of activations over these tokens. Quantile samples: random tokens from each activation quintile, "
             "to see what weak activations mean, not only the strongest ones.")

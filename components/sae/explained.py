@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from analysis import sae_v
-from components.common import explain
+from components.common import explain, table as pinned_table
 from components.figures import sae as figs
 
 
@@ -50,16 +50,16 @@ def image_side(result: sae_v.InputExplanation, store: sae_v.FeatureStore, image)
         rows.append({"feature": int(s.key), "activation": s.value, "modality": card.label if card else "?",
                      "ω": card.omega if card else None,
                      "concept": figs.concept_label(card.concept_image.name) if card and card.concept_image else ""})
-    st.dataframe(rows, hide_index=True, key="sae_patch_feats")
+    pinned_table(rows, key="sae_patch_feats")
     explain("Pick a feature to see where it fires on the image, and a patch (outlined) to list every "
             "feature active there. Patches are numbered row by row from the top left.")
 
 
 def text_side(result: sae_v.InputExplanation, store: sae_v.FeatureStore, image) -> None:
     st.markdown("**Features per text token**")
-    st.dataframe([{"token": p.token, "features (activation)": ", ".join(f"{s.key} ({s.value:.2f})"
+    pinned_table([{"token": p.token, "features (activation)": ", ".join(f"{s.key} ({s.value:.2f})"
                                                                         for s in p.features[:6])}
-                  for p in result.positions if p.modality == sae_v.TEXT], hide_index=True, key="sae_tok_feats")
+                  for p in result.positions if p.modality == sae_v.TEXT], key="sae_tok_feats")
     if image is None:
         explain("Every text token with its strongest features (activation in the SAE's units).")
         return

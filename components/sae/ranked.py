@@ -7,7 +7,7 @@ from typing import Callable
 import streamlit as st
 
 from analysis import sae_v
-from components.common import charts_side_by_side, explain, metric_row
+from components.common import charts_side_by_side, explain, metric_row, table as pinned_table
 from components.figures import sae as figs
 from components.hosting import escape_markdown
 
@@ -51,8 +51,8 @@ def skipped(ranking: sae_v.Ranking) -> None:
     st.warning(f"{len(ranking.skipped)} of {ranking.rows_read} rows were left out (reported below, never used): "
                f"{len(ranking.rows)} pairs are ranked.", icon=":material/report:")
     with st.expander(f"Rows left out ({len(ranking.skipped)})"):
-        st.dataframe([{"row": s.row + 1, "image": s.image, "why": s.reason} for s in ranking.skipped],
-                     hide_index=True, key="sae_rank_skipped")
+        pinned_table([{"row": s.row + 1, "image": s.image, "why": s.reason} for s in ranking.skipped],
+                     key="sae_rank_skipped")
         explain("Row numbers are your file's line numbers (blank lines counted; a CSV's header is line 1); for a "
                 "Parquet file or a datasets folder, the table's row from 1. A row that repeats an earlier one (the "
                 "same caption and the same image, by content) is left out as a duplicate, the first kept.")
@@ -92,7 +92,7 @@ def distribution(ranking: sae_v.Ranking) -> dict:
     charts_side_by_side((dist, "sae_rank_dist"), (roc, "sae_rank_roc"))
     explain("Score per pair: its distribution for each pair kind (clean, caption of another scene, swapped "
             "attributes). ROC: the trade-off when keeping pairs above a score threshold.")
-    st.dataframe(figs.kind_summary(ranking), hide_index=True, key="sae_rank_kinds")
+    pinned_table(figs.kind_summary(ranking), key="sae_rank_kinds")
     explain("Averages per pair kind: a useful score gives clean pairs a higher mean s_i and a better (lower) "
             "mean rank than corrupted ones. ROC AUC vs clean: the chance that a clean pair outscores a pair of "
             "that kind (0.5: the score cannot see that corruption; None on the clean row, the one the others are "
@@ -120,7 +120,7 @@ def extremes(ranking: sae_v.Ranking, image_of: Callable[[sae_v.PairScore], objec
 def downloads(ranking: sae_v.Ranking, keep: float, kept: Callable[[], tuple[bytes, str]] | None) -> list[dict]:
     """The ranked table and its exports; `kept` makes the kept subset in the data's own format."""
     rows = figs.ranking_rows(ranking)
-    st.dataframe(rows, hide_index=True, height=360, key="sae_rank_table")
+    pinned_table(rows, height=360, key="sae_rank_table")
     row = st.container(horizontal=True, wrap=True, gap="small")
     row.download_button("Ranked list (CSV)", data=sae_v.ranked_text(ranking, keep, "csv"),
                         file_name="sae-v-ranking.csv", mime="text/csv", key="sae_rank_csv", on_click="ignore")
@@ -146,7 +146,7 @@ def filtering_experiment() -> None:
                 "`python benchmarks/sae_v_filtering.py` writes `benchmarks/results/sae_v_filtering.json`, "
                 "which this view then shows.")
         return
-    st.dataframe(figs.filtering_rows(results), hide_index=True, key="sae_filter_table")
+    pinned_table(figs.filtering_rows(results), key="sae_filter_table")
     st.plotly_chart(figs.filtering_figure(results), key="sae_filter_fig")
     explain("Stored results of `benchmarks/sae_v_filtering.py` (model "
             f"{results.get('model', '?')}, {results.get('scale', '')}): " + ", ".join(figs.filtering_bits(results))

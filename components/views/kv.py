@@ -190,8 +190,8 @@ def _layer_and_head(page: Page, layers: list[int], kv_heads: int, key: str = "")
     h1 = h2 = page.headline_controls.container(horizontal=True, wrap=True, vertical_alignment="bottom",
                                                 gap="small")
     layer = page.control("layer", h1, choices=list(range(len(layers))), high=len(layers) - 1,
-                         format_func=lambda i: str(layers[i]), key=f"{key}layer")
-    head = page.control("head", h2, choices=list(range(kv_heads)), high=kv_heads - 1, key=f"{key}head")
+                         format_func=lambda i: str(layers[i]), key=f"{key}layer", width=140)
+    head = page.control("head", h2, choices=list(range(kv_heads)), high=kv_heads - 1, key=f"{key}head", width=140)
     return layer, head
 
 

@@ -275,19 +275,18 @@ def show_graph(page: Page, seen: residual.Inspection) -> None:
 
 
 def patching_headline(params: residual.ResidualParams, result: residual.Patching) -> Headline:
-    metrics = [Metric("Clean: logit(target) − logit(foil)", f"{result.clean_diff:+.2f}"),
-               Metric("Corrupted", f"{result.corrupt_diff:+.2f}"),
-               Metric("Changed positions", ", ".join(map(str, result.changed)))]
-    metrics += [Metric(f"{residual.METHODS.label(name)} took", f"{seconds:.1f} s")
-                for name, seconds in result.seconds.items()]
     first = params.components[0] if params.components else None
-    return Headline(tuple(metrics), F.patch_figure(result, first) if first else None, key=f"rs_fig_patch_{first}",
-                    caption=f"Clean: {escape_markdown(repr(result.pair.clean))} · corrupted: "
-                    f"{escape_markdown(repr(result.pair.corrupt))}"
-                    + (f" · the answer enters at {escape_markdown(result.pair.where)}" if result.pair.where else ""))
+    return Headline((Metric("Clean: logit(target) − logit(foil)", f"{result.clean_diff:+.2f}"),
+                     Metric("Corrupted", f"{result.corrupt_diff:+.2f}"),
+                     Metric("Changed positions", ", ".join(map(str, result.changed)))),
+                    F.patch_figure(result, first) if first else None, key=f"rs_fig_patch_{first}")
 
 
 def show_patching(page: Page, params: residual.ResidualParams, result: residual.Patching) -> None:
+    page.headline_controls.caption(
+        f"Clean: {escape_markdown(repr(result.pair.clean))} · corrupted: {escape_markdown(repr(result.pair.corrupt))}"
+        + (f" · the answer enters at {escape_markdown(result.pair.where)}" if result.pair.where else "") + " · "
+        + ", ".join(f"{residual.METHODS.label(name)} took {seconds:.1f} s" for name, seconds in result.seconds.items()))
     figures, tables = {}, {}
     for i, name in enumerate(params.components):
         fig = F.patch_figure(result, name)

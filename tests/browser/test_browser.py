@@ -100,7 +100,14 @@ def assert_nothing_cut(page, url_path, panel):
     selects = page.evaluate(SHOWN, "[data-testid='stSelectbox']")  # [its label, value cut?]
     assert [t for t, cut in selects if cut] == []
     if url_path == "attention-sharpness":
-        # every item count is one click away (a multiselect's chips scrolled sideways and hid 64 and 128)
+        # every item count is one click away (a multiselect's chips scrolled sideways and hid 64 and 128),
+        # once the settings are open (a preset's start folded, under its finding)
+        settings = page.locator("[data-testid='stExpander'] details").filter(has_text="Settings").first
+        if not settings.evaluate("d => d.open"):
+            settings.locator("summary").first.click()
+            page.wait_for_timeout(500)
+        page.locator(".st-key-sh_ns").scroll_into_view_if_needed()  # below the finding: on screen once scrolled to
+        page.wait_for_timeout(300)
         assert options_off_screen(page, "sh_ns", ["2", "4", "8", "16", "32", "64", "128", "256", "512"]) == {}
     # inside every chart: no title, axis title, panel title or legend entry runs into another text, an
     # axis title into ticks or another panel's plot, or any of them past the chart's edge (three panels
@@ -201,6 +208,9 @@ def test_paired_charts_sit_side_by_side_when_wide_and_stack_when_narrow(browser_
     is ~260 px, the second goes under the first at full size instead of being squeezed."""
     base, page = browser_page
     page.goto(f"{base}/kv-cache")
+    screenshot.wait_rendered(page)
+    # the page shows one section at a time
+    page.locator("[data-testid='stButtonGroup'] button").filter(has_text="KL and needle survival").first.click()
     screenshot.wait_rendered(page)
     boxes = lambda: [page.locator(f".st-key-{key}").bounding_box() for key in ("kv_kl", "kv_survival")]  # noqa: E731
     try:
