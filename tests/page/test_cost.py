@@ -173,8 +173,14 @@ def test_long_work_waits_for_a_click_then_runs(tiny_llama_dir, monkeypatch):
     run = next(b for b in at.button if b.label.startswith("Run it"))
     run.click().run()
     assert not at.exception, at.exception
+    assert len(at.get("plotly_chart")) >= 1  # the headline heatmap; the other figures are in later sections
+    # the later sections are shown one at a time behind a segmented control: the result is kept, not rerun
+    at.segmented_control(key="kv_chapter").set_value("KL and needle survival").run()
+    assert not at.exception, at.exception
     assert len(at.get("plotly_chart")) >= 3
     # The budget sweep is on demand: a button, not computed with the page.
+    at.segmented_control(key="kv_chapter").set_value("Budget sweep").run()
+    assert not at.exception, at.exception
     assert any(b.label.startswith("Run") for b in at.button)
 
 

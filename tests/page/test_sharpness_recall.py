@@ -176,6 +176,9 @@ def test_adaptive_threshold_reaches_the_analysis_from_the_link(tiny_llama_dir):
     def beta_note(query):
         at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), "views/attention_sharpness.py", query)
         assert not at.exception and not at.error, [e.value for e in at.error]
+        # the β note is drawn in the "Your own prompt" section (later sections are shown one at a time)
+        at.segmented_control(key="sh_chapter").set_value("Your own prompt").run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
         return next(c.value for c in at.caption if "β applied" in c.value), at
 
     default, _ = beta_note({"ns": "4,8", "samples": "2", "layer": "1", "head": "0"})
