@@ -59,6 +59,8 @@ def settle_model(panel: str) -> None:
     handle = current_handle()
     if handle is None or (panel, handle.spec) in kept:
         return
+    if analysis.name == "sae" and st.query_params.get("sae"):  # a link naming an SAE (an outside one: checked
+        return  # against this model on the page) has something to show here; the demo model would misread it
     instead = opens_on(analysis, handle)
     if instead is not None:
         demo, why = instead

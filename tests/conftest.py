@@ -164,6 +164,17 @@ def tiny_llava(tiny_llava_dir):
     return load_model(ModelSpec("local", str(tiny_llava_dir)))
 
 
+def as_the_app_names(handle):
+    """`handle` under the name the app gives its model (components.model_picker.short_local): a local folder
+    under an allowed root is `local:tiny-llava`, not its full path. What the app keys by that name (the SAEs
+    sae_v.available_saes finds for a model) must be built under it to be found on the page."""
+    import dataclasses
+
+    from components.model_picker import short_local
+
+    return dataclasses.replace(handle, spec=short_local(handle.spec))
+
+
 def app_with_model(spec: ModelSpec | None, page: str | None = None, query: dict | None = None,
                    timeout: float = 60):
     """An AppTest of the whole app with `spec` as the session's model, switched to `page`.

@@ -22,6 +22,7 @@ from components.share import share_bar
 from components.view import Page, Section, View
 
 OWN = "own"  # the data choice "the SAE's own evaluation pairs" (URL: no `data`)
+SHOWN_KEY = "_sae_shown_for"  # (model, name) of the last SAE of a model's own this page showed
 
 
 @st.cache_resource(max_entries=4, show_spinner="Loading the feature store ...")
@@ -70,12 +71,17 @@ class SaeView(View):
         self.outside_form()
         first = next(iter(folders), "")
         linked = page.link_value("sae").strip()
+        if linked and linked not in folders and st.session_state.get(SHOWN_KEY, (handle.spec, ""))[1] == linked \
+                and st.session_state[SHOWN_KEY][0] != handle.spec:
+            linked = ""  # the SAE of the model shown before (the demo VLM's, until the visitor took theirs back)
         options = list(folders) + ([linked] if linked and linked not in folders else [])
         if not options:
             st.info("There is no SAE for this model yet: train one above, or use one from elsewhere.")
             st.stop()
         self.sae_name = name = page.control("sae", choices=options, default=linked or first, key="pick",
                                             format_func=lambda n: _describe(folders, n))
+        if name in folders:
+            st.session_state[SHOWN_KEY] = (handle.spec, name)
         # an outside SAE whose cfg names no hook: the layer its link gives (set by the form above)
         self.outside_layer = page.link_value("slayer", high=handle.info.layers - 1) if name not in folders else -1
         self.own_data_form()

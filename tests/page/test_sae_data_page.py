@@ -13,6 +13,20 @@ from test_sae_page import _errors, _url
 PAGE = "views/sae_features.py"
 
 
+def _back_on_own_model(at, spec: ModelSpec):
+    """A model with no SAE of its own opens this page on the demo VLM (components/presets.settle_model); the
+    visitor who brings an SAE from elsewhere takes their model back with the sidebar's button, which keeps it
+    on this page."""
+    from components.model_picker import short_local
+
+    own = short_local(spec)  # the app's name for it (local:tiny-llava)
+    if at.session_state["model_spec"] != own:
+        at = at.sidebar.button(key="picker_back").click().run()
+    assert not at.exception, at.exception
+    assert at.session_state["model_spec"] == own
+    return at
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     old = sae_v.types.CACHE_ROOT
@@ -34,6 +48,7 @@ def pairs(model_root):
 def test_an_sae_saved_by_sae_lens_is_loaded_from_the_page(tiny_llava_dir, cache, outside, pairs):
     at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"data": pairs})
     assert not at.exception, at.exception
+    at = _back_on_own_model(at, ModelSpec("local", str(tiny_llava_dir)))
     at.text_input(key="sae_outside_path").set_value(outside).run()
     at.button(key="sae_outside_go").click().run()
     assert not at.exception, at.exception
@@ -42,17 +57,19 @@ def test_an_sae_saved_by_sae_lens_is_loaded_from_the_page(tiny_llava_dir, cache,
     assert "from elsewhere" in at.selectbox(key="sae_pick").format_func(outside)
     table = table_with(at, "omega")
     assert set(table["feature"]) <= set(range(24)) and len(table) >= 1
-    assert any("sae-lens folder" in c.value for c in at.caption)  # the summary says where the SAE is from
+    # the summary says where the SAE is from (as a visitor reads it: captions are Markdown-escaped)
+    assert any("sae-lens folder" in c.value.replace("\\", "") for c in at.caption)
 
 
 def test_an_sae_that_does_not_fit_the_model_is_one_message(tiny_llava_dir, cache, model_root):
     wrong = save_outside_sae(model_root / "page-wrong-width", d_in=48, hook="blocks.1.hook_resid_post")
-    at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE)
+    at = _back_on_own_model(app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE),
+                            ModelSpec("local", str(tiny_llava_dir)))
     at.text_input(key="sae_outside_path").set_value(str(wrong)).run()
     at.button(key="sae_outside_go").click().run()
     assert not at.exception, at.exception
     assert _errors(at) == ["This SAE reads 48-wide vectors (cfg.json d_in), but layer 1 of "
-                           f"local:{tiny_llava_dir} is 32-wide: it was made for another model."]
+                           f"local:{tiny_llava_dir.name} is 32-wide: it was made for another model."]
     at = app_with_model(ModelSpec("local", str(tiny_llava_dir)), PAGE, query={"sae": str(wrong)})  # a link
     assert not at.exception, at.exception
     assert len(_errors(at)) == 1 and "48-wide" in _errors(at)[0]

@@ -5,7 +5,7 @@ import pytest
 
 from analysis import sae_v
 from analysis.model_access.models import ModelSpec, zoo_models
-from conftest import app_with_model, table_with
+from conftest import app_with_model, as_the_app_names, table_with
 
 PAGE = "views/sae_features.py"
 HAS_DEMO = "shapes-vlm" in zoo_models() and bool(list((sae_v.SAE_ROOT / "shapes-vlm").glob("layer*/" + sae_v.STORE_FILE)))
@@ -13,13 +13,14 @@ HAS_DEMO = "shapes-vlm" in zoo_models() and bool(list((sae_v.SAE_ROOT / "shapes-
 
 @pytest.fixture(scope="module")
 def tiny_sae(tiny_llava, tmp_path_factory):
-    """An SAE + store for the tiny LLaVA, in a private cache folder the page finds."""
+    """An SAE + store for the tiny LLaVA, in a private cache folder the page finds (under the model's name on
+    the page, local:tiny-llava: the cache is keyed by it)."""
     old = sae_v.types.CACHE_ROOT
     sae_v.types.CACHE_ROOT = tmp_path_factory.mktemp("sae-cache")
     params = sae_v.BuildParams(layer=1, dataset="noise", train_pairs=16, eval_pairs=8,
                                train=sae_v.TrainParams(d_sae=16, k=3, steps=30, batch_size=64),
                                store=sae_v.StoreParams(top_n=4, top_images=3))
-    folder = sae_v.build(tiny_llava, params)
+    folder = sae_v.build(as_the_app_names(tiny_llava), params)
     yield folder
     sae_v.types.CACHE_ROOT = old
 
@@ -198,8 +199,9 @@ def test_text_only_model_with_sae_explains_text_and_refuses_the_ranking(tiny_lla
     old = sae_v.types.CACHE_ROOT
     sae_v.types.CACHE_ROOT = tmp_path
     try:
-        sae_v.build(tiny_llama, sae_v.BuildParams(layer=0, dataset="noise", train_pairs=8, eval_pairs=4,
-                                                  train=sae_v.TrainParams(d_sae=8, k=2, steps=10, batch_size=32)))
+        sae_v.build(as_the_app_names(tiny_llama), sae_v.BuildParams(layer=0, dataset="noise", train_pairs=8, eval_pairs=4,
+                                                                    train=sae_v.TrainParams(d_sae=8, k=2, steps=10,
+                                                                                            batch_size=32)))
         at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE, query={"view": "ranking"})
         assert not at.exception, at.exception
         assert any("needs a vision-language model" in e for e in _errors(at)), _errors(at)
