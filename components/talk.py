@@ -60,6 +60,8 @@ class PlanPage:
     def __init__(self, view: View, handle: ModelHandle, values: dict[str, str]) -> None:
         self.view, self.handle, self.analysis = view, handle, view.analysis
         self.containers: dict[str, Any] = {}
+        # the first screen's containers a view's `run` may draw into (components/view.py Page): none in a plan
+        self.headline_choice = self.headline = self.headline_controls = None
         self.form = _Values(self._read(params_fields(self.analysis), values, view.defaults(self)))
         self.state = _Values(self._read(state_fields(self.analysis), values, {}))
 

@@ -95,6 +95,9 @@ def _refused(page: Page) -> dict[str, str]:
 
 def _has_tuned_lens(page: Page) -> bool:
     if not hasattr(page, "_rs_tuned"):
+        if residual.weights_elsewhere(page.handle):  # a remote (NDIF) model's weights are not here to probe
+            page._rs_tuned = False
+            return False
         try:
             page._rs_tuned = bool(translators.for_model(page.handle))
         except residual.ResidualError:
