@@ -192,7 +192,7 @@ def reestimate() -> int:
             continue
         out = subprocess.run([sys.executable, __file__, "--case", row["case"], "--estimate-only"], capture_output=True,
                              text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-                             cwd=Path(__file__).resolve().parents[1])
+                             cwd=ROOT)
         line = next((x for x in out.stdout.splitlines() if x.startswith("ROW ")), None)
         if line is None:
             print(f"{row['case']}: failed\n{out.stderr[-2000:]}", file=sys.stderr)

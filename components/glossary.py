@@ -45,6 +45,9 @@ TERMS = (
          f"{SHARP}: the lemma's limit at a fixed temperature.", ("attention-sharpness",)),
     Term("e^", "the exponential", "e raised to a power: the lemma bounds each attention weight by e^(δ/θ)/n "
          "from above and e^(−δ/θ)/n from below.", f"{SHARP}: the dispersion lemma.", ("attention-sharpness",)),
+    Term("τ", "contribution threshold", "The smallest share of a layer's update a part must carry for the "
+         "contribution graph to keep it: a higher threshold keeps fewer, stronger routes.",
+         "Information flow routes (Ferrando & Voita, 2024): the pruning threshold of the graph.", ("residual-stream",)),
     Term("ω", "cross-modal weight", "How evenly a sparse-autoencoder feature fires on caption words and on image "
          "patches: near 1 for a feature that fires on both, near 0 for one that fires on one kind only.",
          "SAE-V (ICML 2025): the cross-modal weight of a feature.", ("sae-features",)),

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from analysis.framework.paths import ROOT
-PROBE = ("from analysis import threads; threads.configure(); import os, torch; "
+PROBE = ("from analysis.model_access import threads; threads.configure(); import os, torch; "
          "print(torch.get_num_threads(), os.environ.get('OMP_WAIT_POLICY'))")
 
 
