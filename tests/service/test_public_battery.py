@@ -286,6 +286,8 @@ def test_uploads_off_says_so_on_the_caption_page(monkeypatch, tmp_path, public):
 def test_a_one_megabyte_prompt_is_refused_with_one_line(public, computations, page, key):
     at = app(page, timeout=300)
     assert not at.exception, [e.value for e in at.exception]
+    if key == "sh_text":  # the own prompt is a later section of the page, opened through its selector
+        at.segmented_control(key="sh_chapter").set_value("Your own prompt").run()
     box = ([w for w in list(at.text_area) + list(at.text_input) if w.key == key] if key else
            [w for w in at.text_input if "Prompt" in w.label])[0]
     computations.clear()
