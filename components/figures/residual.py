@@ -10,7 +10,7 @@ from analysis.residual import COMPONENTS, Generation, Inspection, Patching, Pair
 from components.figures.memo import shared_figure
 from components.figures.text import legend_below, panel_titles, set_title
 
-STATE_AXIS = "state s = after s layers (0: embeddings)"  # one word for rows, lens and patching (= entering layer s)
+STATE_AXIS = "state s (after s layers)"  # one word for rows, lens and patching (= entering layer s)
 PATCH_AXIS = STATE_AXIS
 SHARE = "share of the logit difference recovered"
 DIVERGING = "RdBu_r"
