@@ -137,7 +137,7 @@ def patch_figure(result: Patching, component: str) -> go.Figure:
     fig.update_layout(height=max(360, 16 * len(grids[0].rows) + 170))
     corr = result.correlation.get(component)
     note = f" — exact vs attribution: r = {corr:.2f}" if corr is not None else ""
-    return panel_titles(set_title(fig, f"{COMPONENTS.label(component)}: {SHARE}{note}", chars=90))
+    return panel_titles(set_title(fig, f"{COMPONENTS.label(component)}: {SHARE}{note}", chars=60))
 
 
 @shared_figure
