@@ -13,7 +13,7 @@ from analysis import residual
 from analysis.model_access import real_models
 from analysis.model_access.models import ModelSpec, ZOO_DIR, all_zoo_models, load_model, zoo_models
 from analysis.residual import translators
-from components.common import analysis_errors, explain, stays_local, table
+from components.common import analysis_errors, explain, metric_row, stays_local, table
 from components.hosting import escape_markdown
 from components.figures import residual as F
 from components.share import share_bar
@@ -210,9 +210,7 @@ def lens_headline(page: Page, seen: residual.Inspection) -> Headline:
                       delta_color="off"),
                Metric("Target on top from state", f"{stays} on" if stays is not None else
                       f"— the model says {seen.prediction!r}", "never on top" if first is None else
-                      f"first on top at state {first}", delta_color="off"),
-               Metric("Last layer vs the model's logits", f"{seen.lens.last_gap:.1e}", "max |difference|",
-                      delta_color="off"))
+                      f"first on top at state {first}", delta_color="off"))
     colour = page.control("colour", page.headline_controls, width="content")
     page.grid = F.lens_figure(seen, colour)
     return Headline(metrics, page.grid, key="rs_fig_lens")
@@ -220,6 +218,10 @@ def lens_headline(page: Page, seen: residual.Inspection) -> Headline:
 
 def show_lens(page: Page, params: residual.ResidualParams, seen: residual.Inspection) -> None:
     with page.headline_controls:
+        # the check that the lens's last layer is the model's output, right under the grid: as a fourth headline
+        # card it took a second row at 1024 px and pushed the grid off the first screen (real-tuned preset)
+        metric_row().metric("Last layer vs the model's logits", f"{seen.lens.last_gap:.1e}", "max |difference|",
+                            delta_color="off", width="content")
         explain("Each row is the residual stream after one layer (0: the embeddings), each column a token of the "
                 "prompt; a cell shows the token the lens reads there as the most likely next token. The logit lens "
                 "applies the model's own final norm and unembedding to every layer, so its last row is exactly the "
