@@ -10,24 +10,18 @@ from analysis.framework import config as cfg
 from analysis.framework.uploads import owner_key
 from analysis.hosting.store import AnalysisStore, SavedAnalysis
 from conftest import ROOT
-from test_public_pages import PUBLIC, app, instance, save  # noqa: F401  (a fixture)
+from test_public_pages import PUBLIC, app, instance, save, use_instance  # noqa: F401  (a fixture)
 
 TOKEN = "s3cret-token"
 
 
 @pytest.fixture()
 def token_instance(monkeypatch, tmp_path):
-    from components import hosting, limits
+    from components import limits
 
-    text = PUBLIC.read_text().replace("writable = false", "writable = true").replace(
-        'mode = "none"', 'mode = "token"')
-    path = tmp_path / "instance.toml"
-    path.write_text(text)
     monkeypatch.setenv(cfg.TOKEN_ENV, TOKEN)
-    monkeypatch.setenv(cfg.CONFIG_ENV, str(path))
-    monkeypatch.setenv("MODEL_INSPECTOR_STORE", str(tmp_path / "analyses.db"))
-    hosting._LIMITER.clear()
-    limits.clear()
+    use_instance(monkeypatch, tmp_path, PUBLIC.read_text().replace("writable = false", "writable = true").replace(
+        'mode = "none"', 'mode = "token"'))
     yield tmp_path
     limits.clear()
 

@@ -17,18 +17,25 @@ ME = owner_key("ip:local")  # AppTest has no connection: every session is the vi
 pytestmark = pytest.mark.skipif("shapes-lm" not in zoo_models(), reason="needs the demo zoo")
 
 
-@pytest.fixture()
-def instance(monkeypatch, tmp_path):
-    """The public example with its gallery writable (where saving and deleting exist at all)."""
+def use_instance(monkeypatch, tmp_path, text: str) -> None:
+    """This process serves the configuration `text` (a variant of the public example), with its own store
+    and fresh rate limits; the fixture that calls it clears the limits again after its test."""
     from components import hosting, limits
 
-    text = PUBLIC.read_text().replace("writable = false", "writable = true")
     path = tmp_path / "instance.toml"
     path.write_text(text)
     monkeypatch.setenv(cfg.CONFIG_ENV, str(path))
     monkeypatch.setenv("MODEL_INSPECTOR_STORE", str(tmp_path / "analyses.db"))
     hosting._LIMITER.clear()
     limits.clear()
+
+
+@pytest.fixture()
+def instance(monkeypatch, tmp_path):
+    """The public example with its gallery writable (where saving and deleting exist at all)."""
+    from components import limits
+
+    use_instance(monkeypatch, tmp_path, PUBLIC.read_text().replace("writable = false", "writable = true"))
     yield tmp_path
     limits.clear()
 

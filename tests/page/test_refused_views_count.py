@@ -4,25 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.framework import config as cfg
 from analysis.model_access.models import zoo_models
-from conftest import ROOT
-from test_public_pages import app
+from test_public_pages import PUBLIC, app, use_instance
 
 pytestmark = pytest.mark.skipif("shapes-lm" not in zoo_models(), reason="needs the demo zoo")
 
 
 @pytest.fixture()
 def tight(monkeypatch, tmp_path):
-    from components import hosting, limits
+    from components import limits
 
-    text = (ROOT / "deploy" / "public.toml").read_text().replace("max_run_seconds = 120", "max_run_seconds = 1")
-    path = tmp_path / "instance.toml"
-    path.write_text(text)
-    monkeypatch.setenv(cfg.CONFIG_ENV, str(path))
-    monkeypatch.setenv("MODEL_INSPECTOR_STORE", str(tmp_path / "analyses.db"))
-    hosting._LIMITER.clear()
-    limits.clear()
+    use_instance(monkeypatch, tmp_path, PUBLIC.read_text().replace("max_run_seconds = 120", "max_run_seconds = 1"))
     yield
     limits.clear()
 
