@@ -54,13 +54,48 @@ def wait_healthy(proc: subprocess.Popen, port: int, *, timeout_s: float, poll_s:
     raise RuntimeError(f"{what} did not start within {timeout_s:g} s")
 
 
-def wait_rendered(page, timeout_ms: int = 180_000) -> None:
-    page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=timeout_ms)
-    page.wait_for_timeout(1500)  # let plotly finish drawing
-    page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=timeout_ms)
-    # Skeletons stand in for elements until a lazily loaded component (Plotly's) has arrived.
-    page.wait_for_function("() => !document.querySelector(\"[data-testid='stSkeleton']\")", timeout=timeout_ms)
-    page.wait_for_timeout(500)
+# Drawn: the script run has ended, the page shows an element (none before the first run), nothing lazily loaded is
+# still a placeholder (Streamlit shows skeletons until a component, Plotly's on first use, has arrived) and every
+# visible Plotly chart has its SVG.
+DRAWN_JS = """() => {
+  const app = document.querySelector("[data-testid='stApp']");
+  return !!app && app.getAttribute('data-test-script-state') === 'notRunning'
+    && !!document.querySelector("[data-testid='stElementContainer']")
+    && !document.querySelector("[data-testid='stSkeleton']")
+    && [...document.querySelectorAll("[data-testid='stPlotlyChart']")].filter(c => c.offsetParent !== null)
+         .every(c => c.querySelector('.main-svg'));
+}"""
+# Notes when the script state or an element's kind last changed (a rerun starting or ending, a placeholder replaced)
+# from the moment it is installed, and whether a script run has started or ended since (`ran`; set from the start
+# unless the caller waits for one).
+_WATCH_JS = """(needRun) => {
+  const w = window.__renderWatch = {last: Date.now(), ran: !needRun};
+  w.observer = new MutationObserver(records => {
+    w.last = Date.now();
+    if (records.some(r => r.attributeName === 'data-test-script-state')) w.ran = true;
+  });
+  w.observer.observe(document, {subtree: true, attributes: true,
+                                attributeFilter: ['data-test-script-state', 'data-testid']});
+}"""
+# Drawn, a run seen where one was awaited, and quiet for `quiet` ms. A document that has no watcher is a new one (the
+# page navigated): it gets one, its first run being the one awaited.
+_QUIET_JS = f"""(quiet) => {{
+  if (!window.__renderWatch) {{ ({_WATCH_JS})(false); return false; }}
+  const w = window.__renderWatch;
+  return w.ran && ({DRAWN_JS})() && Date.now() - w.last >= quiet;
+}}"""
+
+
+def wait_rendered(page, timeout_ms: int = 180_000, quiet_ms: int = 1000, *, action=None) -> None:
+    """Until the page is drawn (DRAWN_JS) and nothing has changed for `quiet_ms`, counted from this call at the
+    earliest, so a rerun that starts within that time is waited for. `action` (a click, a key press, a back
+    navigation: a callable) is done here, after a watcher is installed, and then a script run must have started
+    or ended before the page counts as drawn, however late a busy server answers. This used to be fixed sleeps
+    (2 s a call); now a drawn page costs 1 s."""
+    page.evaluate(_WATCH_JS, action is not None)
+    if action is not None:
+        action()
+    page.wait_for_function(_QUIET_JS, arg=quiet_ms, timeout=timeout_ms, polling=100)
 
 
 def shoot(base: str, paths: list[str], out: Path, width: int = 1400) -> list[Path]:

@@ -23,21 +23,14 @@ pytestmark = [pytest.mark.skipif(not shutil.which(CHROMIUM), reason="Debian chro
               pytest.mark.skipif(not {"shapes-lm", "shapes-vlm"} <= set(zoo_models()), reason="needs the demo zoo")]
 
 
-@pytest.fixture(scope="module")
-def browser_page(tmp_path_factory):
-    from playwright.sync_api import sync_playwright
-
-    port = screenshot.free_port()
-    proc = screenshot.start_app(port, env={"MODEL_INSPECTOR_STORE": str(tmp_path_factory.mktemp("s") / "a.db")})
+@pytest.fixture
+def browser_page(app_server, chromium):
+    """A 1024x768 window of the process's Chromium on the process's app server (tests/conftest.py)."""
+    context = chromium.new_context(viewport={"width": 1024, "height": 768})
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1024, "height": 768})
-            yield f"http://127.0.0.1:{port}", page
-            browser.close()
+        yield app_server.base, context.new_page()
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        context.close()
 
 
 def _named(page) -> dict[str, str]:
@@ -62,13 +55,11 @@ def test_picker_loaded_and_url_agree_after_a_preset_load_and_back(browser_page):
     page.goto(f"{base}/prompt-reconstruction?model=zoo:shapes-vlm")
     screenshot.wait_rendered(page)
     _agree(page, "zoo:shapes-vlm")
-    page.locator(".st-key-preset_prompt-reconstruction_noise-defeats button").first.click()
-    screenshot.wait_rendered(page)
+    preset = page.locator(".st-key-preset_prompt-reconstruction_noise-defeats button").first
+    screenshot.wait_rendered(page, action=preset.click)
     _agree(page, "zoo:shapes-lm")  # before: the box still showed shapes-vlm
-    page.locator(".st-key-picker_load button").first.click()
-    screenshot.wait_rendered(page)
+    screenshot.wait_rendered(page, action=page.locator(".st-key-picker_load button").first.click)
     _agree(page, "zoo:shapes-lm")  # before: Load model switched back to shapes-vlm
-    page.go_back()
-    screenshot.wait_rendered(page)
+    screenshot.wait_rendered(page, action=page.go_back)
     _agree(page)
     assert page.locator("[data-testid='stException']").count() == 0

@@ -1,6 +1,7 @@
 """Talk mode in Chromium at 1024×768 (#48): every shipped talk's steps open from stored results with no
 Run button and no error, the big number is on the first screen and equals the step's reading, the
-arrow keys and the buttons walk the talk, and nothing is asked of another host. One server for the file."""
+arrow keys and the buttons walk the talk, and nothing is asked of another host. The process's app server and
+Chromium (tests/conftest.py)."""
 from __future__ import annotations
 
 import os
@@ -33,21 +34,16 @@ def _remember_outside(request) -> None:
 
 
 @pytest.fixture(scope="module")
-def browser_page():
-    from playwright.sync_api import sync_playwright
-
-    port = screenshot.free_port()
-    proc = screenshot.start_app(port)
+def browser_page(app_server, chromium):
+    """One 1024x768 window of the process's Chromium on the process's app server (tests/conftest.py) for the
+    file, noting every request to another host."""
+    context = chromium.new_context(viewport={"width": 1024, "height": 768})
+    page = context.new_page()
+    page.on("request", _remember_outside)
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=screenshot.CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1024, "height": 768})
-            page.on("request", _remember_outside)
-            yield f"http://127.0.0.1:{port}", page
-            browser.close()
+        yield app_server.base, page
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        context.close()
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +60,10 @@ def expected():
     return number
 
 
-def _screen(page, k: int, n: int) -> str:
-    screenshot.wait_rendered(page)
+def _screen(page, k: int, n: int, action=None) -> str:
+    """Step k of n, drawn (after `action`, the key or button that moves to it, when given): no error, no Run
+    button, no sidebar, its number on the first screen; returns that number."""
+    screenshot.wait_rendered(page, action=action)
     assert page.locator("[data-testid='stException']").count() == 0
     assert page.locator("[data-testid='stAlertContentError']").count() == 0
     assert page.get_by_role("button", name=re.compile(r"^Run")).count() == 0, "a talk step offers a Run button"
@@ -94,14 +92,12 @@ def test_every_step_opens_with_its_number_walked_by_keys(browser_page, expected,
     page.goto(f"{base}/?talk={name}")
     n = len(t.steps)
     for k, step in enumerate(t.steps, 1):
-        assert _screen(page, k, n) == expected(step), f"{name} step {k}"
+        move = None if k == 1 else (lambda: page.keyboard.press("ArrowRight"))
+        assert _screen(page, k, n, move) == expected(step), f"{name} step {k}"
         if k == 1:
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / f"talk-{name}.png"))
-        if k < n:
-            page.keyboard.press("ArrowRight")
-    page.keyboard.press("ArrowLeft")
-    assert _screen(page, n - 1, n) == expected(t.steps[n - 2])
+    assert _screen(page, n - 1, n, lambda: page.keyboard.press("ArrowLeft")) == expected(t.steps[n - 2])
     assert OUTSIDE == [], f"the talk asked other hosts: {sorted(set(OUTSIDE))}"
 
 
@@ -110,10 +106,8 @@ def test_buttons_walk_and_explore_links_to_the_presets_page(browser_page, expect
     t = talks.load("kv-cache")
     page.goto(f"{base}/?talk=kv-cache")
     _screen(page, 1, len(t.steps))
-    page.get_by_role("button", name="Next").click()
-    assert _screen(page, 2, len(t.steps)) == expected(t.steps[1])
-    page.get_by_role("button", name="Previous").click()
-    assert _screen(page, 1, len(t.steps)) == expected(t.steps[0])
+    assert _screen(page, 2, len(t.steps), page.get_by_role("button", name="Next").click) == expected(t.steps[1])
+    assert _screen(page, 1, len(t.steps), page.get_by_role("button", name="Previous").click) == expected(t.steps[0])
     href = page.get_by_role("link", name="Explore this").get_attribute("href")
     assert href.startswith("/kv-cache?") and "preset=needle-streaming" in href
 
