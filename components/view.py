@@ -52,7 +52,7 @@ from analysis.framework import panels
 from analysis.model_access.models import ModelHandle
 from analysis.framework.settings import Flat, check_settings, field_default, field_text, labelled, url_name
 from components import plain
-from components.common import analysis_errors, field_row, require_model, set_url_params
+from components.common import analysis_errors, field_row, metric_row, require_model, set_url_params
 from components.params_form import ParamsForm, url_value
 from components.presets import preset_bar
 from components.runs import cached_run
@@ -342,9 +342,11 @@ FIRST_SCREEN_CSS = """<style>
 def draw_headline(container: Any, headline: Headline) -> None:
     """The headline's metric cards, its caption and its figure, in `container`."""
     if headline.metrics:
-        row = container.container(horizontal=True, wrap=True, gap="medium")  # components.common.metric_row
+        with container:
+            row = metric_row()  # no arrow on a zero change ("+0% vs full"), and the cards go into the share bar's record
         for m in headline.metrics:
-            row.metric(m.label, m.value, m.delta, help=m.help, delta_color=m.delta_color, width="content")
+            words = {"delta_arrow": "off"} if m.delta_color == "off" else {}  # "of 96", "24 entries/head": no change
+            row.metric(m.label, m.value, m.delta, help=m.help, delta_color=m.delta_color, width="content", **words)
     if headline.caption:
         container.caption(headline.caption)
     if headline.figure is not None:
