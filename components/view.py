@@ -140,15 +140,20 @@ class Page:
         for attr, registry in getattr(self.analysis.params, "METHODS", ()):
             self._groups.update({name: attr for name in registry})
 
-    def chapter(self, names: list[str], default: str | None = None) -> str:
+    def chapter(self, names: list[str], default: str | None = None, *, on_demand: bool = False) -> str | None:
         """Which one of the page's later sections to draw: one at a time, chosen by a segmented control
         (every section drawn at once meant 15+ plotly figures, 4-12 s of drawing in Chromium on a 2-core
-        machine; st.tabs would still draw every tab)."""
+        machine; st.tabs would still draw every tab). `on_demand`: none is drawn until one is chosen (None):
+        the page opens on its headline alone (issue #47: drawn in <= 3 s)."""
         key = f"{self.view.prefix}chapter"
         if st.session_state.get(key) not in names:
             st.session_state.pop(key, None)
-        chosen = st.segmented_control("Show", names, default=default if default in names else names[0],
-                                      key=key, required=True, width="content")
+        first = None if on_demand else default if default in names else names[0]
+        chosen = st.segmented_control("Show", names, default=first, key=key, required=not on_demand,
+                                      width="content")
+        if on_demand and chosen is None:
+            st.caption("Choose a section to draw it (one at a time keeps the page quick).")
+            return None
         return chosen or names[0]
 
 
