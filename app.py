@@ -7,6 +7,7 @@ import components.preload  # noqa: F401  (first: loads every heavy module once, 
 from components import hosting
 from components.favicon import favicon
 from components.model_picker import render_sidebar
+from components.narrow_sidebar import fold_sidebar_when_narrow
 from components.registry import panel_pages
 from components.talk import requested as talk_requested
 
@@ -25,5 +26,6 @@ elif embedded:
     hosting.embed_page()
 else:
     render_sidebar()
+    fold_sidebar_when_narrow()  # folded under 1100 px (a 1024-px projector), open when wider
 nav = st.navigation(pages, position="hidden" if embedded or talking else "sidebar")
 nav.run()

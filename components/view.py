@@ -52,7 +52,7 @@ from analysis.framework import panels
 from analysis.model_access.models import ModelHandle
 from analysis.framework.settings import Flat, check_settings, field_default, field_text, labelled, url_name
 from components import plain
-from components.common import analysis_errors, field_row, require_model, set_url_params
+from components.common import analysis_errors, field_row, metric_row, require_model, set_url_params
 from components.params_form import ParamsForm, url_value
 from components.presets import preset_bar
 from components.runs import cached_run
@@ -140,15 +140,20 @@ class Page:
         for attr, registry in getattr(self.analysis.params, "METHODS", ()):
             self._groups.update({name: attr for name in registry})
 
-    def chapter(self, names: list[str], default: str | None = None) -> str:
+    def chapter(self, names: list[str], default: str | None = None, *, on_demand: bool = False) -> str | None:
         """Which one of the page's later sections to draw: one at a time, chosen by a segmented control
         (every section drawn at once meant 15+ plotly figures, 4-12 s of drawing in Chromium on a 2-core
-        machine; st.tabs would still draw every tab)."""
+        machine; st.tabs would still draw every tab). `on_demand`: none is drawn until one is chosen (None):
+        the page opens on its headline alone (issue #47: drawn in <= 3 s)."""
         key = f"{self.view.prefix}chapter"
         if st.session_state.get(key) not in names:
             st.session_state.pop(key, None)
-        chosen = st.segmented_control("Show", names, default=default if default in names else names[0],
-                                      key=key, required=True, width="content")
+        first = None if on_demand else default if default in names else names[0]
+        chosen = st.segmented_control("Show", names, default=first, key=key, required=not on_demand,
+                                      width="content")
+        if on_demand and chosen is None:
+            st.caption("Choose a section to draw it (one at a time keeps the page quick).")
+            return None
         return chosen or names[0]
 
 
@@ -342,9 +347,11 @@ FIRST_SCREEN_CSS = """<style>
 def draw_headline(container: Any, headline: Headline) -> None:
     """The headline's metric cards, its caption and its figure, in `container`."""
     if headline.metrics:
-        row = container.container(horizontal=True, wrap=True, gap="medium")  # components.common.metric_row
+        with container:
+            row = metric_row()  # no arrow on a zero change ("+0% vs full"), and the cards go into the share bar's record
         for m in headline.metrics:
-            row.metric(m.label, m.value, m.delta, help=m.help, delta_color=m.delta_color, width="content")
+            words = {"delta_arrow": "off"} if m.delta_color == "off" else {}  # "of 96", "24 entries/head": no change
+            row.metric(m.label, m.value, m.delta, help=m.help, delta_color=m.delta_color, width="content", **words)
     if headline.caption:
         container.caption(headline.caption)
     if headline.figure is not None:

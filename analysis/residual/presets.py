@@ -10,11 +10,11 @@ REAL_CAPITAL = ("SmolLM2-135M-Instruct, 'The capital of France is' vs '... Italy
                 "from layer 24 on: layer 23 moves the fact, and its head H4 alone restores 0.93. Attribution "
                 "patching agrees on the residual stream (r = 0.99).")
 
-REAL_TUNED = ("SmolLM2-135M-Instruct, 'The capital of France is': the tuned lens first has ' Paris' on top after "
-              "layer 28 (2nd after 29), where the logit lens has it on top only at the output (layer 30), and reads "
-              "' capital' after layer 26 where "
-              "the logit lens reads a space. Its translators were trained briefly: in the middle layers it ranks "
-              "' Paris' far lower than the logit lens does (after layer 10: 11,448th vs 3,384th).")
+REAL_TUNED = ("SmolLM2-135M-Instruct, 'The capital of France is' (state s: the residual stream after s layers): the "
+              "tuned lens first has ' Paris' on top at state 28 (2nd at state 29), where the logit lens has it on top "
+              "only at the output (state 30), and reads ' capital' at state 26 where the logit lens reads a space. Its "
+              "translators were trained briefly: in the middle states it ranks ' Paris' far lower than the logit lens "
+              "does (at state 10: 11,448th vs 3,384th).")
 
 PRESETS = (
     Preset("needle-found", "Patching finds the needle",

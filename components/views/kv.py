@@ -102,10 +102,13 @@ def show_retrieval(page: Page, params: kv.KvParams, result: kv.KvResult) -> None
                 "recent); H2O, SnapKV and MorphKV a pattern that keeps changing per head; TOVA the same set for "
                 "every head.")
 
-    chapter = page.chapter(["All policies", "KL and needle survival", "Memory", "Budget sweep", "Generated text"])
+    chapter = page.chapter(["All policies", "Variants and answers", "KL and needle survival", "Memory",
+                            "Budget sweep", "Generated text"])
     sweep = None
     if chapter == "All policies":
-        policies_tables(params, result)
+        policies_table(params, result)
+    elif chapter == "Variants and answers":
+        variants_and_answers(result)
     elif chapter == "KL and needle survival":
         charts_side_by_side((F.step_metric_figure(result, "kl"), "kv_kl"),
                             (F.survival_figure(chosen, result.layers), "kv_survival"))
@@ -134,8 +137,8 @@ def show_retrieval(page: Page, params: kv.KvParams, result: kv.KvResult) -> None
               tables={"policies": F.summary_rows(result)})
 
 
-def policies_tables(params: kv.KvParams, result: kv.KvResult) -> None:
-    """Every policy against the full cache at this budget, the labelled variants, the answers per key."""
+def policies_table(params: kv.KvParams, result: kv.KvResult) -> None:
+    """Every policy against the full cache at this budget (one table: the default section draws in <= 3 s)."""
     st.subheader(f"All policies at budget {params.budget}: equal entries")
     table(F.summary_rows(result))
     explain("Every policy ran on exactly the same tokens as the full cache (teacher forcing), so the numbers "
@@ -146,6 +149,10 @@ def policies_tables(params: kv.KvParams, result: kv.KvResult) -> None:
             "Every policy in this table holds the budget once the context exceeds it (PyramidKV: its official "
             "per-layer schedule, at least the budget on average): SnapKV and PyramidKV evict at every decode step "
             "too. MorphKV selects before each query attends (as its code does), the others after.")
+
+
+def variants_and_answers(result: kv.KvResult) -> None:
+    """The labelled variants and the answers per key."""
     variant_rows = F.summary_rows(result, variants=True)
     if variant_rows:
         st.markdown("**Labelled variants** (not part of the equal-entries comparison)")

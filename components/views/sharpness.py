@@ -131,7 +131,7 @@ class SharpnessView(View):
         page.headline_controls.caption(LEMMA_NOTE if lemma_first else size_note(result))
         chapters = ["Each head as n grows" if lemma_first else "The lemma, without a model", "Temperature sweep",
                     "The adaptive rule β(H)", "Which heads are sharp", "Accuracy vs n", "Your own prompt"]
-        chapter = page.chapter(chapters)
+        chapter = page.chapter(chapters, on_demand=True)  # the headline alone first: drawn in <= 3 s (#47)
         if chapter == "Each head as n grows":
             st.plotly_chart(F.size_figure(result, layer, head, sink), key="fig_size")
             st.caption(size_note(result))

@@ -144,6 +144,36 @@ def _problems(page, has_headline: bool) -> list[str]:
     return found
 
 
+SIDEBAR_JS = """() => { const s = document.querySelector("[data-testid='stSidebar']");
+  return s ? {collapsed: s.getAttribute('data-collapsed') === 'true', right: s.getBoundingClientRect().right} : null; }"""
+
+
+def test_the_sidebar_starts_folded_at_1024_px_and_opens(browser):
+    """At 1024 px the open sidebar took 29 % of the width: it starts folded there (and open at 1440 px), its
+    chevron opens it, and that choice is kept on the next load (components/narrow_sidebar.py)."""
+    base, chromium = browser
+    for (width, height), folded in ((SIZES[0], True), (SIZES[1], False)):
+        context = chromium.new_context(viewport={"width": width, "height": height})
+        page = context.new_page()
+        try:
+            page.goto(f"{base}/attention-sharpness")
+            _wait_drawn(page)
+            page.wait_for_function(f"() => document.querySelector(\"[data-testid='stSidebar']\")"
+                                   f"?.getAttribute('data-collapsed') === '{str(folded).lower()}'", timeout=10_000)
+            assert page.evaluate(SIDEBAR_JS)["collapsed"] is folded, width
+            if folded:
+                page.locator("[data-testid='stExpandSidebarButton']").click()
+                page.wait_for_timeout(500)
+                shown = page.evaluate(SIDEBAR_JS)
+                assert not shown["collapsed"] and shown["right"] > 200, shown
+                page.reload()
+                _wait_drawn(page)
+                page.wait_for_timeout(500)
+                assert not page.evaluate(SIDEBAR_JS)["collapsed"]  # the visitor opened it: it stays open
+        finally:
+            context.close()
+
+
 RESIZED_SETTLE_MS = 600  # a resize reruns no script: the charts and grids re-lay themselves out in this time
 ARTIFACTS = ROOT / "test-artifacts"
 PAGES = [("home", None)] + [(p.url_path, p) for p in PANELS if p.available]

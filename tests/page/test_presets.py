@@ -247,6 +247,8 @@ def _real_tuned(at):  # tuned: Paris on top from layer 28, ' capital' at 26, ran
     rows = table_with(at, "target rank (1 = top)").to_dict("records")
     on_top = metric_starting(at, "Target on top from state")  # first at 28, 2nd at 29, on top from 30 on
     assert on_top.value == "30 on" and "first on top at state 28" in on_top.proto.delta and rows[26]["top token"] == " capital"
+    banner = next(i.value for i in at.info if P.get("residual-stream", "real-tuned").title in i.value)
+    assert "at state 28" in banner and not re.search(r"\blayers? \d", banner)  # the cards' word: "state", not "layer"
     assert rows[10]["target rank (1 = top)"] == 11448
     logit = inspect(load_model(ModelSpec.parse("zoo:smollm2-135m-instruct")), ResidualParams(pair="capital-france")).lens
     assert next(i for i, r in enumerate(logit.target_rank) if r[-1] == 0) == 30
