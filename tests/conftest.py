@@ -14,6 +14,8 @@ os.environ.setdefault("MODEL_INSPECTOR_ASK_ABOVE_S", "inf")
 
 import pytest  # noqa: E402
 
+pytest.register_assert_rewrite("page_checks")  # tests/browser/page_checks.py: its asserts explain themselves
+
 ROOT = Path(__file__).resolve().parent.parent  # the one bootstrap: put the checkout on the path
 sys.path.insert(0, str(ROOT))
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

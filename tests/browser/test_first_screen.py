@@ -251,7 +251,7 @@ def visits(browser):
 
 def _visit(page, base: str, name: str, path: str, has_headline: bool, url_path: str, seen: dict) -> None:
     """One target, as a new visitor: opened at 1024x768 (sidebar folded), its first screen checked, then what a
-    presenter must see whole; widened to 1440x900 (sidebar open) and its first screen checked again (and, for a
+    presenter must see whole (with the sidebar opened, as they would); widened to 1440x900 (sidebar open) and its first screen checked again (and, for a
     page's default view, what must be whole, and its full-page picture)."""
     key = url_path or "home"
     page.evaluate(FORGET_SIDEBAR_JS)  # a new visitor: no stored choice to open or fold the sidebar
@@ -273,6 +273,7 @@ def _visit(page, base: str, name: str, path: str, has_headline: bool, url_path: 
             (ARTIFACTS / "first-screen").mkdir(parents=True, exist_ok=True)
             (ARTIFACTS / "first-screen" / f"{name.replace('/', '__')}_{size[0]}.png").write_bytes(first_screen)
         if i == 0 or "/" not in name:  # presets at 1024 px, the default views at both sizes
+            _sidebar_settled(page, folded=False)  # as a presenter opens it: its select boxes whole too
             seen["cut"][size[0]] = _cut(page, key)
     if "/" not in name:  # a page's default view: its picture for the record
         (ARTIFACTS / "screenshots").mkdir(parents=True, exist_ok=True)
