@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import importlib
 import pkgutil
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -26,6 +27,7 @@ from analysis.model_access.models import ModelHandle, ModelSpec
 from analysis.talks import Step, Talk
 from analysis.talks.readings import READINGS
 from components import runs
+from components.talk_screen import STYLE, audience_copy, controls, requested, step_index  # noqa: F401 (app.py)
 from components.view import View, params_fields, state_fields
 
 
@@ -286,36 +288,6 @@ def figure_of(shown: Shown) -> Any:
 
 # --- presenting -----------------------------------------------------------------------------------------
 
-TALK_KEY, STEP_KEY = "talk", "step"  # ?talk=NAME&step=K (K from 1)
-STYLE = """<style>
-section[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], header[data-testid="stHeader"]
-  {display: none !important;}
-.block-container {padding-top: 1.2rem !important; max-width: 1000px;}
-.talk-number {font-size: 4.2rem; font-weight: 700; line-height: 1.05; margin: 0.4rem 0 0.2rem 0;}
-.talk-label {font-size: 1.05rem; opacity: 0.8;}
-.talk-narration {font-size: 1.45rem; line-height: 1.35; margin: 0.2rem 0 0.6rem 0;}
-</style>"""
-
-
-def requested() -> str | None:
-    """The talk a link names (?talk=NAME), or None."""
-    name = st.query_params.get(TALK_KEY)
-    return name if isinstance(name, str) else None
-
-
-def step_index(talk: Talk) -> int:
-    """The link's step (from 1), clamped into the talk; 0-based."""
-    try:
-        k = int(st.query_params.get(STEP_KEY, "1"))
-    except ValueError:
-        k = 1
-    return min(max(k, 1), len(talk.steps)) - 1
-
-
-def _go(k: int) -> None:
-    st.query_params[STEP_KEY] = str(k + 1)
-
-
 def explore_link(step: Step) -> str:
     """The step's full page, as its preset's permalink."""
     from urllib.parse import urlencode
@@ -350,10 +322,12 @@ def present() -> None:
     from components.hosting import escape_markdown
 
     st.html(STYLE)
+    name = requested() or ""
     try:
-        talk = load(requested() or "")
+        talk = load(name)
     except TalkError as exc:
-        st.error(str(exc), icon=":material/slideshow:")
+        if not _present_own(name):
+            st.error(f"{exc} No saved talk of this instance has that id either.", icon=":material/slideshow:")
         return
     k = step_index(talk)
     step = talk.steps[k]
@@ -367,6 +341,28 @@ def present() -> None:
         draw(now)
     controls(len(talk.steps), k, explore_link(step))
     audience_copy(talk, k, lambda link: export_html(talk, link))
+
+
+def _present_own(name: str) -> bool:
+    """A talk a speaker made from the gallery (components/own_talk.py), when the link names one."""
+    from analysis.hosting.store import StoreError
+    from analysis.talks import TalkError
+    from components import hosting, own_talk
+    from components.share import get_store
+
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):  # the store's ids; anything else names no saved talk
+        return False
+    try:
+        store = get_store()
+        talk = own_talk.find(store, name)
+    except (StoreError, TalkError) as exc:
+        st.error(f"The saved talk '{name}' cannot be opened: {hosting.visible_markdown(str(exc))}",
+                 icon=":material/error:")
+        return True
+    if talk is None:
+        return False
+    own_talk.present(talk, store)
+    return True
 
 
 def draw(now: Shown) -> None:
@@ -390,39 +386,7 @@ def draw(now: Shown) -> None:
                     f"{escape_markdown(preset.finding)}")
 
 
-def controls(n: int, k: int, explore: str) -> None:
-    """Previous / Next (Left and Right keys), the step number of `n`, and the step's full page."""
-    row = st.container(horizontal=True, vertical_alignment="center", gap="small")
-    row.button("Previous", icon=":material/arrow_back:", key="talk_prev", shortcut="Left", disabled=k == 0,
-               on_click=_go, args=(k - 1,))
-    row.markdown(f"**{k + 1} / {n}**", width="content")
-    row.button("Next", icon=":material/arrow_forward:", key="talk_next", shortcut="Right",
-               disabled=k == n - 1, on_click=_go, args=(k + 1,))
-    row.link_button("Explore this", explore, icon=":material/open_in_new:")
-
-
 # --- the audience's copy: one offline HTML file, a read-only link and its QR code --------------------------
-
-
-def audience_link(talk: Any) -> str:
-    """The talk's read-only link on this instance: the presentation itself (no control, nothing computed)."""
-    try:
-        base = (st.context.url or "").split("?")[0]
-    except Exception:  # AppTest and scripts have no browser URL
-        base = ""
-    base = base.rstrip("/").removesuffix("/talk")
-    return f"{base}/?{TALK_KEY}={talk.name}"
-
-
-def qr_png(text: str) -> bytes:
-    """A QR code of `text` as PNG bytes (segno, pinned in requirements.txt)."""
-    import io
-
-    import segno
-
-    buf = io.BytesIO()
-    segno.make(text, error="m").save(buf, kind="png", scale=6, border=2)
-    return buf.getvalue()
 
 
 def export_html(talk: Talk, link: str = "") -> str:
@@ -447,18 +411,3 @@ def export_html(talk: Talk, link: str = "") -> str:
                     "model": step.preset_value().model}],
             detail=step.preset_value().finding))
     return html_report(talk.title, sections, note=talk.summary, url=link)
-
-
-def audience_copy(talk: Any, k: int, export: Callable[[str], str]) -> None:
-    """On the first and last step: the read-only link as a QR code, and the talk as one HTML file
-    (`export(link)`; `talk` has a `name`, the link's, and its `steps`)."""
-    if k not in (0, len(talk.steps) - 1):
-        return
-    link = audience_link(talk)
-    with st.container(horizontal=True, vertical_alignment="center", gap="medium"):
-        st.image(qr_png(link), width=130, caption="This talk on your phone")
-        with st.container():
-            st.code(link, language=None, wrap_lines=True)
-            st.download_button("Take the talk home (one HTML file, works offline)", lambda: export(link),
-                               file_name=f"talk-{talk.name}.html", mime="text/html", key="talk_export",
-                               icon=":material/download:", on_click="ignore")
