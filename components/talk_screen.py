@@ -68,7 +68,7 @@ def qr_png(text: str) -> bytes:
     import segno
 
     buf = io.BytesIO()
-    segno.make(text, error="m").save(buf, kind="png", scale=6, border=2)
+    segno.make_qr(text, error="m").save(buf, kind="png", scale=6, border=2)  # never a Micro QR: phones skip those
     return buf.getvalue()
 
 

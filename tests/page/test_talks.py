@@ -140,14 +140,22 @@ def test_the_html_export_holds_every_step_and_asks_no_other_host(name):
         assert f"<td>{H.escape(T.shown(step).text)}</td>" in body, step.title
 
 
-def test_the_first_and_last_step_show_the_link_and_its_qr_code():
+def test_the_first_and_last_step_show_the_link_and_its_qr_code(monkeypatch):
+    from components import talk_screen
+    from qr_reader import read_qr
+
+    drawn = []  # the PNG each screen's st.image shows, read back below (tests/qr_reader.py)
+    monkeypatch.setattr(talk_screen, "qr_png", lambda text, draw=talk_screen.qr_png: drawn.append(draw(text)) or
+                        drawn[-1])
     t = talks.load("kv-cache")
     for index, shows in ((0, True), (1, False), (len(t.steps) - 1, True)):
+        drawn.clear()
         at = _open("kv-cache", index)
         codes = [c.value for c in at.code]
         assert (codes == ["/?talk=kv-cache"]) is shows, codes
         assert (len(at.get("image")) == 1) is shows
         assert (len(at.get("download_button")) == 1) is shows
+        assert [read_qr(png) for png in drawn] == codes  # the QR code holds the link shown beside it
 
 
 
