@@ -131,6 +131,7 @@ def section(store, analyses: list[SavedAnalysis]) -> None:
             row.markdown(f"**{escape_markdown(a.title)}**" + (f" · by {escape_markdown(a.saved_by)}"
                                                               if a.saved_by else ""))
             row.link_button("Present", f"/?talk={a.id}", icon=":material/slideshow:")
+            row.link_button("Details", f"/saved-analyses?id={a.id}", icon=":material/info:")  # its owner deletes it there
     builder(store, [a for a in analyses if a.panel != PANEL])
 
 

@@ -8,7 +8,7 @@ TALK = Talk(
     steps=(
         Step("sae-features", "cross-modal-list", "A few features see both",
              "Out of a thousand features only a few dozen fire on both the caption's words and the picture's "
-             "patches, and most of the others only ever read words.", "sae.cross_modal"),
+             "patches, and of the others that fire at all most read only words.", "sae.cross_modal"),
         Step("sae-features", "cross-modal-feature", "One feature, a word and a patch",
              "This feature fires on caption words and on picture patches among its strongest places, so it "
              "stands for one idea whichever way the model sees it.", "sae.image_top"),

@@ -69,6 +69,8 @@ def show_saved(store, selected: str, embedded: bool) -> None:
     st.title("Saved analyses")
     st.subheader(escape_markdown(analysis.title))
     st.caption(f"{_byline(analysis)} · id `{analysis.id}`")
+    if analysis.panel == own_talk.PANEL:  # a talk made in the gallery: its steps are below, as JSON
+        st.link_button("Present this talk", f"/?talk={analysis.id}", icon=":material/slideshow:")
     explain("A stored snapshot: the figures, tables and result exactly as they were saved; nothing is "
             "recomputed. The live view's link is below, to rerun it on the current model.")
     if analysis.note:

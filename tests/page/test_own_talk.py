@@ -75,6 +75,11 @@ def test_a_speaker_builds_orders_and_saves_a_talk(store, tiny_llama_dir):
     at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page="views/saved_analyses.py")
     assert any("Cache &lt;script&gt;" in m.value for m in at.markdown)  # listed under Talks, escaped
     assert f"/?talk={saved.id}" in [b.proto.url for b in at.get("link_button")]
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), page="views/saved_analyses.py",
+                        query={"id": saved.id})  # its own page: present it, or delete it (its owner only)
+    assert f"/?talk={saved.id}" in [b.proto.url for b in at.get("link_button")]
+    at.button(key="confirm_delete").click().run()
+    assert store.get(saved.id) is None
 
 
 def test_a_step_without_a_sentence_or_a_talk_without_a_title_is_not_saved(store, tiny_llama_dir):
