@@ -142,3 +142,18 @@ def test_the_export_of_a_saved_talk_holds_each_sentence_and_names_a_missing_step
     body = page.split("</script></head>", 1)[1]
     assert re.findall(r"https?://", body) == []
     assert "One &lt;b&gt;." in body and "its saved analysis &#x27;gone&#x27; is not in this gallery" in body
+
+
+def test_what_a_speaker_or_a_saver_typed_is_shown_as_text(store):
+    """A Markdown link, a remote image, HTML and emphasis in the talk's title, a step's title and sentence, and
+    a missing step's title: no element of either screen would render them."""
+    evil = "[click](https://evil.example/a) ![x](https://evil.example/i.png) <b>bold</b> **big**"
+    first, _ = _seed(store)
+    talk_id = _talk(store, [(first, evil, evil), ("gone12345ab", evil, evil)], title=evil)
+    for step in (1, 2):
+        at = _open(talk_id, step)
+        shown = [e.value for kind in ("caption", "markdown", "subheader", "warning", "error")
+                 for e in getattr(at, kind)]
+        assert shown and not [s for s in shown if "](" in s or "<b>" in s or "**big**" in s], shown
+        html = " ".join(h.proto.body for h in at.get("html"))
+        assert "<b>bold</b>" not in html and (step == 2 or "&lt;b&gt;bold&lt;/b&gt;" in html)
