@@ -38,6 +38,13 @@ def _load_cached(spec: ModelSpec) -> ModelHandle:
     return load_model(spec)
 
 
+def shared_model(spec: ModelSpec) -> ModelHandle:
+    """`spec` from the server's one cache of loaded models, loaded on first use: the model a visitor loaded
+    and the one a talk or another page needs are one object in memory, never two. No refusal is checked
+    here (`try_load` checks the configuration's); raises ModelLoadError."""
+    return _load_cached(spec)
+
+
 def default_spec() -> ModelSpec | None:
     """The configuration's default model (locally: zoo:shapes-lm, else the first demo model)."""
     configured = ModelSpec.parse(hosting.settings().models.default)

@@ -13,8 +13,10 @@ preset's finding (the researcher's note) folded below.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import pkgutil
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,6 +27,7 @@ from analysis.model_access.models import ModelHandle, ModelSpec
 from analysis.talks import Step, Talk
 from analysis.talks.readings import READINGS
 from components import runs
+from components.talk_screen import STYLE, audience_copy, controls, requested, step_index  # noqa: F401 (app.py)
 from components.view import View, params_fields, state_fields
 
 
@@ -39,6 +42,7 @@ class Run:
     params: Any
     models: dict
     kwargs: dict
+    shipped: Any = None  # a folder of results shipped as files (the SAE-V page's feature store), read as is
 
     def key(self) -> runs.RunKey:
         return runs.run_key(self.kind, self.handle, self.params, self.models, **self.kwargs)
@@ -149,10 +153,45 @@ def matched_run(step: Step, handle: ModelHandle) -> Run:
     return Run(kind, precompute._resolve(entry.function), handle, params, models, {})
 
 
+# The SAE-V page draws its SAE and data pickers before it has Params (which SAEs there are depends on the files
+# of this instance), so its plan is written here with the calls the page makes: the feature store shipped with
+# the demo SAE for the list and a feature's page, the ranking's and the steering's params for the others
+# (tests/page/test_talks.py holds each plan to a stored entry: a page that changes its keys fails it).
+def sae_run(step: Step, handle: ModelHandle) -> Run:
+    from analysis import sae_v
+
+    analysis = view_of(step.panel).analysis
+    values = step.preset_value().values()
+    state = PlanPage._read(state_fields(analysis), values, {})
+    shipped = {f.name: f for f in sae_v.available_saes(handle) if sae_v.SAE_ROOT in f.parents}
+    name = state["sae"]
+    if name not in shipped or state["data"]:
+        raise LookupError(f"the preset '{step.preset}' reads the SAE '{name}', which is not shipped with this app")
+    if state["view"] == "ranking":
+        params = sae_v.choose(handle, name, "", sae_v.RankParams, layer=-1, rule=state["rule"], by=state["by"],
+                              rules=sae_v.rule_settings(cooccur_threshold=state["thr"]))
+        return Run("rank", sae_v.rank, handle, params, {}, {})
+    if state["view"] == "feature" and step.preset.startswith("steer") and handle.kind == "vlm":
+        features = sae_v.parse_steer([t for t in state["steer"].replace(" ", "").split(",") if t])
+        params = sae_v.choose(handle, name, "", sae_v.SteerParams, layer=-1, features=features,
+                              image=f"pair:{state['spair']}", mode=state["mode"], positions=state["at"],
+                              max_new_tokens=state["tokens"], prompt=state["sprompt"])
+        return Run("steer", sae_v.steer, handle, params, {}, {})
+    if state["view"] in ("list", "feature"):
+        params = sae_v.choose(handle, name, "", layer=-1)
+        return Run("store", sae_v.load_store, handle, params, {}, {}, shipped=shipped[name])
+    raise LookupError(f"a talk cannot show the SAE-V view '{state['view']}' of the preset '{step.preset}'")
+
+
+PLANNED = {"sae-features": sae_run}  # pages whose plan is written out (page -> planner)
+
+
 def planned_run(step: Step, handle: ModelHandle) -> Run:
     """The run the step's page makes for its preset (recorded, not started)."""
     if step.panel in MATCHED:
         return matched_run(step, handle)
+    if step.panel in PLANNED:
+        return PLANNED[step.panel](step, handle)
     view = view_of(step.panel)
     page = PlanPage(view, handle, step.preset_value().values())
     params = view.params_of(page, page.form.values)
@@ -164,8 +203,20 @@ def planned_run(step: Step, handle: ModelHandle) -> Run:
 
 
 def stored_result(run: Run) -> Any | None:
-    """The run's result as shipped with the app (analysis/precomputed/), or None: never computed here."""
+    """The run's result as shipped with the app (analysis/precomputed/, or a shipped feature store), or None:
+    never computed here."""
+    if run.shipped is not None:
+        from analysis.sae_v import STORE_FILE
+
+        return _shipped_store(str(run.shipped), (run.shipped / STORE_FILE).stat().st_mtime)
     return runs.precomputed(run.key(), run.handle, run.params, run.models)
+
+
+@functools.lru_cache(maxsize=4)
+def _shipped_store(folder: str, stamp: float) -> Any:
+    from analysis import sae_v
+
+    return sae_v.load_store(folder)
 
 
 def state_of(step: Step) -> dict:
@@ -205,7 +256,7 @@ def show_step(step: Step, handle: ModelHandle) -> Shown:
 
 def _figures() -> dict[str, Callable[[Any, Any, dict], Any]]:
     from components.figures import captions as CF, inversion as IF, kv as KF, kv_long as LF, residual as RF
-    from components.figures import sharpness as SF
+    from components.figures import sae as AF, sharpness as SF
 
     def heads(state):
         return state.get("layer", 0), state.get("head", 0)
@@ -224,6 +275,10 @@ def _figures() -> dict[str, Callable[[Any, Any, dict], Any]]:
         "captions.coverage": lambda r, p, s: CF.sweep_figure(r),
         "residual.best_head": lambda r, p, s: RF.patch_figure(r, "heads"),
         "residual.first_on_top": lambda r, p, s: RF.lens_curves(r),
+        "sae.cross_modal": lambda r, p, s: AF.feature_scatter(r),
+        "sae.image_top": lambda r, p, s: AF.top_tokens_figure(r.features[s.get("feature", 0)]),
+        "sae.other_scene_rank": lambda r, p, s: AF.score_distribution_figure(r),
+        "sae.steer_changed": lambda r, p, s: AF.steering_figure(r),
     }
 
 
@@ -232,36 +287,6 @@ def figure_of(shown: Shown) -> Any:
 
 
 # --- presenting -----------------------------------------------------------------------------------------
-
-TALK_KEY, STEP_KEY = "talk", "step"  # ?talk=NAME&step=K (K from 1)
-STYLE = """<style>
-section[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], header[data-testid="stHeader"]
-  {display: none !important;}
-.block-container {padding-top: 1.2rem !important; max-width: 1000px;}
-.talk-number {font-size: 4.2rem; font-weight: 700; line-height: 1.05; margin: 0.4rem 0 0.2rem 0;}
-.talk-label {font-size: 1.05rem; opacity: 0.8;}
-.talk-narration {font-size: 1.45rem; line-height: 1.35; margin: 0.2rem 0 0.6rem 0;}
-</style>"""
-
-
-def requested() -> str | None:
-    """The talk a link names (?talk=NAME), or None."""
-    name = st.query_params.get(TALK_KEY)
-    return name if isinstance(name, str) else None
-
-
-def step_index(talk: Talk) -> int:
-    """The link's step (from 1), clamped into the talk; 0-based."""
-    try:
-        k = int(st.query_params.get(STEP_KEY, "1"))
-    except ValueError:
-        k = 1
-    return min(max(k, 1), len(talk.steps)) - 1
-
-
-def _go(k: int) -> None:
-    st.query_params[STEP_KEY] = str(k + 1)
-
 
 def explore_link(step: Step) -> str:
     """The step's full page, as its preset's permalink."""
@@ -272,9 +297,9 @@ def explore_link(step: Step) -> str:
 
 def _handle(label: str) -> ModelHandle:
     """The step's model from the app's one cache of loaded models (the picker's: a model is never held twice)."""
-    from components.model_picker import _load_cached
+    from components.model_picker import shared_model
 
-    return _load_cached(ModelSpec.parse(label))
+    return shared_model(ModelSpec.parse(label))
 
 
 def shown(step: Step) -> Shown:
@@ -297,10 +322,12 @@ def present() -> None:
     from components.hosting import escape_markdown
 
     st.html(STYLE)
+    name = requested() or ""
     try:
-        talk = load(requested() or "")
+        talk = load(name)
     except TalkError as exc:
-        st.error(str(exc), icon=":material/slideshow:")
+        if not _present_own(name):
+            st.error(f"{exc} No saved talk of this instance has that id either.", icon=":material/slideshow:")
         return
     k = step_index(talk)
     step = talk.steps[k]
@@ -312,8 +339,30 @@ def present() -> None:
         st.error(f"This step cannot be shown: {escape_markdown(now.missing)}.", icon=":material/error:")
     else:
         draw(now)
-    _controls(talk, k)
-    _audience_copy(talk, k)
+    controls(len(talk.steps), k, explore_link(step))
+    audience_copy(talk, k, lambda link: export_html(talk, link))
+
+
+def _present_own(name: str) -> bool:
+    """A talk a speaker made from the gallery (components/own_talk.py), when the link names one."""
+    from analysis.hosting.store import StoreError
+    from analysis.talks import TalkError
+    from components import hosting, own_talk
+    from components.share import get_store
+
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):  # the store's ids; anything else names no saved talk
+        return False
+    try:
+        store = get_store()
+        talk = own_talk.find(store, name)
+    except (StoreError, TalkError) as exc:
+        st.error(f"The saved talk '{name}' cannot be opened: {hosting.visible_markdown(str(exc))}",
+                 icon=":material/error:")
+        return True
+    if talk is None:
+        return False
+    own_talk.present(talk, store)
+    return True
 
 
 def draw(now: Shown) -> None:
@@ -324,7 +373,9 @@ def draw(now: Shown) -> None:
     left, right = st.columns([1, 2], vertical_alignment="center")
     left.html(f'<div class="talk-number" data-testid="talk-number">{escape(now.text)}</div>'
               f'<div class="talk-label">{escape(READINGS[step.reading].label)}</div>')
-    fig = figure_of(now)
+    import plotly.graph_objects as go
+
+    fig = go.Figure(figure_of(now))  # a copy: the page's figures are shared between sessions (figures/memo.py)
     fig.update_layout(height=340, margin=dict(l=10, r=10, t=40, b=10))
     right.plotly_chart(fig, key=f"talk_fig_{step.panel}_{step.preset}_{step.reading}")
     preset = step.preset_value()
@@ -335,38 +386,7 @@ def draw(now: Shown) -> None:
                     f"{escape_markdown(preset.finding)}")
 
 
-def _controls(talk: Talk, k: int) -> None:
-    row = st.container(horizontal=True, vertical_alignment="center", gap="small")
-    row.button("Previous", icon=":material/arrow_back:", key="talk_prev", shortcut="Left", disabled=k == 0,
-               on_click=_go, args=(k - 1,))
-    row.markdown(f"**{k + 1} / {len(talk.steps)}**", width="content")
-    row.button("Next", icon=":material/arrow_forward:", key="talk_next", shortcut="Right",
-               disabled=k == len(talk.steps) - 1, on_click=_go, args=(k + 1,))
-    row.link_button("Explore this", explore_link(talk.steps[k]), icon=":material/open_in_new:")
-
-
 # --- the audience's copy: one offline HTML file, a read-only link and its QR code --------------------------
-
-
-def audience_link(talk: Talk) -> str:
-    """The talk's read-only link on this instance: the presentation itself (no control, nothing computed)."""
-    try:
-        base = (st.context.url or "").split("?")[0]
-    except Exception:  # AppTest and scripts have no browser URL
-        base = ""
-    base = base.rstrip("/").removesuffix("/talk")
-    return f"{base}/?{TALK_KEY}={talk.name}"
-
-
-def qr_png(text: str) -> bytes:
-    """A QR code of `text` as PNG bytes (segno, pinned in requirements.txt)."""
-    import io
-
-    import segno
-
-    buf = io.BytesIO()
-    segno.make(text, error="m").save(buf, kind="png", scale=6, border=2)
-    return buf.getvalue()
 
 
 def export_html(talk: Talk, link: str = "") -> str:
@@ -391,17 +411,3 @@ def export_html(talk: Talk, link: str = "") -> str:
                     "model": step.preset_value().model}],
             detail=step.preset_value().finding))
     return html_report(talk.title, sections, note=talk.summary, url=link)
-
-
-def _audience_copy(talk: Talk, k: int) -> None:
-    """On the first and last step: the read-only link as a QR code, and the talk as one HTML file."""
-    if k not in (0, len(talk.steps) - 1):
-        return
-    link = audience_link(talk)
-    with st.container(horizontal=True, vertical_alignment="center", gap="medium"):
-        st.image(qr_png(link), width=130, caption="This talk on your phone")
-        with st.container():
-            st.code(link, language=None, wrap_lines=True)
-            st.download_button("Take the talk home (one HTML file, works offline)", lambda: export_html(talk, link),
-                               file_name=f"talk-{talk.name}.html", mime="text/html", key="talk_export",
-                               icon=":material/download:", on_click="ignore")

@@ -26,7 +26,7 @@ from analysis.framework.errors import UserError
 from analysis.talks.readings import READINGS
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
-NOT_TALKS = {"readings"}  # modules of this package that hold no talk
+NOT_TALKS = {"readings", "own"}  # modules of this package that hold no talk (own: the talks speakers make)
 
 
 class TalkError(UserError):

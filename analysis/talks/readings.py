@@ -77,6 +77,25 @@ def _first_on_top(result, params, state):
     return next((i for i, ranks in enumerate(result.lens.target_rank) if ranks[-1] == 0), None)
 
 
+def _cross_modal(result, params, state):
+    return result.summary()["cross_modal"]
+
+
+def _image_top(result, params, state):
+    return result.features[state.get("feature", 0)].n_image_top
+
+
+def _mean_rank(kind: str) -> Callable:
+    def value(result, params, state):  # the ranking table's "mean rank" of that kind of pair (1: the best score)
+        ranks = [r.rank for r in result.rows if r.kind == kind]
+        return round(sum(ranks) / len(ranks), 1) if ranks else None
+    return value
+
+
+def _steer_changed(result, params, state):
+    return sum(result.steered.changed)
+
+
 READINGS: dict[str, Reading] = {r.name: r for r in (
     Reading("kv.accuracy", "Key-value accuracy of the chosen policy", ("analyze",), _kv_accuracy, "{:.0%}"),
     Reading("kv.recall", "Claims the chosen policy's answer keeps", ("long_response",), _kv_recall, "{:.0%}"),
@@ -99,4 +118,12 @@ READINGS: dict[str, Reading] = {r.name: r for r in (
     Reading("residual.best_head", "Share of the answer one head brings back", ("patch",), _best_head, "{:.2f}"),
     Reading("residual.first_on_top", "First layer where the lens reads the answer on top", ("inspect",),
             _first_on_top, "{:d}"),
+    Reading("sae.cross_modal", "Features that fire on both caption words and picture patches", ("store",),
+            _cross_modal, "{:d}"),
+    Reading("sae.image_top", "Picture patches among the feature's 30 strongest places", ("store",), _image_top,
+            "{:d}"),
+    Reading("sae.other_scene_rank", "Average place of another scene's caption among all pairs (1: the best match)",
+            ("rank",), _mean_rank("other_scene"), "{:.0f}"),
+    Reading("sae.steer_changed", "Words of the caption that change when one feature is pushed", ("steer",),
+            _steer_changed, "{:d}"),
 )}

@@ -446,3 +446,29 @@ def steering_rows(result: SteeringResult) -> list[dict]:
     return [{"output": "unsteered", "text": result.unsteered.text, "changed tokens": sum(result.unsteered.changed)},
             {"output": "steered", "text": result.steered.text, "changed tokens": sum(result.steered.changed)}]
 
+
+
+def steering_figure(result: SteeringResult) -> go.Figure:
+    """The unsteered and the steered output as a two-row table, the tokens that differ in bold (a talk's step)."""
+    def marked(output: SteeredText) -> str:
+        return "".join(f"<b>{html.escape(t)}</b>" if c else html.escape(t)
+                       for t, c in zip(output.tokens, output.changed or [False] * len(output.tokens)))
+
+    features = ", ".join(f"{k} at {v:g}" for k, v in sorted(result.features.items()))
+    fig = go.Figure(go.Table(
+        columnwidth=[1, 4], header=dict(values=["output", "text (changed words in bold)"], align="left"),
+        cells=dict(values=[["unsteered", f"steered (feature {features})"],
+                           [marked(result.unsteered), marked(result.steered)]], align="left", height=34,
+                   font=dict(size=15))))
+    fig.update_layout(margin=dict(l=10, r=10, t=10, b=10))
+    return fig
+
+
+def top_tokens_figure(card: FeatureCard) -> go.Figure:
+    """How many of a feature's strongest tokens are caption words and how many image patches (a talk's step)."""
+    fig = go.Figure(go.Bar(x=["caption words", "image patches"], y=[card.n_text_top, card.n_image_top],
+                           marker_color=["#1565c0", "#c62828"], text=[card.n_text_top, card.n_image_top],
+                           textposition="outside"))
+    fig.update_layout(title=f"Feature {card.index}: its {card.n_text_top + card.n_image_top} strongest tokens",
+                      yaxis_title="tokens", margin=dict(l=10, r=10, t=40, b=10))
+    return fig

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
+from analysis import talks
 from analysis.framework import presets as P
+from components.hosting import escape_markdown
 from components.model_picker import current_handle
 from components.registry import panel_pages
 
@@ -42,6 +44,9 @@ def render() -> None:
         st.caption("Coming next: " + ", ".join(missing) + ".")
 
     st.subheader("Tour: one finding per click")
+    st.markdown("**Give a talk**: " + " · ".join(f"[{escape_markdown(t.title)}](/?talk={t.name})"
+                                                 for t in talks.all_talks())
+                + " (one finding per screen; make your own from *Saved analyses*).")
     st.caption("Presets for live talks. Each link opens a panel with every control (and the demo model) set to "
                "show one finding of its paper; the link is also the permalink. On a panel, the same presets are "
                "the buttons at the top.")

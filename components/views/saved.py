@@ -11,7 +11,7 @@ import streamlit as st
 
 from analysis.hosting.export import ReportSection, html_report, result_json
 from analysis.hosting.store import StoreError
-from components import hosting
+from components import hosting, own_talk
 from components.common import explain, one_line
 from components.share import current_url, escape_markdown, get_store, owner
 
@@ -69,6 +69,8 @@ def show_saved(store, selected: str, embedded: bool) -> None:
     st.title("Saved analyses")
     st.subheader(escape_markdown(analysis.title))
     st.caption(f"{_byline(analysis)} · id `{analysis.id}`")
+    if analysis.panel == own_talk.PANEL:  # a talk made in the gallery: its steps are below, as JSON
+        st.link_button("Present this talk", f"/?talk={analysis.id}", icon=":material/slideshow:")
     explain("A stored snapshot: the figures, tables and result exactly as they were saved; nothing is "
             "recomputed. The live view's link is below, to rerun it on the current model.")
     if analysis.note:
@@ -115,6 +117,8 @@ def gallery(store) -> None:
             "link (`?id=...`) without recomputing, for anyone with access to this server; add "
             "`&embed=true` to embed it." + ("" if allowed else f" {why_not}"))
     analyses = store.summaries(GALLERY_SIZE)
+    own_talk.section(store, analyses)  # the talks saved here, and *Make a talk* from these analyses
+    analyses = [a for a in analyses if a.panel != own_talk.PANEL]
     if not analyses:
         st.info("Nothing saved yet. Run a panel and use its *Save this analysis* form."
                 if allowed else "Nothing saved yet.")

@@ -20,6 +20,15 @@ def test_home_renders_info_of_loaded_model(tiny_llama_dir):
     assert "LlamaForCausalLM" in values and "4 / 2" in values
 
 
+def test_home_links_every_talk(tiny_llama_dir):
+    from analysis import talks
+
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)))
+    line = next(m.value for m in at.markdown if m.value.startswith("**Give a talk**"))
+    assert [f"(/?talk={t.name})" in line for t in talks.all_talks()] == [True] * len(talks.all_talks())
+    assert "(/?talk=sae-features)" in line and "Saved analyses" in line
+
+
 def _load_via_picker(at, source: str, **fields):
     at.sidebar.radio(key="picker_source").set_value(source).run()
     for key, value in fields.items():

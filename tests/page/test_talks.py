@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from analysis import talks
-from analysis.framework import precompute
+from analysis.framework import panels, precompute
 from analysis.model_access.models import ModelSpec, load_model
 from components import talk as T
 from conftest import app_with_model, zoo_model_ready
@@ -50,15 +50,22 @@ def test_every_step_resolves_to_a_stored_entry_and_its_number(handles):
                 continue
             run = T.planned_run(step, handles(model))
             key = run.key()
-            stored = precompute.lookup(key.kind, key.model, key.params, key.extra, run.handle.path,
-                                       helpers={n: (h.spec.label, h.path) for n, h in run.models.items()})
+            if run.shipped is not None:  # the SAE-V page's feature store: files committed with the demo SAE
+                from analysis import sae_v
+
+                assert sae_v.SAE_ROOT in run.shipped.parents, run.shipped
+                stored = sae_v.load_store(run.shipped)
+            else:
+                stored = precompute.lookup(key.kind, key.model, key.params, key.extra, run.handle.path,
+                                           helpers={n: (h.spec.label, h.path) for n, h in run.models.items()})
             assert stored is not None, f"{t.name}: '{step.title}' has no stored result ({key.kind})"
             now = T.show_step(step, run.handle)
             assert not now.missing, now.missing
             reading = talks.readings.READINGS[step.reading]
             assert now.number == reading.value(stored, run.params, T.state_of(step))
             checked += 1
-    assert checked >= 15
+    assert checked >= 19
+    assert {s.panel for t in TALKS for s in t.steps} >= {a.url_path for a in panels.analyses() if a.page}
 
 
 @pytest.mark.parametrize("preset,reading,quoted", [
@@ -69,7 +76,10 @@ def test_every_step_resolves_to_a_stored_entry_and_its_number(handles):
     ("dispersion", "sharpness.accuracy", "56%"),  # "accuracy falls from 100 % to 56 %"
     ("needle-found", "residual.best_head", "0.73"),  # "head L0H3 alone restores 0.73"
     ("tuned-colour", "residual.first_on_top", "3"),
-    ("invented-objects", "captions.factuality_before", "0.00"),  # "factuality goes from 0 to 1"  # "After layer 3 the tuned lens has 'yellow' on top"
+    ("invented-objects", "captions.factuality_before", "0.00"),  # "factuality goes from 0 to 1"
+    ("cross-modal-list", "sae.cross_modal", "36"),  # the page's 'Cross-modal' card
+    ("ranking-other-scene", "sae.other_scene_rank", "216"),  # the ranking table's mean rank, 215.7 (clean 123.4)
+    ("steer-middle-right", "sae.steer_changed", "2"),  # 'bottom left' -> 'middle right'
 ])
 def test_a_steps_number_is_the_one_its_preset_quotes(handles, preset, reading, quoted):
     step = next(s for t in TALKS for s in t.steps if s.preset == preset and s.reading == reading)
@@ -130,14 +140,22 @@ def test_the_html_export_holds_every_step_and_asks_no_other_host(name):
         assert f"<td>{H.escape(T.shown(step).text)}</td>" in body, step.title
 
 
-def test_the_first_and_last_step_show_the_link_and_its_qr_code():
+def test_the_first_and_last_step_show_the_link_and_its_qr_code(monkeypatch):
+    from components import talk_screen
+    from qr_reader import read_qr
+
+    drawn = []  # the PNG each screen's st.image shows, read back below (tests/qr_reader.py)
+    monkeypatch.setattr(talk_screen, "qr_png", lambda text, draw=talk_screen.qr_png: drawn.append(draw(text)) or
+                        drawn[-1])
     t = talks.load("kv-cache")
     for index, shows in ((0, True), (1, False), (len(t.steps) - 1, True)):
+        drawn.clear()
         at = _open("kv-cache", index)
         codes = [c.value for c in at.code]
         assert (codes == ["/?talk=kv-cache"]) is shows, codes
         assert (len(at.get("image")) == 1) is shows
         assert (len(at.get("download_button")) == 1) is shows
+        assert [read_qr(png) for png in drawn] == codes  # the QR code holds the link shown beside it
 
 
 

@@ -50,3 +50,12 @@ def test_front_matter_names_the_container_port():
 
 def test_no_history_on_the_landing_page():
     assert not re.search(r"changelog|history of the project|what changed in", README, re.I)
+
+
+def test_every_shipped_talk_and_making_your_own_are_in_give_a_talk():
+    from analysis import talks
+
+    section = README.split("### Give a talk", 1)[1].split("\n## ", 1)[0]
+    for talk in talks.all_talks():
+        assert f"`{talk.name}`" in section, f"the talk {talk.name} is not in the README's 'Give a talk'"
+    assert "**Make your own**" in section and "?talk=<its id>" in section

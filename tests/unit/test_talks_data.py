@@ -15,7 +15,7 @@ GOOD = Step("kv-cache", "needle-streaming", "Keep only the newest words", "The f
 def test_shipped_talks_cover_every_panel_with_presets_and_six_findings():
     names = {t.name for t in talks.all_talks()}
     assert {"kv-cache", "attention-sharpness", "prompt-reconstruction", "residual-stream", "caption-correction",
-            "six-findings"} <= names
+            "sae-features", "six-findings"} <= names
     six = talks.load("six-findings")
     assert len(six.steps) == 6 and len({s.panel for s in six.steps}) == 5
     real = [s for t in talks.all_talks() for s in t.steps if s.preset_value().model == "zoo:smollm2-135m-instruct"]
