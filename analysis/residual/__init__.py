@@ -20,7 +20,7 @@ from __future__ import annotations
 from analysis.framework.panels import Analysis, Run
 from analysis.residual.analysis import inspect, pair_sweep, patch, side_by_side, weights_elsewhere
 from analysis.residual.cli import cli
-from analysis.residual.branching import branch
+from analysis.residual.branching import branch, check_branch
 from analysis.residual.cost import branch_work, generate_work, inspect_work, patch_work, side_work, sweep_work
 from analysis.residual.generation import generate
 from analysis.residual.errors import ResidualError
@@ -47,6 +47,6 @@ __all__ = [
     "ANALYSIS", "inspect", "pair_sweep", "patch", "side_by_side", "weights_elsewhere", "cli", "inspect_work", "patch_work", "side_work",
     "sweep_work", "ResidualError", "LENSES", "readout", "OWN", "Pair", "pairs_for", "ResidualParams",
     "ResidualState", "validate_params", "COMPONENTS", "METHODS", "Dla", "Inspection", "LensGrid", "PairSweep", "PatchGrid",
-    "Patching", "SideBySide", "generate", "generate_work", "Generation", "Strip", "branch",
+    "Patching", "SideBySide", "generate", "generate_work", "Generation", "Strip", "branch", "check_branch",
     "branch_work", "Branch",
 ]
