@@ -184,3 +184,25 @@ def test_a_bad_branch_in_the_link_is_the_link_settings_message(at_, token):
     assert not at.exception
     assert len(at.error) == 1 and at.error[0].value.startswith("This link's settings are out of range")
     assert len(_texts(at)) == 1  # the generated text, no branch
+
+
+@needs_zoo
+def test_a_saved_analysis_keeps_the_branch(tmp_path, monkeypatch):
+    from analysis.hosting.store import AnalysisStore
+    from analysis.residual import Generation
+
+    monkeypatch.setenv("MODEL_INSPECTOR_STORE", str(tmp_path / "store.db"))
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={
+        "view": "generate", "pair": "colour-0", "new_tokens": "8", "branch_at": "4", "branch_token": "31"})
+    at.session_state["share_residual_open"] = True
+    at.run()
+    _ok(at)
+    next(b for b in at.button if b.label == "Save").click().run()
+    _ok(at)
+    saved = AnalysisStore(tmp_path / "store.db").list()
+    assert len(saved) == 1 and (saved[0].params["branch_at"], saved[0].params["branch_token"]) == (4, 31)
+    result = Generation.from_dict(saved[0].result)
+    assert result.branch.at == 4 and result.branch.token_id == 31 and result.branch.tokens[0] == "green"
+    assert result.branch.main_ids == result.token_ids[4:] and result.alternative_ids[4][0] == result.token_ids[4]
+    assert [r["branch"] for r in saved[0].tables["branch"]] == result.branch.tokens
+    assert "branch_at=4" in saved[0].url and "branch_token=31" in saved[0].url
