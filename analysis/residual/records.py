@@ -184,6 +184,12 @@ class Branch(Result):
     main_path_prob: float  # the product of `main_prob`: the probability of the main continuation from `at`
     path_prob: float  # the product of `prob`
 
+    def over_common_length(self) -> tuple[int, float, float]:
+        """(n, P(main), P(branch)) over the first n tokens of both, n the shorter's length: products of texts of
+        different lengths do not compare (one that ends early has fewer factors below 1)."""
+        n = min(len(self.main_prob), len(self.prob))
+        return n, math.prod(self.main_prob[:n]), math.prod(self.prob[:n])
+
 
 @dataclass
 class Generation(Result):

@@ -270,7 +270,7 @@ def strip_rows(result: Generation) -> list[dict]:
     """Per generated token: its text, the model's P and top-1, and each lens's two commitment states."""
     rows = []
     for k, token in enumerate(result.tokens):
-        row = {"#": k, "token": token, "P(token)": round(result.prob[k], 3), "model's top-1": result.top[k]}
+        row = {"#": k, "token": visible(token), "P(token)": round(result.prob[k], 3), "model's top-1": visible(result.top[k])}
         for strip in result.strips:
             first, stays = strip.first[k], strip.stays[k]
             row[f"{strip.lens}: first top-1 (state)"] = "never" if first is None else str(first)
@@ -318,6 +318,7 @@ def branch_rows(branch) -> list[dict]:
     for i in range(max(len(branch.main_tokens), len(branch.tokens))):
         main = branch.main_tokens[i] if i < len(branch.main_tokens) else ""
         other = branch.tokens[i] if i < len(branch.tokens) else ""
+        main, other = visible(main) if main else "", visible(other) if other else ""
         rows.append({"#": branch.at + i, "generated": main,
                      "P (generated)": round(branch.main_prob[i], 4) if i < len(branch.main_prob) else None,
                      "branch": other, "P (branch)": round(branch.prob[i], 4) if i < len(branch.prob) else None,

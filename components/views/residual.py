@@ -451,6 +451,11 @@ def show_branching(page: Page, params: residual.ResidualParams,
     row.metric(f"P(generated text) from token {branched.at}", f"{branched.main_path_prob:.3g}", delta_color="off",
                width="content")
     st.html(F.continuations_html(result, branched))
+    n, main_p, branch_p = branched.over_common_length()
+    if len(branched.main_ids) != len(branched.ids):
+        st.caption(f"The two texts differ in length ({len(branched.main_ids)} and {len(branched.ids)} tokens from the "
+                   f"branch point), so their products do not compare; over the first {n} tokens of each: generated "
+                   f"{main_p:.3g}, branch {branch_p:.3g}.")
     rows = F.branch_rows(branched)
     table(rows)
     explain("Each text's probability is the product of the model's own probabilities (temperature 1) of its "

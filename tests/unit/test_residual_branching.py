@@ -147,3 +147,13 @@ def test_the_command_line_prints_the_branch_in_its_json(capsys):
     assert out["branch"]["main_ids"] == main["token_ids"] and out["branch"]["first_difference"] == 0
     with pytest.raises(SettingsError, match="go together"):
         cli(args + ["--branch-at", "0"])
+
+
+def test_texts_of_different_lengths_compare_over_their_common_length():
+    from analysis.residual import Branch
+
+    b = Branch(at=2, token_id=5, token="x", main_ids=[1, 2, 3, 4], main_tokens=list("abcd"), main_prob=[0.5, 0.5, 0.5, 0.5],
+               main_text="abcd", ids=[5, 6], tokens=list("xy"), prob=[0.1, 0.9], text="xy", ended=True,
+               first_difference=0, main_path_prob=0.0625, path_prob=0.09)
+    n, main, branched = b.over_common_length()
+    assert (n, main, branched) == (2, pytest.approx(0.25), pytest.approx(0.09))
