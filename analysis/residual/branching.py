@@ -14,10 +14,12 @@ import math
 
 import torch
 
+from analysis import backends
 from analysis.framework.errors import SettingsError
 from analysis.framework.progress import Progress
 from analysis.model_access import anatomy
 from analysis.model_access.models import ModelHandle, require_kind
+from analysis.residual.errors import ResidualError
 from analysis.residual.generation import decode, end_ids
 from analysis.residual.params import ResidualParams, validate_params
 from analysis.residual.prompts import chosen_pair, encoded, show
@@ -45,6 +47,9 @@ def branch(handle: ModelHandle, params: ResidualParams, progress: Progress | Non
     continuation for the rest of the `params.new_tokens` budget, beside `main` (the generated token ids)."""
     require_kind(handle, "causal_lm", "vlm", panel="residual stream")
     validate_params(params)
+    why = backends.local_only(handle, "Branching a generation")
+    if why:
+        raise ResidualError(why)
     main = [int(t) for t in main]
     check_branch(handle, at, token, len(main))
     prompt = encoded(handle, chosen_pair(handle, params).clean, "prompt")[0].tolist()

@@ -157,3 +157,14 @@ def test_texts_of_different_lengths_compare_over_their_common_length():
                first_difference=0, main_path_prob=0.0625, path_prob=0.09)
     n, main, branched = b.over_common_length()
     assert (n, main, branched) == (2, pytest.approx(0.25), pytest.approx(0.09))
+
+
+def test_a_vlms_language_model_branches_like_a_greedy_loop(tiny_llava_dir):
+    h = load_model(ModelSpec("local", str(tiny_llava_dir)))
+    params = _params(new_tokens=6)
+    gen = generate(h, params)
+    chosen = _other_than(gen.alternative_ids[1], gen.token_ids[1])
+    b = branch(h, params, at=1, token=chosen, main=tuple(gen.token_ids))
+    start = prompt_ids(h.tokenizer, PROMPT) + gen.token_ids[:1] + [chosen]
+    assert b.ids == [chosen] + _greedy_loop(h.language_model, start, 4, {h.tokenizer.eos_token_id})
+    assert b.prob == pytest.approx(_probs(h.language_model, start[:-1] + b.ids, len(start) - 1), rel=1e-5, abs=1e-7)
