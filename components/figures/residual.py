@@ -285,7 +285,7 @@ def _chip(token: str, prob: float, index: int, style: str = "") -> str:
 
 
 def _text_block(title: str, chips: list[str]) -> str:
-    return (f'<div style="flex:1;min-width:280px"><div style="font-weight:600;margin-bottom:4px">'
+    return (f'<div style="flex:1;min-width:220px"><div style="font-weight:600;margin-bottom:4px">'
             f'{html.escape(title)}</div><div style="line-height:1.9;font-family:monospace">{"".join(chips)}</div></div>')
 
 
