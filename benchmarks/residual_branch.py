@@ -4,8 +4,8 @@
 
 The panel's `generate` continues the model's first pair (SmolLM2: "The capital of France is") greedily, then
 `branch` takes each of the model's other top-5 tokens at generated token `--at` and regenerates from it. Per
-branch: its text, each text's probability from the branch point (product of the model's P of its tokens), the
-first difference, whether the model ended it, and the process CPU time of the branch against that of the plain
+branch: its text, each text's probability from the branch point (product of the model's P of its tokens; and
+over the length both texts have, when one ends early), the first difference, whether the model ended it, and the process CPU time of the branch against that of the plain
 generation of the whole text (greedy `generate`, no states kept), measured in the same run. Writes
 benchmarks/results/residual_branch.json.
 """
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
         branches.append({"token": b.token, "token_id": token,
                          "p_token": gen.alternative_probs[args.at][gen.alternative_ids[args.at].index(token)],
                          "text": b.text, "tokens": len(b.ids), "ended": b.ended, "path_prob": b.path_prob,
-                         "first_difference": b.first_difference, "cpu_s": seconds, "cpu_vs_plain": seconds / plain_s})
+                         "first_difference": b.first_difference, "cpu_s": seconds, "cpu_vs_plain": seconds / plain_s,
+                         "common_length": dict(zip(("tokens", "main_prob", "branch_prob"), b.over_common_length()))})
     out = {"model": args.model, "prompt": gen.prompt, "text": gen.text, "generated": len(gen.tokens), "at": args.at,
            "main_path_prob": branches[0]["path_prob"], "plain_generate_cpu_s": plain_s,
            "generate_with_strip_cpu_s": gen_s, "branches": branches, "torch_threads": torch.get_num_threads(),

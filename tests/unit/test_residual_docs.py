@@ -89,5 +89,8 @@ def test_branching_numbers_come_from_the_benchmark():
     assert london["ended"] and london["first_difference"] == 0 and f"--branch-token {london['token_id']}" in flat
     assert f"'{london['text'].encode('unicode_escape').decode()}'" in flat and f"after {london['tokens']} tokens" in flat
     assert by[" Paris"]["path_prob"] == run["main_path_prob"] and by[" Paris"]["first_difference"] is None
+    common = london["common_length"]
+    assert f"first {common['tokens']} tokens of each, the generated text has {common['main_prob']:.3g} and ' London' " \
+           f"{common['branch_prob']:.3g}" in flat and common["branch_prob"] < common["main_prob"]
     ratios = [b["cpu_vs_plain"] for b in run["branches"]]
     assert f"{min(ratios):.2f}-{max(ratios):.2f}x the CPU time" in flat
