@@ -404,39 +404,13 @@ def show_branching(page: Page, params: residual.ResidualParams,
     """Every generated token, and a branch: another of the model's top tokens at one of them, the text
     regenerated from there beside the generated one (analysis/residual/branching.py)."""
     st.subheader("Branch")
-    n = len(result.token_ids)
-    if not n or not result.alternative_ids:
+    if not result.token_ids or not result.alternative_ids:
         return result, {}
-    at, token = _branch_link(page, n)
-
-    def forget_token() -> None:  # another position: its own choice, not the link's token from the last one
-        st.query_params.pop("branch_token", None)
-
-    c0, c1 = st.columns([1, 3])
-    at = page.control(
-        "branch_at", c0, default=at, choices=[-1, *range(n)], widget="select", on_change=forget_token,
-        format_func=lambda k: "no branch" if k < 0 else f"{k}: {F.visible(result.tokens[k])!r}")
-    if at < 0:
-        page.set_link(branch_token=-1)
+    at, token = _branch_choice(page, result)
+    if at < 0 or token == result.token_ids[at]:
         st.html(F.continuations_html(result))
         explain("Pick a generated token to see the model's other top choices there; taking one regenerates the "
                 "text from it with the same decoding (greedy, or sampled from the same seed).")
-        return result, {}
-    choices = list(result.alternative_ids[at])
-    extra = [t for t in (result.token_ids[at], token) if t >= 0 and t not in choices]
-    probs = dict(zip(result.alternative_ids[at], result.alternative_probs[at]))
-    names = dict(zip(result.alternative_ids[at], result.alternative_tokens[at]))
-
-    def label(t: int) -> str:
-        name = F.visible(names.get(t) or page.handle.tokenizer.decode([t]))
-        p = f" · {probs[t]:.3g}" if t in probs else f" · {result.prob[at]:.3g}" if t == result.token_ids[at] else ""
-        return f"{name!r}{p}" + (" (generated)" if t == result.token_ids[at] else "")
-
-    token = page.control("branch_token", c1, default=token if token >= 0 else result.token_ids[at],
-                         choices=choices + extra, widget="radio", format_func=label, key=f"branch_token_{at}")
-    if token == result.token_ids[at]:
-        st.html(F.continuations_html(result))
-        st.caption("The generated token is chosen: take another to branch.")
         return result, {}
     branched = page.run("branch", residual.branch, params, label="Regenerating from the branch", stop=False,
                         optional=True, at=at, token=token, main=tuple(result.token_ids))
@@ -462,3 +436,33 @@ def show_branching(page: Page, params: residual.ResidualParams,
             "tokens from the branch point on, read from one plain forward; the first difference is outlined. The "
             "branch continues for the rest of the same token budget.")
     return result, {"branch": rows}
+
+
+def _branch_choice(page: Page, result: residual.Generation) -> tuple[int, int]:
+    """The branch point (-1: none) and the token taken there, from the link first, then the two controls:
+    the generated tokens, and the model's top tokens at the chosen one (the generated token among them)."""
+    n = len(result.token_ids)
+    at, token = _branch_link(page, n)
+
+    def forget_token() -> None:  # another position: its own choice, not the link's token from the last one
+        st.query_params.pop("branch_token", None)
+
+    c0, c1 = st.columns([1, 3])
+    at = page.control(
+        "branch_at", c0, default=at, choices=[-1, *range(n)], widget="select", on_change=forget_token,
+        format_func=lambda k: "no branch" if k < 0 else f"{k}: {F.visible(result.tokens[k])!r}")
+    if at < 0:
+        page.set_link(branch_token=-1)
+        return -1, -1
+    mine = result.token_ids[at]
+    choices = list(result.alternative_ids[at])
+    extra = [t for t in (mine, token) if t >= 0 and t not in choices]
+    probs = dict(zip(result.alternative_ids[at], result.alternative_probs[at])) | ({mine: result.prob[at]})
+    names = dict(zip(result.alternative_ids[at], result.alternative_tokens[at]))
+
+    def label(t: int) -> str:
+        name = F.visible(names.get(t) or page.handle.tokenizer.decode([t]))
+        return f"{name!r}" + (f" · {probs[t]:.3g}" if t in probs else "") + (" (generated)" if t == mine else "")
+
+    return at, page.control("branch_token", c1, default=token if token >= 0 else mine, choices=choices + extra,
+                            widget="radio", format_func=label, key=f"branch_token_{at}")
