@@ -30,6 +30,7 @@ from analysis.framework.settings import (check_magnitude, choices_of, field_defa
 from components.common import URL_TEXT_MAX, analysis_errors, set_url_params
 
 WIDTH = 135  # px: six fields fit in a row at 1400 px, three at 1024
+OUT_OF_RANGE = "This link's settings are out of range; the controls show the nearest allowed values: "
 
 
 def _bounds(f: Field, overrides: dict) -> tuple[Any, Any]:
@@ -207,8 +208,7 @@ class ParamsForm:
         (`stop=False`: goes on with the nearest allowed values). The widgets and the URL already hold the
         nearest allowed values, so any change of a control runs."""
         prefix = ("This link's settings are out of range (the controls show the nearest allowed values; change any "
-                  "control to run with them): " if stop else
-                  "This link's settings are out of range; the controls show the nearest allowed values: ")
+                  "control to run with them): " if stop else OUT_OF_RANGE)
         with analysis_errors(prefix=prefix, stop=stop):
             for name, f in self.fields.items():  # before any panel's own check compares it with a float
                 check_magnitude(f.metadata.get("label", name), self.raw[name], f.metadata)

@@ -6,7 +6,8 @@ Read in this order:
   projection) and how a norm acts on a sum of parts; `hooks.py`: every capture and patch, in one place;
 - `lenses.py`: the lenses (logit, tuned), each a class in `LENSES`; `translators.py`: the tuned lens's stored
   translators (trained by analysis/zoo/train/tuned_lens.py);
-- `generation.py`: generate and inspect, the commitment strip of every generated token;
+- `generation.py`: generate and inspect, the commitment strip of every generated token; `branching.py`: another
+  of the model's top tokens at one generated token, and the text regenerated from there;
 - `dla.py`: direct logit attribution; `patching.py`: the patched components (`COMPONENTS`) and the methods
   (`METHODS`: exact, attribution);
 - `pairs.py`: prompt pairs with known answers; `prompts.py`: tokens and scored tokens;
@@ -19,7 +20,8 @@ from __future__ import annotations
 from analysis.framework.panels import Analysis, Run
 from analysis.residual.analysis import inspect, pair_sweep, patch, side_by_side, weights_elsewhere
 from analysis.residual.cli import cli
-from analysis.residual.cost import generate_work, inspect_work, patch_work, side_work, sweep_work
+from analysis.residual.branching import branch, check_branch
+from analysis.residual.cost import branch_work, generate_work, inspect_work, patch_work, side_work, sweep_work
 from analysis.residual.generation import generate
 from analysis.residual.errors import ResidualError
 from analysis.residual.lenses import LENSES, readout
@@ -28,7 +30,7 @@ from analysis.residual.params import ResidualParams, ResidualState, validate_par
 from analysis.residual.presets import PRESETS
 from analysis.residual.patching import COMPONENTS, METHODS
 from analysis.residual.records import (
-    Dla, Generation, Inspection, LensGrid, PairSweep, PatchGrid, Patching, SideBySide, Strip,
+    Branch, Dla, Generation, Inspection, LensGrid, PairSweep, PatchGrid, Patching, SideBySide, Strip,
 )
 
 ANALYSIS = Analysis(
@@ -37,7 +39,7 @@ ANALYSIS = Analysis(
             "(activation and attribution patching), what writes it (direct logit attribution), side by side.",
     paper="Tuned lens (Belrose et al. 2023); activation patching (Meng et al. 2022)", kinds=("causal_lm", "vlm"),
     runs=(Run(inspect, inspect_work), Run(patch, patch_work), Run(side_by_side, side_work),
-          Run(pair_sweep, sweep_work), Run(generate, generate_work)),
+          Run(pair_sweep, sweep_work), Run(generate, generate_work), Run(branch, branch_work)),
     cli=cli, params=ResidualParams, view_state=ResidualState, presets=PRESETS,
 )
 
@@ -45,5 +47,6 @@ __all__ = [
     "ANALYSIS", "inspect", "pair_sweep", "patch", "side_by_side", "weights_elsewhere", "cli", "inspect_work", "patch_work", "side_work",
     "sweep_work", "ResidualError", "LENSES", "readout", "OWN", "Pair", "pairs_for", "ResidualParams",
     "ResidualState", "validate_params", "COMPONENTS", "METHODS", "Dla", "Inspection", "LensGrid", "PairSweep", "PatchGrid",
-    "Patching", "SideBySide", "generate", "generate_work", "Generation", "Strip",
+    "Patching", "SideBySide", "generate", "generate_work", "Generation", "Strip", "branch", "check_branch",
+    "branch_work", "Branch",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from analysis.residual.params import ResidualParams, validate_params
+from analysis.framework.errors import SettingsError
 from analysis.framework.settings import ArgumentParser, add_arguments, labelled, read_arguments
 
 FIELDS = [(f, ResidualParams) for f in labelled(ResidualParams)]
@@ -26,6 +27,11 @@ def parser() -> argparse.ArgumentParser:
                     help="graph: keep edges whose importance exceeds this (the paper's tau, 0..1)")
     ap.add_argument("--position", type=int, default=None,
                     help="graph: the position the graph is built from (default: the last token)")
+    ap.add_argument("--branch-at", type=int, default=None, metavar="I",
+                    help="generate: branch at generated token I (0: the first), taking --branch-token there")
+    ap.add_argument("--branch-token", type=int, default=None, metavar="T",
+                    help="generate: the token id the branch takes (the JSON's alternative_ids list each "
+                         "token's top-k)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     return ap
 
@@ -82,6 +88,16 @@ def print_generation(r) -> None:
             row += ["never" if s.first[k] is None else s.first[k], "-" if s.stays[k] is None else s.stays[k]]
         rows.append(row)
     _table(rows, head)
+    if r.branch is not None:
+        print_branch(r.branch)
+
+
+def print_branch(b) -> None:
+    was = repr(b.main_tokens[0]) if b.main_tokens else "the end"
+    where = "no difference" if b.first_difference is None else f"first difference at +{b.first_difference}"
+    print(f"\nbranch at generated token {b.at}: {was} -> {b.token!r} ({where})")
+    print(f"main:   {b.main_text!r}  P = {b.main_path_prob:.3g}")
+    print(f"branch: {b.text!r}  P = {b.path_prob:.3g}{' (ended by the model)' if b.ended else ''}")
 
 
 def print_graph(r) -> None:
@@ -115,7 +131,14 @@ def cli(argv: list[str]) -> int:
     elif args.what == "generate":
         from analysis.residual.generation import generate
 
+        if (args.branch_at is None) != (args.branch_token is None):
+            raise SettingsError("--branch-at and --branch-token go together.")
         result, show = generate(handle, params), print_generation
+        if args.branch_at is not None:
+            from analysis.residual.branching import branch
+
+            result.branch = branch(handle, params, at=args.branch_at, token=args.branch_token,
+                                   main=tuple(result.token_ids))
     elif args.what == "graph":
         from analysis.residual.contributions import contribution_graph
         from analysis.residual.prompts import chosen_pair

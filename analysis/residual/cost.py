@@ -84,3 +84,16 @@ def generate_work(handle: ModelHandle, params: ResidualParams, kwargs: dict) -> 
     lenses = 2 if params.lens != "logit" else 1
     work = cost.sequence(t, t, generate=n)
     return work.add(overhead=n * GENERATE_STEP_CALLS, logits=lenses * n * handle.info.layers * STRIP_FULL_SHARE)
+
+
+def branch_work(handle: ModelHandle, params: ResidualParams, kwargs: dict) -> Work:
+    """`branch`: the rest of the generation from the branch point, then one plain forward over each whole text."""
+    validate_params(params)
+    t = len(prompt_ids(handle.tokenizer, chosen_pair(handle, params).clean))
+    main = len(kwargs.get("main") or ()) or params.new_tokens
+    at = int(kwargs.get("at", 0))
+    rest = max(0, params.new_tokens - at - 1)
+    work = cost.sequence(t + at + 1, t + at + 1, generate=rest).add(overhead=rest * GENERATE_STEP_CALLS)
+    for _ in range(2):
+        work.add(**vars(_forward(t + main, logits=main)))
+    return work

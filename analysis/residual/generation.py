@@ -76,39 +76,64 @@ def generate(handle: ModelHandle, params: ResidualParams, progress: Progress | N
         text=tok.decode(tokens.tolist()), tokens=show(tok, tokens.tolist()), token_ids=tokens.tolist(),
         prob=logp.gather(1, tokens[:, None])[:, 0].exp().tolist(),
         top=show(tok, logits.argmax(-1).tolist()), ended=ended, layers=states.shape[1], strips=strips,
-        seconds={"generate": t1 - t0, "strip": t2 - t1})
+        seconds={"generate": t1 - t0, "strip": t2 - t1}, **alternatives(tok, logits, params.top_k))
+
+
+def alternatives(tokenizer, logits: torch.Tensor, k: int) -> dict[str, list[list]]:
+    """Per generated token, the model's k most likely tokens at the step that produced it (temperature 1):
+    the choices a branch may take there."""
+    probs = torch.softmax(logits.double(), -1)
+    top = probs.topk(min(k, probs.shape[-1]), -1)
+    ids = top.indices.tolist()
+    return {"alternative_ids": ids, "alternative_tokens": [show(tokenizer, row) for row in ids],
+            "alternative_probs": top.values.tolist()}
 
 
 def _generate(handle: ModelHandle, params: ResidualParams, ids: torch.Tensor, n: int):
     """(generated ids (K,), states (K, L, D) entering every layer at the position that produced each token,
     the model's logits there (K, V), whether the model ended the text)."""
+    out, eos_ids = decode(handle, params, ids, n, output_hidden_states=True, output_logits=True)
+    new = out.sequences[0, ids.shape[1]:].cpu()
+    layers = anatomy.n_layers(handle.language_model)
+    # step k's hidden states: a tuple of L + 1 tensors (1, t, D); entry L is after the final norm (unused)
+    states = torch.stack([torch.stack([step[s][0, -1] for s in range(layers)]) for step in out.hidden_states])
+    logits = torch.stack([step[0] for step in out.logits]).float()
+    ended = bool(len(new)) and int(new[-1]) in eos_ids
+    return new, states[: len(new)], logits[: len(new)].cpu(), ended
+
+
+def decode(handle: ModelHandle, params: ResidualParams, ids: torch.Tensor, n: int, **outputs):
+    """`generate` on `ids` (1, t) for up to n tokens with the settings' decoding (greedy, or sampled at the
+    temperature from the seed, drawn afresh from it); (its output, the end-of-text ids)."""
     from transformers import GenerationConfig
 
     lm = handle.language_model
     tok = handle.tokenizer
-    eos = getattr(getattr(lm, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = tok.eos_token_id
+    eos = _eos(handle)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if isinstance(eos, int) else None)
     sample = params.decoding == "sample"
     config = GenerationConfig(  # only these settings: no processors from the model's own generation config
         max_new_tokens=n, do_sample=sample, temperature=params.temperature if sample else None,
         top_k=0 if sample else None, top_p=1.0 if sample else None, eos_token_id=eos, pad_token_id=pad,
-        output_hidden_states=True, output_logits=True, return_dict_in_generate=True)
+        return_dict_in_generate=True, **outputs)
     device = handle.device
     cuda = [device.index or 0] if device.type == "cuda" else []
     with handle.session(), anatomy.model_step(handle, "generating"), torch.random.fork_rng(devices=cuda):
         torch.manual_seed(params.seed)  # this generation's own draws; the process's generator is restored
         out = lm.generate(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device),
                           generation_config=config)
-    new = out.sequences[0, ids.shape[1]:].cpu()
-    layers = anatomy.n_layers(lm)
-    # step k's hidden states: a tuple of L + 1 tensors (1, t, D); entry L is after the final norm (unused)
-    states = torch.stack([torch.stack([step[s][0, -1] for s in range(layers)]) for step in out.hidden_states])
-    logits = torch.stack([step[0] for step in out.logits]).float()
-    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
-    ended = bool(len(new)) and int(new[-1]) in eos_ids
-    return new, states[: len(new)], logits[: len(new)].cpu(), ended
+    return out, end_ids(handle)
+
+
+def _eos(handle: ModelHandle):
+    """The model's end-of-text token id (or ids): its generation config's, else its tokenizer's."""
+    eos = getattr(getattr(handle.language_model, "generation_config", None), "eos_token_id", None)
+    return handle.tokenizer.eos_token_id if eos is None else eos
+
+
+def end_ids(handle: ModelHandle) -> set[int]:
+    eos = _eos(handle)
+    return {eos} if isinstance(eos, int) else set(eos or ())
 
 
 def commitment_strip(handle: ModelHandle, lens: Lens, states: torch.Tensor, logits: torch.Tensor,

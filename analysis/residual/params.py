@@ -10,7 +10,7 @@ from analysis.residual.lenses import LENSES
 from analysis.residual.pairs import OWN, all_names
 from analysis.residual.patching import COMPONENTS, METHODS
 from analysis.framework.results import Result
-from analysis.framework.settings import check_settings, setting
+from analysis.framework.settings import MAX_WHOLE, check_settings, setting
 
 SIDES = ["corrupt", "model"]
 SIDE_LABELS = {"corrupt": "corrupted prompt", "model": "other model"}
@@ -85,6 +85,12 @@ class ResidualState:
     commit: str = setting("first", label="Commitment layer", choices=list(COMMITS), labels=COMMITS, widget="radio",
                           help="First top-1: the first state at which the lens has the generated token on top. "
                                "Top-1 from there on: the first state from which it stays on top through the output.")
+    branch_at: int = setting(-1, label="Branch at generated token", low=-1, high=MAX_NEW_TOKENS - 1,
+                             help="Generate & commit: the generated token where another of the model's top tokens "
+                                  "is taken (-1: no branch).")
+    branch_token: int = setting(-1, label="Take instead", low=-1, high=MAX_WHOLE,
+                                help="The token id the branch takes there; the text is regenerated from it with the "
+                                     "same decoding.")
 
 
 def validate_params(params: ResidualParams) -> None:

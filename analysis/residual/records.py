@@ -164,6 +164,34 @@ class Strip(Result):
 
 
 @dataclass
+class Branch(Result):
+    """The continuation regenerated from one generated token replaced by another (see branching.py), beside
+    the main continuation from the same point. Probabilities are the model's own (temperature 1)."""
+
+    at: int  # the generated position where the branch parts from the main continuation
+    token_id: int  # the token chosen there
+    token: str
+    main_ids: list[int]  # the main continuation from `at` on
+    main_tokens: list[str]
+    main_prob: list[float]  # the model's P of each, given everything before it
+    main_text: str  # the main continuation from `at` on, as the tokenizer decodes it
+    ids: list[int]  # the branch from `at` on: the chosen token, then what the model generated after it
+    tokens: list[str]
+    prob: list[float]
+    text: str
+    ended: bool  # the model ended the branch (its end-of-text token) before the limit
+    first_difference: int | None  # the first position (counted from `at`) where the two differ; None: identical
+    main_path_prob: float  # the product of `main_prob`: the probability of the main continuation from `at`
+    path_prob: float  # the product of `prob`
+
+    def over_common_length(self) -> tuple[int, float, float]:
+        """(n, P(main), P(branch)) over the first n tokens of both, n the shorter's length: products of texts of
+        different lengths do not compare (one that ends early has fewer factors below 1)."""
+        n = min(len(self.main_prob), len(self.prob))
+        return n, math.prod(self.main_prob[:n]), math.prod(self.prob[:n])
+
+
+@dataclass
 class Generation(Result):
     """A continuation of the clean prompt and, per generated token, where each lens commits to it."""
 
@@ -180,6 +208,11 @@ class Generation(Result):
     layers: int
     strips: list[Strip]
     seconds: dict[str, float] = field(default_factory=dict)  # "generate", "strip": wall time
+    # per generated token, the model's top-k at its step (temperature 1): what a branch may choose there
+    alternative_ids: list[list[int]] = field(default_factory=list)
+    alternative_tokens: list[list[str]] = field(default_factory=list)
+    alternative_probs: list[list[float]] = field(default_factory=list)
+    branch: Branch | None = None  # a branch the user chose (branching.py)
 
     def strip(self, lens: str) -> Strip | None:
         return next((s for s in self.strips if s.lens == lens), None)

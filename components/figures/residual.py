@@ -270,12 +270,59 @@ def strip_rows(result: Generation) -> list[dict]:
     """Per generated token: its text, the model's P and top-1, and each lens's two commitment states."""
     rows = []
     for k, token in enumerate(result.tokens):
-        row = {"#": k, "token": token, "P(token)": round(result.prob[k], 3), "model's top-1": result.top[k]}
+        row = {"#": k, "token": visible(token), "P(token)": round(result.prob[k], 3), "model's top-1": visible(result.top[k])}
         for strip in result.strips:
             first, stays = strip.first[k], strip.stays[k]
             row[f"{strip.lens}: first top-1 (state)"] = "never" if first is None else str(first)
             row[f"{strip.lens}: top-1 from state"] = "not the model's top-1" if stays is None else str(stays)
         rows.append(row)
+    return rows
+
+
+def _chip(token: str, prob: float, index: int, style: str = "") -> str:
+    return (f'<span class="rs-tok" title="#{index} · P = {prob:.3g}" style="display:inline-block;margin:1px;'
+            f'padding:0 3px;border-radius:3px;{style}">{html.escape(visible(token))}</span>')
+
+
+def _text_block(title: str, chips: list[str]) -> str:
+    return (f'<div style="flex:1;min-width:220px"><div style="font-weight:600;margin-bottom:4px">'
+            f'{html.escape(title)}</div><div style="line-height:1.9;font-family:monospace">{"".join(chips)}</div></div>')
+
+
+def continuations_html(result: Generation, branch=None) -> str:
+    """The generated text token by token (every one of them, numbered in its tooltip), and beside it a branch's:
+    the shared tokens grey, the first difference outlined, each text's probability from the branch point."""
+    shared = "background:#eeeeee;color:#555"
+    first = None if branch is None or branch.first_difference is None else branch.at + branch.first_difference
+    main = []
+    for k, (token, prob) in enumerate(zip(result.tokens, result.prob)):
+        style = shared if branch is not None and k < branch.at else "background:#dbe9f6"
+        if k == first:
+            style += ";outline:2px solid #d62728"
+        main.append(_chip(token, prob, k, style))
+    blocks = [_text_block(f"Generated text ({len(result.tokens)} tokens)"
+                          + (f" · P from token {branch.at} = {branch.main_path_prob:.3g}" if branch else ""), main)]
+    if branch is not None:
+        chips = [_chip(t, p, k, shared) for k, (t, p) in enumerate(zip(result.tokens[:branch.at], result.prob))]
+        for i, (token, prob) in enumerate(zip(branch.tokens, branch.prob)):
+            style = "background:#fde0c5" + (";outline:2px solid #d62728" if branch.at + i == first else "")
+            chips.append(_chip(token, prob, branch.at + i, style))
+        blocks.append(_text_block(f"Branch: {visible(branch.token)!r} at token {branch.at} ({len(branch.tokens)} "
+                                  f"tokens from there) · P = {branch.path_prob:.3g}", chips))
+    return f'<div style="display:flex;gap:16px;flex-wrap:wrap">{"".join(blocks)}</div>'
+
+
+def branch_rows(branch) -> list[dict]:
+    """Per position from the branch point: the main text's token and the branch's, each with the model's P."""
+    rows = []
+    for i in range(max(len(branch.main_tokens), len(branch.tokens))):
+        main = branch.main_tokens[i] if i < len(branch.main_tokens) else ""
+        other = branch.tokens[i] if i < len(branch.tokens) else ""
+        main, other = visible(main) if main else "", visible(other) if other else ""
+        rows.append({"#": branch.at + i, "generated": main,
+                     "P (generated)": round(branch.main_prob[i], 4) if i < len(branch.main_prob) else None,
+                     "branch": other, "P (branch)": round(branch.prob[i], 4) if i < len(branch.prob) else None,
+                     "same": i < min(len(branch.main_ids), len(branch.ids)) and branch.main_ids[i] == branch.ids[i]})
     return rows
 
 

@@ -10,14 +10,17 @@ import functools
 import streamlit as st
 
 from analysis import residual
+from analysis.framework.errors import SettingsError
+from analysis.framework.settings import parse_text
 from analysis.model_access import real_models
 from analysis.model_access.models import ModelSpec, ZOO_DIR, all_zoo_models, load_model, zoo_models
 from analysis.residual import translators
-from components.common import analysis_errors, explain, metric_row, stays_local, table
+from components.common import URL_TEXT_MAX, analysis_errors, explain, metric_row, stays_local, table
 from components.hosting import escape_markdown
 from components.figures import residual as F
 from components.share import share_bar
-from components.view import Headline, Metric, Page, Section, View
+from components.params_form import OUT_OF_RANGE
+from components.view import Headline, Metric, Page, Section, View, state_fields
 
 
 @st.cache_resource(max_entries=2, show_spinner="Loading the other model ...")
@@ -369,6 +372,97 @@ def show_generation(page: Page, params: residual.ResidualParams, result: residua
             "forward is run.")
     rows = F.strip_rows(result)
     table(rows)
-    share_bar("residual", title=f"Commitment strip on {page.handle.spec.label}", params=params.to_dict(),
+    result, tables = show_branching(page, params, result)
+    link = params.to_dict() | ({"branch_at": result.branch.at, "branch_token": result.branch.token_id}
+                               if result.branch is not None else {})
+    share_bar("residual", title=f"Commitment strip on {page.handle.spec.label}", params=link,
               result=result, model=page.handle.spec.label, figures={"Commitment strip": fig},
-              tables={"generated tokens": rows})
+              tables={"generated tokens": rows} | tables)
+
+
+def _branch_link(page: Page, generated: int) -> tuple[int, int]:
+    """The branch the link asks for, read before the controls clamp it; a bad one is the link-settings message
+    and no branch."""
+    fields = {f.name: f for f, _ in state_fields(page.analysis)}
+    raw = {name: st.query_params.get(name) for name in ("branch_at", "branch_token")}
+    if raw["branch_at"] in (None, "-1"):
+        return -1, -1
+    with analysis_errors(prefix=OUT_OF_RANGE, stop=False):
+        try:
+            at, token = (parse_text(fields[name], str(raw[name] or "")[:URL_TEXT_MAX], residual.ResidualState)
+                         for name in raw)
+        except (TypeError, ValueError, OverflowError):
+            raise SettingsError(f"a branch is two whole numbers, branch_at and branch_token; got "
+                                f"{raw['branch_at']!r} and {raw['branch_token']!r}.") from None
+        residual.check_branch(page.handle, at, token, generated)
+        return at, token
+    return -1, -1
+
+
+def show_branching(page: Page, params: residual.ResidualParams,
+                   result: residual.Generation) -> tuple[residual.Generation, dict]:
+    """Every generated token, and a branch: another of the model's top tokens at one of them, the text
+    regenerated from there beside the generated one (analysis/residual/branching.py)."""
+    st.subheader("Branch")
+    if not result.token_ids or not result.alternative_ids:
+        return result, {}
+    at, token = _branch_choice(page, result)
+    if at < 0 or token == result.token_ids[at]:
+        st.html(F.continuations_html(result))
+        explain("Pick a generated token to see the model's other top choices there; taking one regenerates the "
+                "text from it with the same decoding (greedy, or sampled from the same seed).")
+        return result, {}
+    branched = page.run("branch", residual.branch, params, label="Regenerating from the branch", stop=False,
+                        optional=True, at=at, token=token, main=tuple(result.token_ids))
+    if branched is None:
+        return result, {}
+    result = dataclasses.replace(result, branch=branched)
+    where = ("the same text" if branched.first_difference is None
+             else f"first difference at token {branched.at + branched.first_difference}")
+    row = metric_row()
+    row.metric(f"P(branch) from token {branched.at}", f"{branched.path_prob:.3g}", where, delta_color="off",
+               width="content")
+    row.metric(f"P(generated text) from token {branched.at}", f"{branched.main_path_prob:.3g}", delta_color="off",
+               width="content")
+    st.html(F.continuations_html(result, branched))
+    n, main_p, branch_p = branched.over_common_length()
+    if len(branched.main_ids) != len(branched.ids):
+        st.caption(f"The two texts differ in length ({len(branched.main_ids)} and {len(branched.ids)} tokens from the "
+                   f"branch point), so their products do not compare; over the first {n} tokens of each: generated "
+                   f"{main_p:.3g}, branch {branch_p:.3g}.")
+    rows = F.branch_rows(branched)
+    table(rows)
+    explain("Each text's probability is the product of the model's own probabilities (temperature 1) of its "
+            "tokens from the branch point on, read from one plain forward; the first difference is outlined. The "
+            "branch continues for the rest of the same token budget.")
+    return result, {"branch": rows}
+
+
+def _branch_choice(page: Page, result: residual.Generation) -> tuple[int, int]:
+    """The branch point (-1: none) and the token taken there, from the link first, then the two controls:
+    the generated tokens, and the model's top tokens at the chosen one (the generated token among them)."""
+    n = len(result.token_ids)
+    at, token = _branch_link(page, n)
+
+    def forget_token() -> None:  # another position: its own choice, not the link's token from the last one
+        st.query_params.pop("branch_token", None)
+
+    c0, c1 = st.columns([1, 3])
+    at = page.control(
+        "branch_at", c0, default=at, choices=[-1, *range(n)], widget="select", on_change=forget_token,
+        format_func=lambda k: "no branch" if k < 0 else f"{k}: {F.visible(result.tokens[k])!r}")
+    if at < 0:
+        page.set_link(branch_token=-1)
+        return -1, -1
+    mine = result.token_ids[at]
+    choices = list(result.alternative_ids[at])
+    extra = [t for t in (mine, token) if t >= 0 and t not in choices]
+    probs = dict(zip(result.alternative_ids[at], result.alternative_probs[at])) | ({mine: result.prob[at]})
+    names = dict(zip(result.alternative_ids[at], result.alternative_tokens[at]))
+
+    def label(t: int) -> str:
+        name = F.visible(names.get(t) or page.handle.tokenizer.decode([t]))
+        return f"{name!r}" + (f" · {probs[t]:.3g}" if t in probs else "") + (" (generated)" if t == mine else "")
+
+    return at, page.control("branch_token", c1, default=token if token >= 0 else mine, choices=choices + extra,
+                            widget="radio", format_func=label, key=f"branch_token_{at}")

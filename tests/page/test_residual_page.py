@@ -134,3 +134,75 @@ def test_generate_view_shows_the_commitment_strip_of_each_generated_token():
     assert len(at.get("plotly_chart")) == 1
     at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={"view": "generate", "new_tokens": "999"})
     assert not at.exception and len(at.error) == 1 and "at most 64" in at.error[0].value
+
+
+def _texts(at) -> list[list[str]]:
+    """The token chips of the generated text and the branch, as the page draws them (unescaped)."""
+    import html
+    import re
+
+    body = next(h.proto.body for h in at.get("html") if 'class="rs-tok"' in h.proto.body)
+    blocks = body.split("font-weight:600")[1:]
+    return [[html.unescape(t) for t in re.findall(r'class="rs-tok"[^>]*>([^<]*)</span>', b)] for b in blocks]
+
+
+@needs_zoo
+def test_the_generated_text_shows_every_token_and_a_chosen_branch_regenerates_from_it():
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={"view": "generate", "pair": "colour-0",
+                                                                    "new_tokens": "8"})
+    _ok(at)
+    text = "blue circle ; the blue circle is small".split()
+    assert _texts(at) == [text]  # all 8 generated tokens under "Generated text (8 tokens)"
+    assert any("Generated text (8 tokens)" in h.proto.body for h in at.get("html"))
+    at.selectbox(key="rs_branch_at").select(0).run()
+    _ok(at)
+    options = at.radio(key="rs_branch_token_0").options
+    assert options[0] == "'blue' · 1 (generated)" and options[1] == "'green' · 3.37e-06"
+    green = at.session_state["rs_branch_token_0"]  # the generated token is chosen until another is taken
+    at.radio(key="rs_branch_token_0").set_value(31).run()  # 'green', the runner-up
+    _ok(at)
+    branched = "green circle ; the green circle is small".split()
+    assert green != 31 and _texts(at) == [text, branched]
+    rows = table_with(at, "P (branch)").to_dict("records")
+    assert [r["branch"] for r in rows] == branched and [r["same"] for r in rows] == [False] + [True] * 3 + [False] + [True] * 3
+    p = metric_starting(at, "P(branch) from token 0")
+    assert p.value == "2.16e-06" and "first difference at token 0" in p.delta
+    assert at.query_params["branch_at"] in ("0", ["0"]) and at.query_params["branch_token"] in ("31", ["31"])
+    # the link alone reproduces the branch
+    again = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={
+        "view": "generate", "pair": "colour-0", "new_tokens": "8", "branch_at": "0", "branch_token": "31"})
+    _ok(again)
+    assert _texts(again) == [text, branched]
+    assert table_with(again, "P (branch)").to_dict("records") == rows
+
+
+@needs_zoo
+@pytest.mark.parametrize("at_, token", [("8", "31"), ("0", "99999"), ("x", "31"), ("0", "")])
+def test_a_bad_branch_in_the_link_is_the_link_settings_message(at_, token):
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={
+        "view": "generate", "pair": "colour-0", "new_tokens": "8", "branch_at": at_, "branch_token": token})
+    assert not at.exception
+    assert len(at.error) == 1 and at.error[0].value.startswith("This link's settings are out of range")
+    assert len(_texts(at)) == 1  # the generated text, no branch
+
+
+@needs_zoo
+def test_a_saved_analysis_keeps_the_branch(tmp_path, monkeypatch):
+    from analysis.hosting.store import AnalysisStore
+    from analysis.residual import Generation
+
+    monkeypatch.setenv("MODEL_INSPECTOR_STORE", str(tmp_path / "store.db"))
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={
+        "view": "generate", "pair": "colour-0", "new_tokens": "8", "branch_at": "4", "branch_token": "31"})
+    at.session_state["share_residual_open"] = True
+    at.run()
+    _ok(at)
+    next(b for b in at.button if b.label == "Save").click().run()
+    _ok(at)
+    saved = AnalysisStore(tmp_path / "store.db").list()
+    assert len(saved) == 1 and (saved[0].params["branch_at"], saved[0].params["branch_token"]) == (4, 31)
+    result = Generation.from_dict(saved[0].result)
+    assert result.branch.at == 4 and result.branch.token_id == 31 and result.branch.tokens[0] == "green"
+    assert result.branch.main_ids == result.token_ids[4:] and result.alternative_ids[4][0] == result.token_ids[4]
+    assert [r["branch"] for r in saved[0].tables["branch"]] == result.branch.tokens
+    assert "branch_at=4" in saved[0].url and "branch_token=31" in saved[0].url

@@ -75,3 +75,22 @@ def test_per_pair_correlations_come_from_the_sweep():
                     f"{max(own):.2f}") in DOC
         else:
             assert f"shapes-lm's {len(own)} pairs: {np.median(own):.2f}, pooled {r['sweep']['correlation']:.2f}" in DOC
+
+
+def test_branching_numbers_come_from_the_benchmark():
+    run = _result("residual_branch.json")
+    by = {b["token"]: b for b in run["branches"]}
+    assert run["model"] == "zoo:smollm2-135m-instruct" and run["at"] == 0 and set(by) >= {" Paris", " London", " Le"}
+    flat = " ".join(DOC.split())  # the paragraph's line breaks
+    for token, b in by.items():
+        assert f"'{token}' {b['p_token']:.2g}" in flat, token
+        assert f"{b['path_prob']:.3g}" in flat, token
+    london = by[" London"]
+    assert london["ended"] and london["first_difference"] == 0 and f"--branch-token {london['token_id']}" in flat
+    assert f"'{london['text'].encode('unicode_escape').decode()}'" in flat and f"after {london['tokens']} tokens" in flat
+    assert by[" Paris"]["path_prob"] == run["main_path_prob"] and by[" Paris"]["first_difference"] is None
+    common = london["common_length"]
+    assert f"first {common['tokens']} tokens of each, the generated text has {common['main_prob']:.3g} and ' London' " \
+           f"{common['branch_prob']:.3g}" in flat and common["branch_prob"] < common["main_prob"]
+    ratios = [b["cpu_vs_plain"] for b in run["branches"]]
+    assert f"{min(ratios):.2f}-{max(ratios):.2f}x the CPU time" in flat
