@@ -18,6 +18,7 @@ from analysis.residual.hooks import SITES, trace
 from analysis.residual.lenses import LENSES, readout
 from analysis.residual.pairs import Pair, pairs_for
 from analysis.residual.params import ResidualParams, validate_params
+from analysis.residual.atp import false_negatives
 from analysis.residual.patching import COMPONENTS, METHODS, Geometry, Problem
 from analysis.residual.prompts import chosen_pair, encoded, scored, show
 from analysis.residual.records import (
@@ -190,7 +191,7 @@ def patch(handle: ModelHandle, params: ResidualParams, progress: Progress | None
     tok = handle.tokenizer
     tokens = show(tok, problem.clean[0].tolist())
     g = Geometry(anatomy.n_layers(lm), len(tokens), layout.heads, layout.head_dim)
-    grids, corr = [], {}
+    grids, corr, misses = [], {}, []
     for name in params.components:
         comp = COMPONENTS.create(name)
         rows = [f"L{i}" for i in range(g.layers)]
@@ -199,11 +200,14 @@ def patch(handle: ModelHandle, params: ResidualParams, progress: Progress | None
         if {"exact", "attribution"} <= set(params.methods):
             corr[name] = _pearson(shares[(name, "exact")].flatten().tolist(),
                                   shares[(name, "attribution")].flatten().tolist())
+        misses += [false_negatives(name, method, shares[(name, "exact")].tolist(), shares[(name, method)].tolist(),
+                                   rows, comp.col_labels(g, tokens))
+                   for method in params.methods if method != "exact" and "exact" in params.methods]
     changed = (problem.clean[0] != problem.corrupt[0]).nonzero().flatten().tolist()
     return Patching(model=handle.spec.label, params=params, pair=pair, clean_tokens=tokens,
                     corrupt_tokens=show(tok, problem.corrupt[0].tolist()), target_id=problem.target,
                     foil_id=problem.foil, clean_diff=m_clean, corrupt_diff=m_corrupt, changed=changed, grids=grids,
-                    correlation=corr, seconds=seconds)
+                    correlation=corr, seconds=seconds, false_negatives=misses)
 
 
 # ---------------------------------------------------------------------------------------------

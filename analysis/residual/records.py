@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from analysis.residual.atp import FalseNegatives
 from analysis.residual.pairs import Pair
 from analysis.residual.params import ResidualParams
 from analysis.framework.results import Result
@@ -94,6 +95,7 @@ class Patching(Result):
     grids: list[PatchGrid]
     correlation: dict[str, float] = field(default_factory=dict)  # component -> Pearson r, exact vs attribution
     seconds: dict[str, float] = field(default_factory=dict)  # method -> wall time
+    false_negatives: list[FalseNegatives] = field(default_factory=list)  # per component and estimate, vs exact
 
     def grid(self, component: str, method: str) -> PatchGrid | None:
         return next((g for g in self.grids if g.component == component and g.method == method), None)
