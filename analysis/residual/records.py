@@ -185,3 +185,26 @@ class Generation(Result):
 
     def strip(self, lens: str) -> Strip | None:
         return next((s for s in self.strips if s.lens == lens), None)
+
+
+@dataclass
+class AtpPair(Result):
+    name: str
+    clean_diff: float
+    corrupt_diff: float
+    false_negatives: list[FalseNegatives]  # per component and estimate (attribution, atp*)
+
+
+@dataclass
+class AtpSweep(Result):
+    """False negatives of attribution patching and AtP* against exact patching over every offered pair."""
+
+    model: str
+    components: list[str]
+    pairs: list[AtpPair]
+    totals: list[FalseNegatives]  # per component and estimate, summed over pairs ("pair: cell" labels)
+    skipped: list[str] = field(default_factory=list)
+
+    def total(self, component: str, method: str) -> FalseNegatives | None:
+        return next((t for t in self.totals if t.component == component and t.method == method), None)
+

@@ -134,3 +134,22 @@ def test_generate_view_shows_the_commitment_strip_of_each_generated_token():
     assert len(at.get("plotly_chart")) == 1
     at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={"view": "generate", "new_tokens": "999"})
     assert not at.exception and len(at.error) == 1 and "at most 64" in at.error[0].value
+
+
+@needs_zoo
+def test_patching_view_lists_what_attribution_and_atp_star_miss():
+    from analysis import residual
+    from analysis.model_access.models import load_model
+
+    query = {"view": "patching", "pair": "max-0", "components": "heads,queries", "methods": "exact,attribution,atp*"}
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query=query)
+    _ok(at)
+    rows = table_with(at, "exact top 5 %").to_dict("records")
+    params = residual.ResidualParams(pair="max-0", components=["heads", "queries"],
+                                     methods=["exact", "attribution", "atp*"])
+    expected = residual.patch(load_model(ModelSpec("zoo", "shapes-lm")), params).false_negatives
+    assert [(r["component"], r["estimate"], r["missed"], r["which"]) for r in rows] == [
+        (residual.COMPONENTS.label(f.component), residual.METHODS.label(f.method), f.count, ", ".join(f.missed) or "none")
+        for f in expected]
+    assert len(rows) == 4
+    assert any("every offered pair" in b.label for b in at.button)  # the sweep runs when asked

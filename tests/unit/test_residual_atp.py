@@ -205,3 +205,14 @@ def test_false_negatives_are_the_exact_top_cells_the_estimate_misses(result):
         assert fn.missed == [cells[n][0] for n in missed], (fn.component, fn.method)
     assert {(fn.component, fn.method) for fn in result.false_negatives} == {
         (c, m) for c in ("queries", "keys", "heads", "mlp") for m in ("attribution", "atp*")}
+
+
+def test_atp_star_is_the_same_through_nnsight(llama, result):
+    """The attention rule and GradDrop's writes go through the backend seam: an nnsight trace gives the same grids."""
+    from analysis import backends
+
+    with backends.using("nnsight-local"):
+        traced = analysis.patch(llama, result.params)
+    for grid in result.grids:
+        assert close(traced.grid(grid.component, grid.method).share, grid.share, 1e-4), (grid.component, grid.method)
+    assert traced.false_negatives == result.false_negatives
