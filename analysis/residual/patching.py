@@ -11,7 +11,9 @@ output at every position; a layer's attention output; a layer's MLP output. Meth
 - exact: one patched forward per cell, run in batches (row b of a batch carries cell b's patch);
 - attribution (Nanda 2023, "Attribution patching"; Syed et al. 2023): the first-order estimate
   (a_clean - a_corrupt) . dm/da at the corrupted run, for every cell from two forwards (clean and
-  corrupted, as two rows of one batch) and one backward.
+  corrupted, as two rows of one batch) and one backward;
+- atp* (atp.py, Kramár et al. 2024): attribution with the QK fix and GradDrop. atp.py also adds a head's
+  queries and keys (its attention-score sites) as components.
 """
 from __future__ import annotations
 
