@@ -44,7 +44,9 @@ def problem_work(handle: ModelHandle, t: int, components: list[str], methods: li
         work.add(**vars(_forward(t)), times=INPUT_GRADIENT - 1)
     if "atp*" in methods:  # the attribution forward, then GradDrop's one row per layer, each with a backward
         work.add(**vars(_forward(t, rows=2)), times=INPUT_GRADIENT)
-        work.add(**vars(_forward(t, rows=handle.info.layers)), times=INPUT_GRADIENT)
+        layers, calls = handle.info.layers, math.ceil(handle.info.layers / batch)
+        work.add(calls=calls, tokens=layers * t, attended=layers * t * (t + 1) / 2, overhead=HOOK_OVERHEAD * calls,
+                 times=INPUT_GRADIENT)
     if "exact" in methods:
         g = _geometry(handle, t)
         cells = sum(math.prod(COMPONENTS.create(c).shape(g)) for c in components)
