@@ -317,7 +317,8 @@ def atp_sweep(handle: ModelHandle, params: ResidualParams, progress: Progress | 
         for method in methods[1:]:
             found = [(r.name, f) for r in runs for f in r.false_negatives if (f.component, f.method) == (name, method)]
             totals.append(FalseNegatives(name, method, sum(f.cells for _, f in found), sum(f.top for _, f in found),
-                                         [f"{pair}: {cell}" for pair, f in found for cell in f.missed]))
+                                         [f"{pair}: {cell}" for pair, f in found for cell in f.missed],
+                                         [e for _, f in found for e in f.effects], min(f.cut for _, f in found)))
     return AtpSweep(model=handle.spec.label, components=list(params.components), pairs=runs, totals=totals,
                     skipped=skipped)
 

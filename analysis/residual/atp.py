@@ -265,6 +265,8 @@ class FalseNegatives(Result):
     cells: int  # cells of the component
     top: int  # cells in each top share
     missed: list[str] = field(default_factory=list)  # labels ("L3 H2") of the false negatives
+    effects: list[float] = field(default_factory=list)  # their exact shares, in the same order
+    cut: float = 0.0  # the smallest |exact share| in the exact top share (how near the edge a miss is)
 
     @property
     def count(self) -> int:
@@ -279,4 +281,6 @@ def false_negatives(component: str, method: str, exact: list[list[float]], estim
     truth, found = top_cells(flat_exact, share), set(top_cells(flat_est, share))
     width = len(cols)
     label = lambda k: rows[k // width] if width == 1 else f"{rows[k // width]} {cols[k % width]}"  # noqa: E731
-    return FalseNegatives(component, method, len(flat_exact), len(truth), [label(k) for k in truth if k not in found])
+    missed = [k for k in truth if k not in found]
+    return FalseNegatives(component, method, len(flat_exact), len(truth), [label(k) for k in missed],
+                          [flat_exact[k] for k in missed], min(abs(flat_exact[k]) for k in truth))

@@ -344,6 +344,8 @@ def false_negative_rows(found: list) -> list[dict]:
     """One row per component and estimate: how many of the exact top-5 % cells the estimate's top 5 % misses,
     and which (`FalseNegatives` of a patching run, or the totals over every pair)."""
     return [{"component": COMPONENTS.label(f.component), "estimate": METHODS.label(f.method),
-             "exact top 5 %": f"{f.top} of {f.cells}", "missed": f.count, "which": ", ".join(f.missed) or "none"}
+             "exact top 5 %": f"{f.top} of {f.cells}", "missed": f.count,
+             "which (exact share)": ", ".join(f"{m} ({e:+.3f})" for m, e in zip(f.missed, f.effects)) or "none",
+             "top 5 % from |share|": round(f.cut, 3)}
             for f in found]
 

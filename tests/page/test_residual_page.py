@@ -148,8 +148,8 @@ def test_patching_view_lists_what_attribution_and_atp_star_miss():
     params = residual.ResidualParams(pair="max-0", components=["heads", "queries"],
                                      methods=["exact", "attribution", "atp*"])
     expected = residual.patch(load_model(ModelSpec("zoo", "shapes-lm")), params).false_negatives
-    assert [(r["component"], r["estimate"], r["missed"], r["which"]) for r in rows] == [
-        (residual.COMPONENTS.label(f.component), residual.METHODS.label(f.method), f.count, ", ".join(f.missed) or "none")
-        for f in expected]
+    assert [(r["component"], r["estimate"], r["missed"], r["which (exact share)"]) for r in rows] == [
+        (residual.COMPONENTS.label(f.component), residual.METHODS.label(f.method), f.count,
+         ", ".join(f"{m} ({e:+.3f})" for m, e in zip(f.missed, f.effects)) or "none") for f in expected]
     assert len(rows) == 4
     assert any("every offered pair" in b.label for b in at.button)  # the sweep runs when asked

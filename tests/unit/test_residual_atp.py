@@ -203,6 +203,7 @@ def test_false_negatives_are_the_exact_top_cells_the_estimate_misses(result):
         missed = sorted(n for n in top_exact if n not in top_est)
         assert fn.top == k and fn.cells == len(cells)
         assert fn.missed == [cells[n][0] for n in missed], (fn.component, fn.method)
+        assert fn.effects == [cells[n][1] for n in missed] and fn.cut == min(abs(cells[n][1]) for n in top_exact)
     assert {(fn.component, fn.method) for fn in result.false_negatives} == {
         (c, m) for c in ("queries", "keys", "heads", "mlp") for m in ("attribution", "atp*")}
 
@@ -216,3 +217,22 @@ def test_atp_star_is_the_same_through_nnsight(llama, result):
     for grid in result.grids:
         assert close(traced.grid(grid.component, grid.method).share, grid.share, 1e-4), (grid.component, grid.method)
     assert traced.false_negatives == result.false_negatives
+
+
+def test_the_sweep_sums_each_pairs_false_negatives():
+    from analysis.model_access.models import load_model, zoo_models
+
+    if "shapes-lm" not in zoo_models():
+        pytest.skip("needs the demo zoo")
+    handle = load_model(ModelSpec("zoo", "shapes-lm"))
+    params = ResidualParams(components=["heads", "keys"])
+    sweep = analysis.atp_sweep(handle, params)
+    assert len(sweep.pairs) + len(sweep.skipped) == len(analysis.pairs_for(handle))
+    first = analysis.patch(handle, ResidualParams(pair=sweep.pairs[0].name, components=["heads", "keys"],
+                                                  methods=["exact", "attribution", "atp*"]))
+    assert sweep.pairs[0].false_negatives == first.false_negatives
+    for total in sweep.totals:
+        mine = [f for p in sweep.pairs for f in p.false_negatives if (f.component, f.method) == (total.component, total.method)]
+        assert total.count == sum(f.count for f in mine) and total.top == sum(f.top for f in mine)
+        assert total.missed == [f"{p.name}: {m}" for p in sweep.pairs for f in p.false_negatives
+                                if (f.component, f.method) == (total.component, total.method) for m in f.missed]
