@@ -22,6 +22,7 @@ from typing import ClassVar
 
 import torch
 
+from analysis.framework.errors import AnatomyError
 from analysis.framework.progress import Progress
 from analysis.model_access.models import ModelHandle
 from analysis.framework.registry import Method, Registry
@@ -212,7 +213,10 @@ class Exact(PatchMethod):
             ruled = tuple(e for e in edits if not isinstance(e, Write))
             rule = next((c.attention_rule(ruled, False) for c, *_ in chunk if c.records), None)
             ids = torch.cat([problem.clean, problem.corrupt.expand(len(chunk) + lead, -1)])
-            values = problem.metric(trace(handle, ids, want=(), writes=writes, keep=1, rule=rule).logits)
+            got = trace(handle, ids, want=(), writes=writes, keep=1, rule=rule)
+            if rule is not None:
+                ruled_everywhere(got, g)
+            values = problem.metric(got.logits)
             m_clean = float(values[0]) if m_clean is None else m_clean
             m_corrupt = float(values[1]) if m_corrupt is None else m_corrupt
             for r, (_, k, i, j) in enumerate(chunk):
@@ -261,5 +265,16 @@ def attribution_forward(handle: ModelHandle, problem: Problem, components: list[
     for i, record in both.records.items():
         clean.records[i] = {k: v[0:1] for k, v in record.items()}
         corrupt.records[i] = {k: v[1:2] for k, v in record.items()}
+    if rule is not None:
+        ruled_everywhere(both, g)
     m_clean, m_corrupt = (float(v) for v in metrics.detach())
     return clean, corrupt, grads, m_clean, m_corrupt
+
+
+def ruled_everywhere(got: Trace, g: Geometry) -> None:
+    """An attention rule that did not run in every layer patched or recorded nothing there: say so, never show
+    the unpatched run as a patch's effect."""
+    if len(got.records) < g.layers:
+        raise AnatomyError("This model's attention does not run through transformers' attention interface in every "
+                           "layer, so a head's queries and keys cannot be patched here (heads, attention and MLP "
+                           "outputs and the residual stream can).")

@@ -236,3 +236,22 @@ def test_the_sweep_sums_each_pairs_false_negatives():
         assert total.count == sum(f.count for f in mine) and total.top == sum(f.top for f in mine)
         assert total.missed == [f"{p.name}: {m}" for p in sweep.pairs for f in p.false_negatives
                                 if (f.component, f.method) == (total.component, total.method) for m in f.missed]
+
+
+def test_a_rule_that_never_ran_is_refused_not_shown_as_no_effect(llama, result, monkeypatch):
+    """A model whose attention bypasses transformers' interface leaves the rule unrun: no query/key numbers."""
+    from analysis.framework.errors import AnatomyError
+    from analysis.residual import patching
+
+    real = patching.trace
+
+    def unruled(*args, **kwargs):
+        got = real(*args, **kwargs)
+        got.records = {}
+        return got
+
+    monkeypatch.setattr(patching, "trace", unruled)
+    for method in ("exact", "attribution"):
+        params = ResidualParams(**{**result.params.to_dict(), "components": ["keys"], "methods": [method]})
+        with pytest.raises(AnatomyError, match="queries and keys cannot be patched"):
+            analysis.patch(llama, params)
