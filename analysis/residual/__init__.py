@@ -9,7 +9,8 @@ Read in this order:
 - `generation.py`: generate and inspect, the commitment strip of every generated token; `branching.py`: another
   of the model's top tokens at one generated token, and the text regenerated from there;
 - `dla.py`: direct logit attribution; `patching.py`: the patched components (`COMPONENTS`) and the methods
-  (`METHODS`: exact, attribution);
+  (`METHODS`: exact, attribution); `atp.py`: AtP* (QK fix, GradDrop), a head's queries and keys as
+  components, and the false negatives of an estimate;
 - `pairs.py`: prompt pairs with known answers; `prompts.py`: tokens and scored tokens;
 - `params.py`, `records.py`, `analysis.py`: settings, typed results, the run functions;
 - `cost.py`: their work counts; `cli.py`: `python -m analysis residual`; `presets.py`: live-talk settings
@@ -18,10 +19,12 @@ Read in this order:
 from __future__ import annotations
 
 from analysis.framework.panels import Analysis, Run
-from analysis.residual.analysis import inspect, pair_sweep, patch, side_by_side, weights_elsewhere
+from analysis.residual.analysis import atp_sweep, inspect, pair_sweep, patch, side_by_side, weights_elsewhere
 from analysis.residual.cli import cli
 from analysis.residual.branching import branch, check_branch
-from analysis.residual.cost import branch_work, generate_work, inspect_work, patch_work, side_work, sweep_work
+from analysis.residual.cost import (
+    atp_sweep_work, branch_work, generate_work, inspect_work, patch_work, side_work, sweep_work,
+)
 from analysis.residual.generation import generate
 from analysis.residual.errors import ResidualError
 from analysis.residual.lenses import LENSES, readout
@@ -39,12 +42,13 @@ ANALYSIS = Analysis(
             "(activation and attribution patching), what writes it (direct logit attribution), side by side.",
     paper="Tuned lens (Belrose et al. 2023); activation patching (Meng et al. 2022)", kinds=("causal_lm", "vlm"),
     runs=(Run(inspect, inspect_work), Run(patch, patch_work), Run(side_by_side, side_work),
-          Run(pair_sweep, sweep_work), Run(generate, generate_work), Run(branch, branch_work)),
+          Run(pair_sweep, sweep_work), Run(generate, generate_work), Run(branch, branch_work),
+          Run(atp_sweep, atp_sweep_work)),
     cli=cli, params=ResidualParams, view_state=ResidualState, presets=PRESETS,
 )
 
 __all__ = [
-    "ANALYSIS", "inspect", "pair_sweep", "patch", "side_by_side", "weights_elsewhere", "cli", "inspect_work", "patch_work", "side_work",
+    "ANALYSIS", "atp_sweep", "inspect", "pair_sweep", "patch", "side_by_side", "weights_elsewhere", "cli", "inspect_work", "patch_work", "side_work",
     "sweep_work", "ResidualError", "LENSES", "readout", "OWN", "Pair", "pairs_for", "ResidualParams",
     "ResidualState", "validate_params", "COMPONENTS", "METHODS", "Dla", "Inspection", "LensGrid", "PairSweep", "PatchGrid",
     "Patching", "SideBySide", "generate", "generate_work", "Generation", "Strip", "branch", "check_branch",

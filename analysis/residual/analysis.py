@@ -18,10 +18,11 @@ from analysis.residual.hooks import SITES, trace
 from analysis.residual.lenses import LENSES, readout
 from analysis.residual.pairs import Pair, pairs_for
 from analysis.residual.params import ResidualParams, validate_params
+from analysis.residual.atp import FalseNegatives, false_negatives
 from analysis.residual.patching import COMPONENTS, METHODS, Geometry, Problem
 from analysis.residual.prompts import chosen_pair, encoded, scored, show
 from analysis.residual.records import (
-    Inspection, LensGrid, PairRun, PairSweep, PatchGrid, Patching, SideBySide,
+    AtpPair, AtpSweep, Inspection, LensGrid, PairRun, PairSweep, PatchGrid, Patching, SideBySide,
 )
 
 MAX_TOKENS = 128  # positions a lens grid or a patching grid shows
@@ -190,7 +191,7 @@ def patch(handle: ModelHandle, params: ResidualParams, progress: Progress | None
     tok = handle.tokenizer
     tokens = show(tok, problem.clean[0].tolist())
     g = Geometry(anatomy.n_layers(lm), len(tokens), layout.heads, layout.head_dim)
-    grids, corr = [], {}
+    grids, corr, misses = [], {}, []
     for name in params.components:
         comp = COMPONENTS.create(name)
         rows = [f"L{i}" for i in range(g.layers)]
@@ -199,11 +200,14 @@ def patch(handle: ModelHandle, params: ResidualParams, progress: Progress | None
         if {"exact", "attribution"} <= set(params.methods):
             corr[name] = _pearson(shares[(name, "exact")].flatten().tolist(),
                                   shares[(name, "attribution")].flatten().tolist())
+        misses += [false_negatives(name, method, shares[(name, "exact")].tolist(), shares[(name, method)].tolist(),
+                                   rows, comp.col_labels(g, tokens))
+                   for method in params.methods if method != "exact" and "exact" in params.methods]
     changed = (problem.clean[0] != problem.corrupt[0]).nonzero().flatten().tolist()
     return Patching(model=handle.spec.label, params=params, pair=pair, clean_tokens=tokens,
                     corrupt_tokens=show(tok, problem.corrupt[0].tolist()), target_id=problem.target,
                     foil_id=problem.foil, clean_diff=m_clean, corrupt_diff=m_corrupt, changed=changed, grids=grids,
-                    correlation=corr, seconds=seconds)
+                    correlation=corr, seconds=seconds, false_negatives=misses)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,6 +284,43 @@ def pair_sweep(handle: ModelHandle, params: ResidualParams, progress: Progress |
                      last_attribution=_mean_at(runs, "attribution", "last"),
                      correlation=_pearson(cells_exact, cells_attr), skipped=skipped,
                      median_correlation=_median([r.correlation for r in runs]))
+
+
+def atp_sweep(handle: ModelHandle, params: ResidualParams, progress: Progress | None = None) -> AtpSweep:
+    """Exact, attribution and AtP* on the chosen components over every pair offered for this model: the false
+    negatives of each estimate per pair and summed over the pairs."""
+    _check(handle, params)
+    lm = handle.language_model
+    layout = anatomy.head_layout(lm)
+    methods = ["exact", "attribution", "atp*"]
+    runs, skipped = [], []
+    offered = pairs_for(handle)
+    for k, pair in enumerate(offered):
+        try:
+            problem = _problem(handle, dataclasses.replace(params, answer="", foil=""), pair)
+        except ResidualError:
+            skipped.append(pair.name)
+            continue
+        sub = (lambda f, msg, k=k: progress((k + f) / len(offered), f"{pair.name}: {msg}")) if progress else None
+        m_c, m_x, shares, _ = patch_problem(handle, problem, params.components, methods, params.batch, sub)
+        g = Geometry(anatomy.n_layers(lm), problem.clean.shape[1], layout.heads, layout.head_dim)
+        rows = [f"L{i}" for i in range(g.layers)]
+        tokens = show(handle.tokenizer, problem.clean[0].tolist())
+        misses = [false_negatives(name, method, shares[(name, "exact")].tolist(), shares[(name, method)].tolist(),
+                                  rows, COMPONENTS.create(name).col_labels(g, tokens))
+                  for name in params.components for method in methods[1:]]
+        runs.append(AtpPair(pair.name, m_c, m_x, misses))
+    if not runs:
+        raise ResidualError(f"None of the offered pairs can be patched on {handle.spec.label}.")
+    totals = []
+    for name in params.components:
+        for method in methods[1:]:
+            found = [(r.name, f) for r in runs for f in r.false_negatives if (f.component, f.method) == (name, method)]
+            totals.append(FalseNegatives(name, method, sum(f.cells for _, f in found), sum(f.top for _, f in found),
+                                         [f"{pair}: {cell}" for pair, f in found for cell in f.missed],
+                                         [e for _, f in found for e in f.effects], min(f.cut for _, f in found)))
+    return AtpSweep(model=handle.spec.label, components=list(params.components), pairs=runs, totals=totals,
+                    skipped=skipped)
 
 
 def _median(values: list[float]) -> float:

@@ -9,7 +9,7 @@ from analysis.framework.errors import SettingsError
 from analysis.framework.settings import ArgumentParser, add_arguments, labelled, read_arguments
 
 FIELDS = [(f, ResidualParams) for f in labelled(ResidualParams)]
-WHAT = ("lens", "patch", "side", "sweep", "generate", "graph")
+WHAT = ("lens", "patch", "side", "sweep", "generate", "graph", "atp")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -20,7 +20,8 @@ def parser() -> argparse.ArgumentParser:
                     help="lens: lens and direct logit attribution; patch: patch the pair; side: side by side; "
                          "sweep: residual patching over every offered pair; generate: continue the clean prompt "
                          "and show where each lens commits to every generated token; graph: the contribution graph "
-                         "(Ferrando & Voita 2024) of the clean prompt")
+                         "(Ferrando & Voita 2024) of the clean prompt; atp: false negatives of attribution patching "
+                         "and AtP* against exact patching over every offered pair (--components)")
     ap.add_argument("--model", default="zoo:shapes-lm", help="zoo:NAME, hub:ID[@REV] or local:PATH")
     add_arguments(ap, FIELDS)
     ap.add_argument("--threshold", type=float, default=0.04,
@@ -63,6 +64,9 @@ def print_patching(r) -> None:
         print(f"{g.component:10s} {g.method:12s} peak {v:.3f} at {g.rows[i]}, {g.cols[j]}")
     for name, corr in r.correlation.items():
         print(f"exact vs attribution, {name}: r = {corr:.3f}")
+    for f in r.false_negatives:
+        print(f"false negatives of {f.method} on {f.component} (exact top {f.top} of {f.cells}): "
+              f"{f.count} {', '.join(f.missed)}")
 
 
 def print_sweep(r) -> None:
@@ -71,6 +75,12 @@ def print_sweep(r) -> None:
     _table([[i, r.subject[i], r.last[i], r.other[i], r.subject_attribution[i], r.last_attribution[i]]
             for i in range(r.layers)],
            ["state", "subject's last token", "last token", "other", "subject (attribution)", "last (attribution)"])
+
+
+def print_atp_sweep(r) -> None:
+    print(f"{r.model}: false negatives against exact patching over {len(r.pairs)} pairs (skipped: "
+          f"{', '.join(r.skipped) or 'none'}): cells in the exact top 5 % that an estimate's top 5 % misses\n")
+    _table([[t.component, t.method, t.top, t.count] for t in r.totals], ["component", "estimate", "top cells", "missed"])
 
 
 def print_generation(r) -> None:
@@ -146,6 +156,8 @@ def cli(argv: list[str]) -> int:
         result = contribution_graph(handle, chosen_pair(handle, params).clean, threshold=args.threshold,
                                     position=args.position)
         show = print_graph
+    elif args.what == "atp":
+        result, show = analysis.atp_sweep(handle, params), print_atp_sweep
     else:
         result, show = analysis.pair_sweep(handle, params), print_sweep
     if args.json:

@@ -42,6 +42,11 @@ def problem_work(handle: ModelHandle, t: int, components: list[str], methods: li
     work = _forward(t).add(**vars(_forward(t)))
     if "attribution" in methods:
         work.add(**vars(_forward(t)), times=INPUT_GRADIENT - 1)
+    if "atp*" in methods:  # the attribution forward, then GradDrop's one row per layer, each with a backward
+        work.add(**vars(_forward(t, rows=2)), times=INPUT_GRADIENT)
+        layers, calls = handle.info.layers, math.ceil(handle.info.layers / batch)
+        work.add(calls=calls, tokens=layers * t, attended=layers * t * (t + 1) / 2, overhead=HOOK_OVERHEAD * calls,
+                 times=INPUT_GRADIENT)
     if "exact" in methods:
         g = _geometry(handle, t)
         cells = sum(math.prod(COMPONENTS.create(c).shape(g)) for c in components)
@@ -67,6 +72,16 @@ def sweep_work(handle: ModelHandle, params: ResidualParams, kwargs: dict) -> Wor
     for pair in pairs_for(handle):
         t = len(prompt_ids(handle.tokenizer, pair.clean))
         work.add(**vars(problem_work(handle, t, ["residual"], ["exact", "attribution"], params.batch)))
+    return work
+
+
+def atp_sweep_work(handle: ModelHandle, params: ResidualParams, kwargs: dict) -> Work:
+    """`atp_sweep`: every offered pair patched on the chosen components by exact, attribution and AtP*."""
+    validate_params(params)
+    work = Work()
+    for pair in pairs_for(handle):
+        t = len(prompt_ids(handle.tokenizer, pair.clean))
+        work.add(**vars(problem_work(handle, t, params.components, ["exact", "attribution", "atp*"], params.batch)))
     return work
 
 

@@ -24,7 +24,7 @@ import torch
 
 from analysis.model_access import anatomy
 from analysis import backends
-from analysis.backends import LogitMetric, Request, Site, Write
+from analysis.backends import AttentionRule, LogitMetric, Request, Site, Write
 from analysis.model_access.models import ModelHandle
 
 SITES = ("resid", "z", "attn", "mlp")
@@ -52,12 +52,13 @@ def copy(name: str, layer: int, row: int, *, position: int | None = None, head: 
 
 @dataclass
 class Trace:
-    """What one forward recorded: site -> {layer: tensor (B, T, ...)}, the gradients asked for (same keys)
-    and the logits it returned."""
+    """What one forward recorded: site -> {layer: tensor (B, T, ...)}, the gradients asked for (same keys),
+    the logits it returned and an attention rule's record per layer (`rule=`; tensors (B, ...))."""
 
     acts: dict[str, dict[int, torch.Tensor]] = field(default_factory=lambda: {s: {} for s in SITES})
     grads: dict[str, dict[int, torch.Tensor]] = field(default_factory=lambda: {s: {} for s in SITES})
     logits: torch.Tensor | None = None
+    records: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
 
     def stack(self, site: str) -> torch.Tensor:
         """The site's tensors of every layer, stacked on a new first axis (layer order)."""
@@ -67,17 +68,18 @@ class Trace:
 
 def request(handle: ModelHandle, input_ids: torch.Tensor, *, want: tuple[str, ...] = ("resid",),
             writes: tuple[Write, ...] = (), keep: int = 0, grads: tuple[str, ...] = (),
-            metric: LogitMetric | None = None, layers: int | None = None) -> Request:
+            metric: LogitMetric | None = None, layers: int | None = None, rule: AttentionRule | None = None) -> Request:
     """The seam request of one forward of the handle's language model on `input_ids` (B, T): the sites in
     `want` recorded, `writes` applied, the logits kept (`keep` > 0: only the last `keep` positions), and with
-    `grads`, the gradient of `metric` at those sites; every site at every layer, or at its first `layers` only."""
+    `grads`, the gradient of `metric` at those sites; every site at every layer, or at its first `layers` only;
+    `rule` replaces every layer's attention function (AtP*'s query/key patches and records, `atp.py`)."""
     n = anatomy.n_layers(handle.language_model)
 
     def sites(names: tuple[str, ...]) -> tuple[Site, ...]:
         return tuple(site(s, i) for s in names for i in layers_of(s, n) if layers is None or i < layers)
 
     return Request(inputs={"input_ids": input_ids, "use_cache": False}, reads=sites(want), writes=tuple(writes),
-                   logits=keep, grads=sites(grads), metric=metric, root="language_model")
+                   logits=keep, grads=sites(grads), metric=metric, rule=rule, root="language_model")
 
 
 def trace(handle: ModelHandle, input_ids: torch.Tensor, **asked) -> Trace:
@@ -85,7 +87,7 @@ def trace(handle: ModelHandle, input_ids: torch.Tensor, **asked) -> Trace:
     (where the panel reads the captures with the model's own modules)."""
     n = anatomy.n_layers(handle.language_model)
     got = backends.run(handle, request(handle, input_ids, **asked))
-    out = Trace(logits=got.logits)
+    out = Trace(logits=got.logits, records=got.records)
     for found, into in ((got.reads, out.acts), (got.grads, out.grads)):
         for name in SITES:
             for i in layers_of(name, n):

@@ -9,6 +9,7 @@ from analysis.residual.errors import ResidualError
 from analysis.residual.lenses import LENSES
 from analysis.residual.pairs import OWN, all_names
 from analysis.residual.patching import COMPONENTS, METHODS
+from analysis.residual import atp as _atp  # noqa: F401  (registers the query/key components and AtP*)
 from analysis.framework.results import Result
 from analysis.framework.settings import MAX_WHOLE, check_settings, setting
 
@@ -48,11 +49,14 @@ class ResidualParams(Result):
                                     labels=COMPONENTS.label, min_items=1, group="patching", width=540,
                                     default_factory=lambda: ["residual", "heads", "mlp"],
                                     help="Residual stream at every (layer, position); each head's output; "
-                                         "each layer's attention or MLP output.")
+                                         "each layer's attention or MLP output; each head's queries or keys "
+                                         "(every position).")
     methods: list[str] = setting(label="Patching methods", item=str, choices=METHODS.names, labels=METHODS.label,
                                  min_items=1, group="patching", width=420, default_factory=lambda: ["exact", "attribution"],
                                  help="Exact: one forward per cell. Attribution: a gradient estimate of "
-                                      "every cell from 2 forwards and 1 backward.")
+                                      "every cell from 2 forwards and 1 backward. AtP*: attribution with the "
+                                      "QK fix and GradDrop (Kramár et al. 2024), one more forward and backward "
+                                      "of one row per layer.")
     side: str = setting("corrupt", label="Side by side", choices=SIDES, labels=SIDE_LABELS, widget="pills",
                         group="side", width=300, help="Beside the clean prompt: the corrupted prompt on this model, or the "
                                            "clean prompt on another model.")

@@ -11,7 +11,9 @@ output at every position; a layer's attention output; a layer's MLP output. Meth
 - exact: one patched forward per cell, run in batches (row b of a batch carries cell b's patch);
 - attribution (Nanda 2023, "Attribution patching"; Syed et al. 2023): the first-order estimate
   (a_clean - a_corrupt) . dm/da at the corrupted run, for every cell from two forwards (clean and
-  corrupted, as two rows of one batch) and one backward.
+  corrupted, as two rows of one batch) and one backward;
+- atp* (atp.py, Kramár et al. 2024): attribution with the QK fix and GradDrop. atp.py also adds a head's
+  queries and keys (its attention-score sites) as components.
 """
 from __future__ import annotations
 
@@ -20,10 +22,11 @@ from typing import ClassVar
 
 import torch
 
+from analysis.framework.errors import AnatomyError
 from analysis.framework.progress import Progress
 from analysis.model_access.models import ModelHandle
 from analysis.framework.registry import Method, Registry
-from analysis.backends import LogitMetric, Write
+from analysis.backends import AttentionRule, LogitMetric, Write
 from analysis.residual.hooks import Trace, copy, trace
 
 
@@ -43,13 +46,20 @@ class Component(Method):
     site: ClassVar[str]
     row_axis: ClassVar[str] = "layer"
     col_axis: ClassVar[str] = ""
+    records: ClassVar[bool] = False  # its estimate reads the attention rule's record (queries, keys: atp.py)
 
     def shape(self, g: Geometry) -> tuple[int, int]:
         raise NotImplementedError
 
-    def edit(self, i: int, j: int, row: int, g: Geometry) -> Write:
-        """Cell (i, j) patched into batch row `row` from the clean prompt in row 0 of the same forward."""
+    def edit(self, i: int, j: int, row: int, g: Geometry) -> Write | tuple:
+        """Cell (i, j) patched into batch row `row` from the clean prompt in row 0 of the same forward: a seam
+        write, or a cell of this component's attention rule (`attention_rule`)."""
         raise NotImplementedError
+
+    def attention_rule(self, cells: tuple, record: bool) -> AttentionRule | None:
+        """The attention function that applies `cells` (edits that are not writes) and, with `record`, keeps
+        what `estimate` reads; None: this component needs none."""
+        return None
 
     def estimate(self, clean: Trace, corrupt: Trace, grads: dict[int, torch.Tensor], g: Geometry) -> torch.Tensor:
         raise NotImplementedError
@@ -199,8 +209,14 @@ class Exact(PatchMethod):
             lead = 1 if m_corrupt is None else 0  # the unpatched corrupted row, first batch only
             chunk = cells[start:start + max(1, self.batch - 1 - lead)]
             edits = [c.edit(i, j, 1 + lead + r, g) for r, (c, _, i, j) in enumerate(chunk)]
+            writes = tuple(e for e in edits if isinstance(e, Write))
+            ruled = tuple(e for e in edits if not isinstance(e, Write))
+            rule = next((c.attention_rule(ruled, False) for c, *_ in chunk if c.records), None)
             ids = torch.cat([problem.clean, problem.corrupt.expand(len(chunk) + lead, -1)])
-            values = problem.metric(trace(handle, ids, want=(), writes=edits, keep=1).logits)
+            got = trace(handle, ids, want=(), writes=writes, keep=1, rule=rule)
+            if rule is not None:
+                ruled_everywhere(got, g)
+            values = problem.metric(got.logits)
             m_clean = float(values[0]) if m_clean is None else m_clean
             m_corrupt = float(values[1]) if m_corrupt is None else m_corrupt
             for r, (_, k, i, j) in enumerate(chunk):
@@ -222,19 +238,43 @@ class Attribution(PatchMethod):
     label: ClassVar[str] = "Attribution patching"
 
     def run(self, handle, problem, components, g, progress):
-        sites = tuple(sorted({c.site for c in components}))
-        metric = LogitMetric(position=-1, plus=(problem.target,), minus=(problem.foil,), rows=(1,))
-        both = trace(handle, torch.cat([problem.clean, problem.corrupt]), want=sites, keep=1, grads=sites,
-                     metric=metric, layers=g.layers)
-        metrics = problem.metric(both.logits)
-        clean, corrupt = Trace(), Trace()
-        grads: dict[str, dict[int, torch.Tensor]] = {s: {} for s in sites}
-        for s in sites:
-            for i, act in both.acts[s].items():
-                clean.acts[s][i], corrupt.acts[s][i] = act[0:1], act[1:2]
-            grads[s] = {i: gr[1:2] for i, gr in both.grads[s].items()}
-        m_clean, m_corrupt = (float(v) for v in metrics.detach())
+        clean, corrupt, grads, m_clean, m_corrupt = attribution_forward(handle, problem, components, g)
         if progress:
             progress(1.0, "attribution patching: done")
         return MethodRun([m_corrupt + c.estimate(clean, corrupt, grads[c.site], g) for c in components],
                          m_clean, m_corrupt)
+
+
+def attribution_forward(handle: ModelHandle, problem: Problem, components: list[Component], g: Geometry,
+                        want: tuple[str, ...] = ()) -> tuple[Trace, Trace, dict, float, float]:
+    """(clean, corrupted, grads {site: {layer: dm/da (1, T, ...)}}, m_clean, m_corrupt) from one forward of both
+    prompts (rows 0 and 1) and one backward of the corrupted row's metric; `want`: more sites read."""
+    sites = tuple(sorted({c.site for c in components}))
+    metric = LogitMetric(position=-1, plus=(problem.target,), minus=(problem.foil,), rows=(1,))
+    rule = next((c.attention_rule((), True) for c in components if c.records), None)
+    both = trace(handle, torch.cat([problem.clean, problem.corrupt]), want=tuple(sorted({*sites, *want})), keep=1,
+                 grads=sites, metric=metric, layers=g.layers, rule=rule)
+    metrics = problem.metric(both.logits)
+    clean, corrupt = Trace(), Trace()
+    grads: dict[str, dict[int, torch.Tensor]] = {s: {} for s in sites}
+    for s in both.acts:
+        for i, act in both.acts[s].items():
+            clean.acts[s][i], corrupt.acts[s][i] = act[0:1], act[1:2]
+    for s in sites:
+        grads[s] = {i: gr[1:2] for i, gr in both.grads[s].items()}
+    for i, record in both.records.items():
+        clean.records[i] = {k: v[0:1] for k, v in record.items()}
+        corrupt.records[i] = {k: v[1:2] for k, v in record.items()}
+    if rule is not None:
+        ruled_everywhere(both, g)
+    m_clean, m_corrupt = (float(v) for v in metrics.detach())
+    return clean, corrupt, grads, m_clean, m_corrupt
+
+
+def ruled_everywhere(got: Trace, g: Geometry) -> None:
+    """An attention rule that did not run in every layer patched or recorded nothing there: say so, never show
+    the unpatched run as a patch's effect."""
+    if len(got.records) < g.layers:
+        raise AnatomyError("This model's attention does not run through transformers' attention interface in every "
+                           "layer, so a head's queries and keys cannot be patched here (heads, attention and MLP "
+                           "outputs and the residual stream can).")

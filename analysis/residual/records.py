@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from analysis.residual.atp import FalseNegatives
 from analysis.residual.pairs import Pair
 from analysis.residual.params import ResidualParams
 from analysis.framework.results import Result
@@ -94,6 +95,7 @@ class Patching(Result):
     grids: list[PatchGrid]
     correlation: dict[str, float] = field(default_factory=dict)  # component -> Pearson r, exact vs attribution
     seconds: dict[str, float] = field(default_factory=dict)  # method -> wall time
+    false_negatives: list[FalseNegatives] = field(default_factory=list)  # per component and estimate, vs exact
 
     def grid(self, component: str, method: str) -> PatchGrid | None:
         return next((g for g in self.grids if g.component == component and g.method == method), None)
@@ -216,3 +218,26 @@ class Generation(Result):
 
     def strip(self, lens: str) -> Strip | None:
         return next((s for s in self.strips if s.lens == lens), None)
+
+
+@dataclass
+class AtpPair(Result):
+    name: str
+    clean_diff: float
+    corrupt_diff: float
+    false_negatives: list[FalseNegatives]  # per component and estimate (attribution, atp*)
+
+
+@dataclass
+class AtpSweep(Result):
+    """False negatives of attribution patching and AtP* against exact patching over every offered pair."""
+
+    model: str
+    components: list[str]
+    pairs: list[AtpPair]
+    totals: list[FalseNegatives]  # per component and estimate, summed over pairs ("pair: cell" labels)
+    skipped: list[str] = field(default_factory=list)
+
+    def total(self, component: str, method: str) -> FalseNegatives | None:
+        return next((t for t in self.totals if t.component == component and t.method == method), None)
+

@@ -6,7 +6,7 @@ import html
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.residual import COMPONENTS, Generation, Inspection, Patching, PairSweep, SideBySide
+from analysis.residual import COMPONENTS, METHODS, Generation, Inspection, Patching, PairSweep, SideBySide
 from components.figures.memo import shared_figure
 from components.figures.text import legend_below, panel_titles, set_title
 
@@ -124,14 +124,15 @@ def patch_figure(result: Patching, component: str) -> go.Figure:
     """Exact and attribution patching of one component side by side, on one colour scale."""
     grids = [g for g in result.grids if g.component == component]
     fig = make_subplots(rows=1, cols=len(grids), shared_yaxes=True, horizontal_spacing=0.06,
-                        subplot_titles=[("Exact patching" if g.method == "exact" else "Attribution patching (estimate)")
-                                        for g in grids])
+                        subplot_titles=[{"exact": "Exact patching", "attribution": "Attribution patching (estimate)"}
+                                        .get(g.method, f"{METHODS.label(g.method)} (estimate)") for g in grids])
     for k, g in enumerate(grids):
         cols = _tokens(result.clean_tokens) if g.component == "residual" else g.cols
         fig.add_heatmap(z=g.share, x=cols, y=list(range(len(g.rows))), colorscale=DIVERGING, zmin=-1, zmax=1,
                         colorbar=dict(title="share"), showscale=k == 0, row=1, col=k + 1,
                         hovertemplate="%{x}, layer %{y}: %{z:.3f}<extra></extra>")
-        axis = {"residual": "position: token of the clean prompt", "heads": "head"}.get(g.component, "")
+        axis = {"residual": "position: token of the clean prompt", "heads": "head", "queries": "head (its queries)",
+                "keys": "head (its keys)"}.get(g.component, "")
         fig.update_xaxes(title_text=axis, tickangle=-45 if g.component == "residual" else 0, row=1, col=k + 1)
     fig.update_yaxes(title_text=PATCH_AXIS if component == "residual" else "layer", row=1, col=1)
     fig.update_layout(height=max(360, 16 * len(grids[0].rows) + 170))
@@ -222,7 +223,7 @@ def last_position_rows(result: Inspection) -> list[dict]:
 def peak_rows(result: Patching, component: str, top: int = 5) -> list[dict]:
     """Residual stream: per layer, the position whose patch restores most, and the last token's share.
     Other components: the `top` cells with the largest exact (else estimated) share."""
-    grid = result.grid(component, "exact") or result.grid(component, "attribution")
+    grid = result.grid(component, "exact") or next(g for g in result.grids if g.component == component)
     if component == "residual":
         rows = []
         for i, row in enumerate(grid.share):
@@ -231,7 +232,7 @@ def peak_rows(result: Patching, component: str, top: int = 5) -> list[dict]:
                          "share at the last token": round(row[-1], 3)})
         return rows
     cells = sorted(((v, i, j) for i, row in enumerate(grid.share) for j, v in enumerate(row)), reverse=True)[:top]
-    return [{"layer": i, component.rstrip("s") if component == "heads" else "output": grid.cols[j],
+    return [{"layer": i, "head" if component in ("heads", "queries", "keys") else "output": grid.cols[j],
              f"share ({grid.method})": round(v, 3)} for v, i, j in cells]
 
 
@@ -384,3 +385,14 @@ def graph_path_rows(graph, top: int = 8) -> list[dict]:
         rows.append({"position": j, "token": graph.tokens[j], "strongest path": round(graph.source_strength[j], 4),
                      "attention hops (largest head)": ", ".join(hops) or "residual only"})
     return rows
+
+
+def false_negative_rows(found: list) -> list[dict]:
+    """One row per component and estimate: how many of the exact top-5 % cells the estimate's top 5 % misses,
+    and which (`FalseNegatives` of a patching run, or the totals over every pair)."""
+    return [{"component": COMPONENTS.label(f.component), "estimate": METHODS.label(f.method),
+             "exact top 5 %": f"{f.top} of {f.cells}", "missed": f.count,
+             "which (exact share)": ", ".join(f"{m} ({e:+.3f})" for m, e in zip(f.missed, f.effects)) or "none",
+             "top 5 % from |share|": round(f.cut, 3)}
+            for f in found]
+

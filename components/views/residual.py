@@ -313,9 +313,29 @@ def show_patching(page: Page, params: residual.ResidualParams, result: residual.
         explain("Each dot is one cell: exact share (x) against the gradient estimate (y). On the diagonal the cheap "
                 "estimate is right; it drifts where a patch changes the run nonlinearly (large cells, saturated "
                 "softmaxes, early layers whose effect passes through many others).")
+    show_false_negatives(page, params, result)
     pair = "your own two prompts" if result.pair.name == residual.OWN else result.pair.short  # not "own"
     share_bar("residual", title=f"Activation patching on {page.handle.spec.label}: {pair}",
               params=params.to_dict(), result=result, model=page.handle.spec.label, figures=figures, tables=tables)
+
+
+def show_false_negatives(page: Page, params: residual.ResidualParams, result: residual.Patching) -> None:
+    """AtP*'s point (Kramár et al. 2024): which components an estimate misses, on this pair and on every pair."""
+    if not result.false_negatives:
+        return
+    st.markdown("**What the estimates miss** — cells whose exact effect is in the top 5 % and whose estimate is not")
+    table(F.false_negative_rows(result.false_negatives))
+    explain("AtP* recomputes a head's attention softmax exactly when its queries or keys are patched (the QK fix) "
+            "and averages estimates with the gradient through each layer dropped in turn (GradDrop), to catch "
+            "effects that cancel. Queries and keys run through an attention function of this app (eager softmax), "
+            "on a local model or nnsight; a model on NDIF has not been checked with it.")
+    if "atp*" in params.methods:
+        sweep = page.run("atp", residual.atp_sweep, params, label="Exact, attribution and AtP* on every offered pair",
+                         on_demand=True, stop=False)
+        if sweep is not None:
+            st.caption(f"Over {len(sweep.pairs)} offered pairs (summed; skipped: "
+                       f"{escape_markdown(', '.join(sweep.skipped) or 'none')})")
+            table(F.false_negative_rows(sweep.totals))
 
 
 def show_side(page: Page, params: residual.ResidualParams, result: residual.SideBySide) -> None:

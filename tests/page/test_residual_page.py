@@ -206,3 +206,22 @@ def test_a_saved_analysis_keeps_the_branch(tmp_path, monkeypatch):
     assert result.branch.main_ids == result.token_ids[4:] and result.alternative_ids[4][0] == result.token_ids[4]
     assert [r["branch"] for r in saved[0].tables["branch"]] == result.branch.tokens
     assert "branch_at=4" in saved[0].url and "branch_token=31" in saved[0].url
+
+
+@needs_zoo
+def test_patching_view_lists_what_attribution_and_atp_star_miss():
+    from analysis import residual
+    from analysis.model_access.models import load_model
+
+    query = {"view": "patching", "pair": "max-0", "components": "heads,queries", "methods": "exact,attribution,atp*"}
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query=query)
+    _ok(at)
+    rows = table_with(at, "exact top 5 %").to_dict("records")
+    params = residual.ResidualParams(pair="max-0", components=["heads", "queries"],
+                                     methods=["exact", "attribution", "atp*"])
+    expected = residual.patch(load_model(ModelSpec("zoo", "shapes-lm")), params).false_negatives
+    assert [(r["component"], r["estimate"], r["missed"], r["which (exact share)"]) for r in rows] == [
+        (residual.COMPONENTS.label(f.component), residual.METHODS.label(f.method), f.count,
+         ", ".join(f"{m} ({e:+.3f})" for m, e in zip(f.missed, f.effects)) or "none") for f in expected]
+    assert len(rows) == 4
+    assert any("every offered pair" in b.label for b in at.button)  # the sweep runs when asked
