@@ -21,6 +21,29 @@ TEMPERATURE_OVERHEAD = 1.5
 # residual stream (rows x tokens x d floats): 1.4 of it per layer, measured (30 layers of SmolLM2: +257 MB).
 TEMPERATURE_COPIES = 2.5
 KEPT_PER_LAYER = 1.4
+# A forward whose attention scores of one layer (rows x heads x length^2 floats) do not fit in the last-level cache
+# runs its attention from memory: its pairs cost this many times more (shapes-lm, 4 heads of 32: 97 ns a pair at
+# 4 x 512 tokens, 17 MB of scores; 466 ns at 8 x 512, 34 MB; fitted on sharpness at n = 256 x 64 prompts, 288 MB a
+# layer: estimated 1.4 s and measured 2.4-2.6 s of CPU before, on a 32 MB L3).
+SPILLED_ATTENTION = 2.5
+CACHE_FALLBACK = 32 * 2**20  # bytes, where the system does not say
+
+
+def cache_bytes() -> int:
+    """The last-level CPU cache's size in bytes (Linux sysfs), else CACHE_FALLBACK."""
+    from pathlib import Path
+
+    best = (0, 0)
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level, size = int((index / "level").read_text()), (index / "size").read_text().strip()
+            units = {"K": 2**10, "M": 2**20, "G": 2**30}
+            best = max(best, (level, int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)))
+        except (OSError, ValueError):
+            continue
+    return best[1] or CACHE_FALLBACK
+
+
 # Prompts built to count the work, over all n together: more prompts per n are extrapolated from these,
 # so that estimating costs the same for 32 prompts as for 10,000 (#50: an estimate took 620 s).
 SAMPLE_PROMPTS = 256
@@ -41,6 +64,7 @@ def sweep_work(handle: ModelHandle, params: SweepParams, kwargs: dict) -> Work:
     limit = handle.info.max_positions or 4096
     rules = len(params.temperatures())
     sample = _sample_size(params)
+    cache = cache_bytes()
     work = Work()
     for n in sorted(set(params.ns)):
         if n > limit or prompts_for(build, n, dataclasses.replace(params, samples=1), limit) is None:
@@ -54,9 +78,10 @@ def sweep_work(handle: ModelHandle, params: SweepParams, kwargs: dict) -> Work:
         for chunk, count in _scaled_chunks(prompts, params.batch, scale):
             rows, extra = len(chunk), len(tree_nodes(chunk))
             length = len(chunk[0].input_ids) + extra
+            spilled = SPILLED_ATTENTION if rows * handle.info.heads * length ** 2 * 4 > cache else 1.0
             work.add(calls=count, tokens=rows * length * count, logits=rows * extra * count,
                      overhead=(TEMPERATURE_OVERHEAD - 1) * count,
-                     attended=rows * length * (length + 1) / 2 * TEMPERATURE_OVERHEAD * count, times=rules,
+                     attended=rows * length * (length + 1) / 2 * TEMPERATURE_OVERHEAD * spilled * count, times=rules,
                      peak=_peak(handle, rows, length, logits=rows * (extra + 1) * 2))
     return work
 

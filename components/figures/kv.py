@@ -86,10 +86,14 @@ def retained_heatmap(result: KvResult, layer_index: int, head: int) -> go.Figure
         if 0 <= d < len(z):
             fig.add_annotation(x=n - 0.5, y=d, text="answer", showarrow=False, xanchor="left",
                                font=dict(size=10, color="#d62728"))
-    fig.add_vline(x=result.task.prefill_len - 0.5, line_dash="dot", line_color="#888888",
-                  annotation_text="end of prefill", annotation_position="top")
-    fig.add_vline(x=result.task.context_len - 0.5, line_dash="dash", line_color="#888888",
-                  annotation_text="questions", annotation_position="top right")
+    # the lines' labels inside the plot's top edge: above it they ran into the subtitle wherever the figure has
+    # less top margin (the talk's step 1 at 1024 px)
+    for x, text, dash, side in ((result.task.prefill_len - 0.5, "end of prefill", "dot", "right"),
+                                (result.task.context_len - 0.5, "questions", "dash", "left")):
+        fig.add_vline(x=x, line_dash=dash, line_color="#888888")
+        fig.add_annotation(x=x, y=1, yref="paper", yanchor="top", xanchor=side, xshift=-3 if side == "right" else 3,
+                           text=text, showarrow=False, font=dict(size=10, color="#555555"),
+                           bgcolor="rgba(255,255,255,0.8)")
     label = POLICIES.label(result.params.policy)
     fig.update_layout(
         title=f"{label}: cached tokens per decode step (layer {result.layers[layer_index]}, KV head {head})"

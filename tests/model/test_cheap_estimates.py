@@ -118,3 +118,16 @@ def test_the_recorder_keeps_the_answer_row_only_not_every_layers_attention(shape
     assert rec.probs, "recorded"
     for layer, probs in rec.probs.items():
         assert probs.untyped_storage().nbytes() == probs.numel() * probs.element_size(), layer
+
+
+def test_attention_that_spills_out_of_the_cache_is_priced_higher(shapes_lm, monkeypatch):
+    """A chunk whose scores of one layer exceed the last-level cache runs its attention from memory: its pairs
+    cost SPILLED_ATTENTION times more (shapes-lm at n = 256 x 64: estimated 1.4 s of CPU, measured 2.4-2.6 s; now
+    3.5 s estimated, 2.9 s measured). The same prompts: only the pairs' price changes, nothing else."""
+    params = S.SweepParams(ns=[64], samples=8, batch=8, thetas=[])
+    monkeypatch.setattr(SC, "cache_bytes", lambda: 2**40)  # every chunk fits
+    fits = SC.sweep_work(shapes_lm, params, {})
+    monkeypatch.setattr(SC, "cache_bytes", lambda: 1)  # no chunk fits
+    spills = SC.sweep_work(shapes_lm, params, {})
+    assert spills.attended == pytest.approx(fits.attended * SC.SPILLED_ATTENTION)
+    assert (spills.calls, spills.tokens, spills.logits) == (fits.calls, fits.tokens, fits.logits)

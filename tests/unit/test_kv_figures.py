@@ -25,6 +25,16 @@ def test_kept_matrix_marks_exactly_the_kept_positions(result):
 
 
 
+def test_retained_heatmap_labels_stay_inside_the_plot(result):
+    """The prefill and question lines' labels sit inside the plot's top edge: placed above it, "end of prefill"
+    ran into the subtitle where the figure has a smaller top margin (the talk's step 1, issue #47)."""
+    fig = F.retained_heatmap(result, 0, 0)
+    labels = {a.text: a for a in fig.layout.annotations if a.text in ("end of prefill", "questions")}
+    assert set(labels) == {"end of prefill", "questions"}
+    for a in labels.values():
+        assert a.yref == "paper" and a.y <= 1 and a.yanchor == "top", a
+
+
 def test_retained_heatmap_sends_the_kept_cells_once_and_each_token_once(result):
     """The cells travel as one binary float32 array (NaN = not read yet) and each column's token as its
     x category; with a hover text per cell the default view's figure was 452 KB."""
