@@ -205,10 +205,14 @@ class Tally:
         self.latencies: list[float] = []
         self.normal_real_runs = {"ran": 0, "refused": 0, "other": 0}
         self.estimator_seconds: list[float] = []
+        self.events: list[tuple] = []
+        self.t0 = time.perf_counter()
         self.attacks = {a: {"requests": 0, "refused": 0, "ran": 0, "other": 0, "samples": []} for a in ATTACKS}
 
     def attack(self, kind: str, outcome: str, note: str = "") -> None:
         with self.lock:
+            # when each attack ended and how (beside the memory timeline: which runs made a peak)
+            self.events.append((round(time.perf_counter() - self.t0, 1), kind, outcome, note[:80]))
             entry = self.attacks[kind]
             entry["requests"] += 1
             entry[outcome] += 1
@@ -240,6 +244,8 @@ def normal_viewer(c: int, base: str, end_at: float, tally: Tally, seeds) -> None
                     tally.normal_errors.extend(f"viewer {c} {page}: {e}" for e in run.errors())
                     if real:  # ran, or refused by a limit with its message (the machine's speed decides)
                         tally.normal_real_runs[ran_or_gated(run)] += 1
+                        tally.events.append((round(time.perf_counter() - tally.t0, 1), "normal real run",
+                                             ran_or_gated(run), f"{run.seconds:.0f} s"))
             step += 1
     finally:
         session.close()
@@ -331,7 +337,7 @@ def _new_attack(kind: str, c: int, base: str, tally: Tally, seeds, extra: dict, 
         page, query = extra["largest"][next(extra["turn"]) % len(extra["largest"])]
         with _client(base) as client:
             run = view(client, page, query)
-        tally.attack(kind, ran_or_gated(run), page + ": " + plain(run) + " ".join(run.errors()))
+        tally.attack(kind, ran_or_gated(run), f"{page} {run.seconds:.0f} s: " + plain(run) + " ".join(run.errors()))
     elif kind == "data injection":  # the attacker uploads, a victim opens the link
         with _client(base) as client:
             held = _use_zip(client, extra["markup"], "captions.zip")
@@ -470,6 +476,8 @@ def main() -> int:
         "attacks": tally.attacks,
         "hostile_other": sum(a["other"] for a in tally.attacks.values()),
         "server_log_exceptions": raised[:20],
+        "rss_timeline_mb": [(t, v) for i, (t, v) in enumerate(memory) if i % 5 == 0 or v == max(x for _, x in memory)],
+        "events": [(round(t - (start_at - tally.t0), 1), *rest) for t, *rest in tally.events],
         "normal_real_runs": tally.normal_real_runs,
         "estimator_refusal_s": {"max": max(tally.estimator_seconds, default=None), "all": tally.estimator_seconds},
         "rss_mb": {"start": memory[0][1] if memory else None, "thirds_peak": thirds(memory, args.seconds),
