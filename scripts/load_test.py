@@ -53,6 +53,7 @@ class Run:
     alerts: list = field(default_factory=list)  # (format, body)
     exceptions: list = field(default_factory=list)
     headings: list = field(default_factory=list)
+    markdown: list = field(default_factory=list)  # bodies of Markdown elements (st.markdown, st.caption)
     session_id: str = ""
 
     def errors(self) -> list[str]:
@@ -109,6 +110,8 @@ class ProtocolClient:
                         run.exceptions.append(f"{inner.type}: {inner.message}")
                     elif t == "heading":
                         run.headings.append(inner.body)
+                    elif t == "markdown":
+                        run.markdown.append(inner.body)
             elif kind == "script_finished":
                 if fm.script_finished == ForwardMsg.FINISHED_EARLY_FOR_RERUN:
                     continue  # st.rerun(): the next run follows on the same socket

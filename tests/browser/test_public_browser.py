@@ -90,3 +90,48 @@ def test_a_hostile_saved_analysis_renders_as_text_in_the_gallery(browser_page):
         assert page.locator("[data-testid='stException']").count() == 0, path
     assert foreign(requests, proxy.base) == []
     assert not server.contacted()
+
+
+MARKUP = "<img src=x onerror=window.__pwned=1> **bold**"
+
+
+def _data_zip() -> bytes:
+    """A visitor's data zip whose captions carry HTML and Markdown."""
+    import io
+    import json
+    import zipfile
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        lines = []
+        for i in range(6):
+            image = io.BytesIO()
+            Image.new("RGB", (32, 32), (40 * i, 200 - 30 * i, 90)).save(image, format="PNG")
+            name = f"img{i}.png"
+            archive.writestr(name, image.getvalue())
+            lines.append({"image": name, "caption": f"a red square {MARKUP} {i}"})
+        archive.writestr("captions.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
+    return buffer.getvalue()
+
+
+@pytest.mark.skipif("shapes-vlm" not in zoo_models(), reason="needs the demo VLM")
+def test_uploaded_captions_show_as_text_in_chromium(browser_page, monkeypatch):
+    """An attacker's uploaded data (its captions) opened by another visitor through its link
+    (`&data=upload:<id>&view=ranking`, #50): the markup shows as typed and no element is made from it."""
+    from analysis.sae_v import types, userdata
+
+    server, proxy, page, requests = browser_page
+    monkeypatch.setattr(types, "CACHE_ROOT", server.cache / "sae")  # the server's upload area, as its upload would
+    locator = userdata.save_zip(_data_zip(), owner="ip:203.0.113.66")
+    page.goto(f"{proxy.base}/sae-features?model=zoo:shapes-vlm&data={quote(locator)}&view=ranking&thr=0")
+    screenshot.wait_rendered(page, timeout_ms=300_000)
+    body = page.inner_text("body").replace("\u2060", "")
+    assert "a red square <img src=x onerror=" in body and "**bold**" in body, body[:3000]
+    made = page.evaluate("() => [document.querySelectorAll('img[onerror], img[src=\"x\"]').length, "
+                         "[...document.querySelectorAll('strong, b, em')].filter(s => s.innerText.trim() === 'bold')"
+                         ".length, window.__pwned === undefined]")
+    assert made == [0, 0, True], made
+    assert page.locator("[data-testid='stException']").count() == 0
+    assert foreign(requests, proxy.base) == []
