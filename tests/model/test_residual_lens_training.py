@@ -117,3 +117,15 @@ def _perturbed_copy(lm):
     with torch.no_grad():
         next(p for n, p in twin.named_parameters() if "layers.0" in n).add_(1e-3)  # the probe's weights unchanged
     return twin
+
+
+def test_train_lens_command_trains_any_local_model(tiny_gpt2_dir, tmp_path, monkeypatch, capsys):
+    from analysis.residual.cli import cli
+
+    monkeypatch.setattr(translators, "USER_LENS_ROOT", tmp_path / "lenses")
+    assert cli(["train-lens", "--model", f"local:{tiny_gpt2_dir}", "--lens-steps", "4", "--lens-batch", "8",
+                "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["steps"] == 4 and out["batch"] == 8 and out["lr"] in (0.1, 0.03, 0.01)
+    assert len(out["tuned_kl"]) == 3 and out["tuned_kl"][-1] == pytest.approx(0.0, abs=1e-6)
+    assert len(list((tmp_path / "lenses").iterdir())) == 1

@@ -134,3 +134,27 @@ def test_generate_view_shows_the_commitment_strip_of_each_generated_token():
     assert len(at.get("plotly_chart")) == 1
     at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE, query={"view": "generate", "new_tokens": "999"})
     assert not at.exception and len(at.error) == 1 and "at most 64" in at.error[0].value
+
+
+def test_a_model_without_a_tuned_lens_is_offered_one_to_train(tiny_llama_dir, tmp_path, monkeypatch):
+    """The offer: an estimate on its button (the cost gate), the training on a tiny model, its held-out report,
+    the lens stored under the weights hash, and the Tuned lens choice offered on the next run."""
+    from analysis.residual import translators
+
+    monkeypatch.setattr(translators, "USER_LENS_ROOT", tmp_path / "lenses")
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE)
+    _ok(at)
+    assert any("Train a tuned lens" in i.value for i in at.info)
+    offer = [b for b in at.button if "Training a tuned lens" in b.label]
+    assert len(offer) == 1 and "(about " in offer[0].label, [b.label for b in at.button]
+    offer[0].click().run()
+    _ok(at)
+    assert any(s.value.startswith("Trained in") for s in at.success), [s.value for s in at.success]
+    rows = table_with(at, "tuned lens").to_dict("records")
+    assert len(rows) == 3 and rows[-1]["tuned lens"] == 0.0 and rows[-1]["logit lens: mean KL (nats)"] == 0.0
+    stored = list((tmp_path / "lenses").iterdir())
+    assert len(stored) == 1 and (stored[0] / translators.META).is_file()
+    at.run()
+    _ok(at)
+    assert [o.content for o in at.get("button_group")[0].proto.options] == ["Logit lens", "Tuned lens"]
+    assert not any("Train a tuned lens" in i.value for i in at.info)
