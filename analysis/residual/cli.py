@@ -117,7 +117,7 @@ def train_lens_command(args) -> int:
 
     recipe = LensRecipe()
     if args.lens_steps is not None:
-        recipe = dataclasses.replace(recipe, steps=args.lens_steps, check_steps=max(1, args.lens_steps // 4))
+        recipe = dataclasses.replace(recipe, steps=args.lens_steps, check_steps=max(1, args.lens_steps // 10))
     if args.lens_batch is not None:
         recipe = dataclasses.replace(recipe, batch=args.lens_batch)
     if recipe.steps < 1 or recipe.batch < 1:

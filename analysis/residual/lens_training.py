@@ -66,7 +66,7 @@ class LensRecipe:
     steps: int = 100
     batch: int = 24  # tokens per step
     rates: tuple[float, ...] = (0.1, 0.03, 0.01)  # the per-model step is the one of these that ends lowest
-    check_steps: int = 25
+    check_steps: int = 10
     openers: int = 24  # training openers (of TRAIN_OPENERS), one sample each
     check_openers: int = 4  # the check set: the next ones of TRAIN_OPENERS, never trained on
     held_openers: int = 8  # the report: HELD_OPENERS

@@ -26,8 +26,8 @@ PRESETS = (
     Preset("tuned-colour", "Tuned lens: a colour where the logit lens reads noise",
            "Decomposing a caption, shapes-lm must write the first object's colour, 'yellow'. After layer 2 the "
            "logit lens reads 'circle' and ranks 'yellow' 80th (7.6 nats from the final distribution); the tuned "
-           "lens already reads a colour ('red'), with 'yellow' 3rd (1.5 nats). After layer 3 the tuned lens has "
-           "'yellow' on top (P = 0.86) while the logit lens still shows 'blue'.",
+           "lens already reads a colour ('red'), with 'yellow' 2nd (1.3 nats). After layer 3 the tuned lens has "
+           "'yellow' on top (P = 0.91) while the logit lens still shows 'blue'.",
            "zoo:shapes-lm", ResidualParams(pair="colour-1", lens="tuned", other_model="zoo:shapes-vlm"),
            {"view": "lens"}),
     *([Preset("real-capital", "A real model recalls a capital", REAL_CAPITAL, f"zoo:{REAL_MODEL}",

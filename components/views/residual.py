@@ -296,7 +296,8 @@ def _far_warning(logit: list[float], where: str) -> None:
         return
     low, high = min(logit[i] for i in far), max(logit[i] for i in far)
     span = f"state {far[0]}" if len(far) == 1 else f"{len(far)} states between {far[0]} and {far[-1]}"
-    st.warning(f"The logit lens is far from the model's output at {span}: mean KL {low:.1f}–{high:.1f} nats {where} "
+    kl = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f}"
+    st.warning(f"The logit lens is far from the model's output at {span}: mean KL {kl} nats {where} "
                f"(above {FAR_NATS:g}). There its top tokens say little about what the model will say; the tuned "
                "lens reads those states through a translator trained to match the output.", icon=":material/warning:")
 
