@@ -10,11 +10,11 @@ REAL_CAPITAL = ("SmolLM2-135M-Instruct, 'The capital of France is' vs '... Italy
                 "from layer 24 on: layer 23 moves the fact, and its head H4 alone restores 0.93. Attribution "
                 "patching agrees on the residual stream (r = 0.99).")
 
-REAL_TUNED = ("SmolLM2-135M-Instruct, 'The capital of France is': the tuned lens first has ' Paris' on top after "
-              "layer 28 (2nd after 29), where the logit lens has it on top only at the output (layer 30), and reads "
-              "' capital' after layer 26 where "
-              "the logit lens reads a space. Its translators were trained briefly: in the middle layers it ranks "
-              "' Paris' far lower than the logit lens does (after layer 10: 11,448th vs 3,384th).")
+REAL_TUNED = ("SmolLM2-135M-Instruct, 'The capital of France is': the tuned lens ranks ' Paris' 5th after layer 25 "
+              "(the logit lens: 92nd), 3rd after 27 (34th) and 2nd after 29, and reads ' capital' on top from layer 25 "
+              "where the logit lens reads '.' or a space; both have ' Paris' on top only at the output (layer 30). "
+              "Its translators were trained briefly (40 steps): in the middle layers it ranks ' Paris' far lower than "
+              "the logit lens does (after layer 10: 11,664th vs 3,384th).")
 
 PRESETS = (
     Preset("needle-found", "Patching finds the needle",
@@ -33,7 +33,7 @@ PRESETS = (
     *([Preset("real-capital", "A real model recalls a capital", REAL_CAPITAL, f"zoo:{REAL_MODEL}",
               ResidualParams(pair="capital-france", components=["residual", "heads"], other_model="zoo:shapes-lm"),
               {"view": "patching"}),
-       Preset("real-tuned", "A real model's tuned lens: Paris two layers early", REAL_TUNED, f"zoo:{REAL_MODEL}",
+       Preset("real-tuned", "A real model's tuned lens: Paris in the top 5 from layer 25", REAL_TUNED, f"zoo:{REAL_MODEL}",
               ResidualParams(pair="capital-france", lens="tuned", components=["residual", "heads"],
                              other_model="zoo:shapes-lm"), {"view": "lens"})] if real_model_in_zoo() else []),
 )
