@@ -158,3 +158,24 @@ def test_a_model_without_a_tuned_lens_is_offered_one_to_train(tiny_llama_dir, tm
     _ok(at)
     assert [o.content for o in at.get("button_group")[0].proto.options] == ["Logit lens", "Tuned lens"]
     assert not any("Train a tuned lens" in i.value for i in at.info)
+
+
+@needs_zoo
+def test_lens_view_warns_where_the_logit_lens_is_far_and_shows_both_lenses():
+    """shapes-lm's stored held-out report: the logit lens is 5.40 nats from the output at state 0 (above 5), under
+    1.92 after; both lenses' grids side by side on request."""
+    import json
+
+    from analysis.residual.translators import META, folder_for
+
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE)
+    _ok(at)
+    logit = next(iter(json.loads((folder_for("shapes-lm") / META).read_text())["held_out_kl_nats"].values()))["logit"]
+    far = [w.value for w in at.warning if "far from the model's output" in w.value]
+    assert len(far) == 1 and f"at state 0: mean KL {logit[0]:.1f} nats on held-out text" in far[0], far
+    charts = len(at.get("plotly_chart"))
+    at.toggle(key="rs_lens_pair").set_value(True).run()
+    _ok(at)
+    assert len(at.get("plotly_chart")) == charts + 2
+    assert [m.value for m in at.markdown if m.value in ("**Logit lens**", "**Tuned lens**")] == ["**Logit lens**",
+                                                                                                 "**Tuned lens**"]
