@@ -9,7 +9,7 @@ from analysis.framework.errors import SettingsError
 from analysis.framework.settings import ArgumentParser, add_arguments, labelled, read_arguments
 
 FIELDS = [(f, ResidualParams) for f in labelled(ResidualParams)]
-WHAT = ("lens", "patch", "side", "sweep", "generate", "graph", "atp")
+WHAT = ("lens", "patch", "side", "sweep", "generate", "graph", "atp", "train-lens")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -21,7 +21,9 @@ def parser() -> argparse.ArgumentParser:
                          "sweep: residual patching over every offered pair; generate: continue the clean prompt "
                          "and show where each lens commits to every generated token; graph: the contribution graph "
                          "(Ferrando & Voita 2024) of the clean prompt; atp: false negatives of attribution patching "
-                         "and AtP* against exact patching over every offered pair (--components)")
+                         "and AtP* against exact patching over every offered pair (--components); train-lens: train a "
+                         "tuned lens for the model (the tuned-lens repository's recipe, a per-model step) and store it "
+                         "under its weights hash")
     ap.add_argument("--model", default="zoo:shapes-lm", help="zoo:NAME, hub:ID[@REV] or local:PATH")
     add_arguments(ap, FIELDS)
     ap.add_argument("--threshold", type=float, default=0.04,
@@ -33,6 +35,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--branch-token", type=int, default=None, metavar="T",
                     help="generate: the token id the branch takes (the JSON's alternative_ids list each "
                          "token's top-k)")
+    ap.add_argument("--lens-steps", type=int, default=None, help="train-lens: training steps (default 100)")
+    ap.add_argument("--lens-batch", type=int, default=None, help="train-lens: tokens per step (default 24)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     return ap
 
@@ -122,11 +126,49 @@ def print_graph(r) -> None:
     _table(rows, ["position", "token", "strongest path (product of importances)", "its attention hops (top head)"])
 
 
+def print_lens_training(r) -> None:
+    print(f"{r.model}: tuned lens stored in {r.folder} (weights sha256 {r.weights_sha256[:16]}...), {r.seconds:.0f} s")
+    print(f"per-model step: lr {r.lr:g} (check-set KL after {r.check_steps} steps: "
+          + ", ".join(f"{k}: {v:.2f}" for k, v in r.check.items()) + f"); then {r.steps} steps x {r.batch} tokens "
+          f"of {r.train_tokens}; held out: {r.held_tokens} tokens\n")
+    _table([[i, a, b, c] for i, (a, b, c) in enumerate(zip(r.logit_kl, r.tuned_kl, r.closer))],
+           ["state", "logit lens: mean KL to final (nats)", "tuned lens", "share of tokens where tuned is closer"])
+
+
+def train_lens_command(args) -> int:
+    """`train-lens`: any loadable model, bounded by nothing but the user's patience (the page has the cost gate)."""
+    import dataclasses
+
+    from analysis.model_access.models import ModelSpec, load_model
+    from analysis.residual.lens_training import LensRecipe, train_lens
+
+    recipe = LensRecipe()
+    if args.lens_steps is not None:
+        recipe = dataclasses.replace(recipe, steps=args.lens_steps, check_steps=max(1, args.lens_steps // 10))
+    if args.lens_batch is not None:
+        recipe = dataclasses.replace(recipe, batch=args.lens_batch)
+    if recipe.steps < 1 or recipe.batch < 1:
+        raise SystemExit("error: --lens-steps and --lens-batch must be at least 1.")
+    handle = load_model(ModelSpec.parse(args.model))
+    last = [-1]
+
+    def progress(fraction: float, message: str = "") -> None:
+        if int(fraction * 20) != last[0]:
+            last[0] = int(fraction * 20)
+            print(f"  {fraction:4.0%} {message}", flush=True)
+
+    result = train_lens(handle, progress=None if args.json else progress, recipe=recipe)
+    print(result.to_json()) if args.json else print_lens_training(result)
+    return 0
+
+
 def cli(argv: list[str]) -> int:
     from analysis.model_access.models import ModelSpec, load_model
     from analysis.residual import analysis
 
     args = parser().parse_args(argv)
+    if args.what == "train-lens":
+        return train_lens_command(args)
     params = ResidualParams(**read_arguments(args, FIELDS))
     validate_params(params)  # before loading the model: bad input fails fast
     handle = load_model(ModelSpec.parse(args.model))

@@ -112,3 +112,32 @@ def branch_work(handle: ModelHandle, params: ResidualParams, kwargs: dict) -> Wo
     for _ in range(2):
         work.add(**vars(_forward(t + main, logits=main)))
     return work
+
+
+# A training step's readout per (state, token): the final norm, the unembedding, log-softmax and KL forward, and
+# their backward to the translated state (two more products with the unembedding), against one position's logits.
+TRAIN_CELL = 4.0
+OPENER_TOKENS = 5  # an opener's tokens (TRAIN_OPENERS: 2 to 7 words)
+
+
+def train_lens_work(handle: ModelHandle, params: ResidualParams, kwargs: dict) -> Work:
+    """`train_lens`: the model's samples and their states, every check and training step's readout over all states
+    (forward and backward), and both lenses read over the check and held-out tokens."""
+    from analysis.residual.lens_training import LensRecipe
+
+    recipe = kwargs.get("recipe") or LensRecipe()
+    layers, info = handle.info.layers, handle.info
+    n_seq = recipe.openers + recipe.check_openers + recipe.held_openers
+    length = OPENER_TOKENS + recipe.new_tokens
+    work = Work()
+    work.add(**vars(cost.sequence(OPENER_TOKENS, OPENER_TOKENS, generate=recipe.new_tokens)), times=n_seq)
+    work.add(**vars(_forward(length)), times=n_seq)
+    steps = recipe.total_steps()
+    work.add(logits=steps * recipe.batch * (layers * TRAIN_CELL + 1))
+    check = recipe.check_openers * length * (layers + 1) * len(recipe.rates)
+    held = recipe.held_openers * length * (layers + 1) * 2
+    work.add(logits=(check + held) * LENS_CELL)
+    states = (layers + 1) * n_seq * length * info.hidden_size * 4
+    work.peak = layers * recipe.batch * info.vocab_size * 4 * 3 + 2 * layers * info.hidden_size ** 2 * 4 * 3
+    work.held = states
+    return work

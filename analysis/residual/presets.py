@@ -11,10 +11,10 @@ REAL_CAPITAL = ("SmolLM2-135M-Instruct, 'The capital of France is' vs '... Italy
                 "patching agrees on the residual stream (r = 0.99).")
 
 REAL_TUNED = ("SmolLM2-135M-Instruct, 'The capital of France is' (state s: the residual stream after s layers): the "
-              "tuned lens first has ' Paris' on top at state 28 (2nd at state 29), where the logit lens has it on top "
-              "only at the output (state 30), and reads ' capital' at state 26 where the logit lens reads a space. Its "
-              "translators were trained briefly: in the middle states it ranks ' Paris' far lower than the logit lens "
-              "does (at state 10: 11,448th vs 3,384th).")
+              "tuned lens ranks ' Paris' 5th at state 25 (the logit lens: 92nd), 3rd at state 27 (34th) and 2nd at "
+              "state 29, and reads ' capital' on top from state 25 where the logit lens reads '.' or a space; both have "
+              "' Paris' on top only at the output (state 30). Its translators were trained briefly (40 steps): in the "
+              "middle states it ranks ' Paris' far lower than the logit lens does (at state 10: 11,664th vs 3,384th).")
 
 PRESETS = (
     Preset("needle-found", "Patching finds the needle",
@@ -26,14 +26,14 @@ PRESETS = (
     Preset("tuned-colour", "Tuned lens: a colour where the logit lens reads noise",
            "Decomposing a caption, shapes-lm must write the first object's colour, 'yellow'. After layer 2 the "
            "logit lens reads 'circle' and ranks 'yellow' 80th (7.6 nats from the final distribution); the tuned "
-           "lens already reads a colour ('red'), with 'yellow' 3rd (1.5 nats). After layer 3 the tuned lens has "
-           "'yellow' on top (P = 0.86) while the logit lens still shows 'blue'.",
+           "lens already reads a colour ('red'), with 'yellow' 2nd (1.3 nats). After layer 3 the tuned lens has "
+           "'yellow' on top (P = 0.91) while the logit lens still shows 'blue'.",
            "zoo:shapes-lm", ResidualParams(pair="colour-1", lens="tuned", other_model="zoo:shapes-vlm"),
            {"view": "lens"}),
     *([Preset("real-capital", "A real model recalls a capital", REAL_CAPITAL, f"zoo:{REAL_MODEL}",
               ResidualParams(pair="capital-france", components=["residual", "heads"], other_model="zoo:shapes-lm"),
               {"view": "patching"}),
-       Preset("real-tuned", "A real model's tuned lens: Paris two layers early", REAL_TUNED, f"zoo:{REAL_MODEL}",
+       Preset("real-tuned", "A real model's tuned lens: Paris in the top 5 from state 25", REAL_TUNED, f"zoo:{REAL_MODEL}",
               ResidualParams(pair="capital-france", lens="tuned", components=["residual", "heads"],
                              other_model="zoo:shapes-lm"), {"view": "lens"})] if real_model_in_zoo() else []),
 )

@@ -241,3 +241,25 @@ class AtpSweep(Result):
     def total(self, component: str, method: str) -> FalseNegatives | None:
         return next((t for t in self.totals if t.component == component and t.method == method), None)
 
+
+
+@dataclass
+class LensTraining(Result):
+    """A tuned lens trained for one model by the recipe (lens_training.py), stored under its weights hash, and its
+    report on held-out text: per state (0..L), the mean KL to the final distribution of the logit and of the tuned
+    lens, and the share of tokens where the tuned lens is the closer one."""
+
+    model: str
+    weights_sha256: str
+    lr: float  # the per-model step: of the offered rates, the one that ended lowest on the check set
+    check: dict[str, float]  # rate -> summed mean KL on the check set after the check steps
+    steps: int
+    batch: int
+    check_steps: int
+    train_tokens: int
+    held_tokens: int
+    logit_kl: list[float]
+    tuned_kl: list[float]
+    closer: list[float]
+    seconds: float = 0.0
+    folder: str = ""

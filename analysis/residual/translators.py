@@ -7,12 +7,18 @@ and the held-out measurements). A translator maps a state h of layer l to h + W 
 2023, section 3: identity plus a learned affine map, initialised at zero). The training script is
 analysis/zoo/train/tuned_lens.py.
 
-A lens is only ever applied to the weights it was trained on: the probe (sums of the final norm and of
-the first unembedding rows) must match.
+A lens is only ever applied to the weights it was trained on: its `weights_sha256` (every parameter and
+buffer of the language model, hashed) must be the loaded model's, so another checkpoint under the same name
+never reads it (a lens stored before the hash: the probe, sums of the final norm and of the first unembedding
+rows, must match). The zoo's lenses ship in `analysis/zoo/lenses/<model>/`; a lens trained on the page or with
+`python -m analysis residual train-lens` for any other model goes to `.model_inspector/lenses/<model>-<hash>/`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +30,7 @@ from analysis.model_access.models import ModelHandle
 from analysis.residual.errors import ResidualError
 
 LENS_ROOT = paths.ZOO / "lenses"
+USER_LENS_ROOT = paths.ROOT / ".model_inspector" / "lenses"  # lenses trained here for any model (not committed)
 WEIGHTS = "tuned_lens.safetensors"
 META = "tuned_lens.json"
 PROBE_ROWS = 16
@@ -72,8 +79,33 @@ def probe(lm: torch.nn.Module) -> list[float]:
     return sums + [float(s) for s in head[:PROBE_ROWS].sum(-1)]
 
 
+_hashes: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+
+
+def weights_hash(lm: torch.nn.Module) -> str:
+    """SHA-256 over every parameter and buffer of the language model (names, dtypes, shapes, bytes), once per
+    loaded model: another checkpoint under the same name has another hash."""
+    known = _hashes.get(lm)
+    if known is not None:
+        return known
+    digest = hashlib.sha256()
+    for name, t in sorted(list(lm.named_parameters()) + list(lm.named_buffers()), key=lambda item: item[0]):
+        t = t.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    _hashes[lm] = digest.hexdigest()
+    return _hashes[lm]
+
+
 def folder_for(name: str) -> Path:
     return LENS_ROOT / name
+
+
+def user_folder(label: str, digest: str) -> Path:
+    """Where a lens trained here for model `label` with weights hash `digest` is stored."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", label.split("/")[-1].split(":")[-1]).strip("-.") or "model"
+    return USER_LENS_ROOT / f"{slug[:48]}-{digest[:16]}"
 
 
 def load(folder: Path) -> Translators:
@@ -93,10 +125,37 @@ def load(folder: Path) -> Translators:
 
 
 def available() -> list[str]:
-    """Names of the models with a stored tuned lens."""
+    """Names of the zoo models with a shipped tuned lens."""
     if not LENS_ROOT.is_dir():
         return []
     return sorted(p.name for p in LENS_ROOT.iterdir() if (p / META).is_file() and (p / WEIGHTS).is_file())
+
+
+def stored_folders() -> list[Path]:
+    """Every stored lens: the zoo's, then those trained here."""
+    found = [folder_for(n) for n in available()]
+    if USER_LENS_ROOT.is_dir():
+        found += sorted(p for p in USER_LENS_ROOT.iterdir() if (p / META).is_file() and (p / WEIGHTS).is_file())
+    return found
+
+
+def _close(theirs: list, mine: list[float]) -> bool:
+    return len(theirs) == len(mine) and all(abs(a - b) <= PROBE_TOLERANCE * max(1.0, abs(b)) for a, b in zip(theirs, mine))
+
+
+def find(handle: ModelHandle) -> Path | None:
+    """The folder of the stored lens trained on this model's weights (None: none is). The probe screens the
+    folders cheaply; a lens that carries a weights hash is taken only when the hash is this model's."""
+    lm = handle.language_model
+    mine = probe(lm)
+    for folder in stored_folders():
+        meta = json.loads((folder / META).read_text())
+        if meta.get("probe") and not _close(meta["probe"], mine):
+            continue
+        digest = meta.get("weights_sha256")
+        if digest is not None and digest == weights_hash(lm) or digest is None and meta.get("probe"):
+            return folder
+    return None
 
 
 _cache: dict[tuple, Translators] = {}
@@ -105,22 +164,16 @@ _cache: dict[tuple, Translators] = {}
 def for_model(handle: ModelHandle) -> Translators:
     """The stored translators trained on this model's weights; ResidualError when none are."""
     lm = handle.language_model
-    mine = probe(lm)
-    for name in available():
-        folder = folder_for(name)
-        meta = json.loads((folder / META).read_text())
-        theirs = meta.get("probe") or []
-        if len(theirs) == len(mine) and all(abs(a - b) <= PROBE_TOLERANCE * max(1.0, abs(b))
-                                            for a, b in zip(theirs, mine)):
-            key = (str(folder), (folder / WEIGHTS).stat().st_mtime_ns)
-            if key not in _cache:
-                found = load(folder)
-                if found.layers != anatomy.n_layers(lm):
-                    raise ResidualError(f"The tuned lens in {paths.relative(folder)} has {found.layers} layers; "
-                                        f"{handle.spec.label} has {anatomy.n_layers(lm)}.")
-                _cache[key] = found
-            return _cache[key]
-    trained = ", ".join(f"zoo:{n}" for n in available()) or "none"
-    raise ResidualError(f"No tuned lens is trained for {handle.spec.label} (trained: {trained}). Pick the logit "
-                        "lens, or train one: python -m analysis.zoo.train.tuned_lens --model "
-                        f"{handle.spec.label}.")
+    folder = find(handle)
+    if folder is None:
+        raise ResidualError(f"No tuned lens is trained for {handle.spec.label} yet. Pick the logit lens, or train "
+                            "one: on this page (Train a tuned lens), or python -m analysis residual train-lens "
+                            f"--model {handle.spec.label}.")
+    key = (str(folder), (folder / WEIGHTS).stat().st_mtime_ns)
+    if key not in _cache:
+        found = load(folder)
+        if found.layers != anatomy.n_layers(lm):
+            raise ResidualError(f"The tuned lens in {paths.relative(folder)} has {found.layers} layers; "
+                                f"{handle.spec.label} has {anatomy.n_layers(lm)}.")
+        _cache[key] = found
+    return _cache[key]

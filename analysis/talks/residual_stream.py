@@ -15,8 +15,9 @@ TALK = Talk(
         Step("residual-stream", "real-capital", "A real model recalls a capital",
              "In a real chat model one head of one late layer brings back almost all of the answer Paris by "
              "itself.", "residual.best_head"),
-        Step("residual-stream", "real-tuned", "Paris before the end",
-             "The trained reader finds Paris on top two layers before the real model says it.",
+        Step("residual-stream", "real-tuned", "Paris close before the end",
+             "Both readers put Paris on top only at the model's output, but the trained one ranks it fifth five "
+             "layers earlier, where the plain reader ranks it 92nd.",
              "residual.first_on_top"),
     ),
 )

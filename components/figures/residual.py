@@ -212,6 +212,14 @@ def sweep_figure(result: PairSweep) -> go.Figure:
                                        + ")", chars=80))
 
 
+def held_out_rows(held: dict) -> list[dict]:
+    """Per state: the mean KL to the output of the logit and the tuned lens, and where the tuned lens is closer."""
+    closer = held.get("closer") or [None] * len(held["logit"])
+    return [{"state": i, "logit lens: mean KL (nats)": round(a, 2), "tuned lens": round(b, 2),
+             "tokens where the tuned lens is closer": "—" if c is None or i == len(held["logit"]) - 1 else f"{c:.0%}"}
+            for i, (a, b, c) in enumerate(zip(held["logit"], held["tuned"], closer))]
+
+
 def last_position_rows(result: Inspection) -> list[dict]:
     """Per layer, at the last position: the lens's top token, P(target), its rank, KL to the final layer."""
     lens = result.lens

@@ -174,7 +174,8 @@ class ResidualView(View):
             if _refused(page).get("lens") == "tuned":
                 st.warning(f"The link asks for the tuned lens, but {none}: this is the logit lens.")
             else:
-                st.caption(f"Lens: {none}, so the logit lens is the one offered.")
+                st.caption(f"Lens: {none}, so the logit lens is the one offered (train one under *Logit and tuned "
+                           "lens* below).")
         return page.run("inspect", residual.inspect, params, label="Reading every layer")
 
     def headline(self, page: Page, params: residual.ResidualParams, result) -> Headline:
@@ -245,6 +246,80 @@ def show_lens(page: Page, params: residual.ResidualParams, seen: residual.Inspec
               params=params.to_dict(), result=seen, model=page.handle.spec.label,
               figures={"Lens": grid, "Logit attribution": dla}, tables={"last position": F.last_position_rows(seen)})
     show_graph(page, seen)
+    show_lens_pair(page, params, seen)
+
+
+FAR_NATS = 5.0  # a state whose mean KL to the output is above this: the logit lens there says little about it
+
+
+def show_lens_pair(page: Page, params: residual.ResidualParams, seen: residual.Inspection) -> None:
+    """Both lenses: their held-out distance to the output per state and, on request, side by side on this prompt;
+    where this model has no tuned lens, the offer to train one (through the runner: estimate, progress, Stop)."""
+    st.subheader("Logit and tuned lens")
+    if residual.weights_elsewhere(page.handle):
+        st.caption("The tuned lens needs the model's weights here; they are on NDIF.")
+        return
+    held = _held_out(page)
+    if held is None and params.lens == "logit":  # no lens yet: this prompt's own distances
+        held = {"logit": [sum(row) / len(row) for row in seen.lens.kl], "where": "over this prompt's positions"}
+    if held is not None:
+        _far_warning(held["logit"], held["where"])
+    if not _has_tuned_lens(page):
+        _offer_training(page)
+        return
+    if held is not None and held.get("tuned"):
+        table(F.held_out_rows(held), where=st.expander(f"Both lenses on held-out text ({held['tokens']:,} tokens): "
+                                                       "mean KL to the output per state"))
+    if st.toggle("Both lenses side by side on this prompt", key="rs_lens_pair",
+                 help="The other lens's grid beside this one (one more read of every layer)."):
+        other = dataclasses.replace(params, lens="tuned" if params.lens == "logit" else "logit")
+        got = page.run("inspect", residual.inspect, other, label="Reading every layer with the other lens", stop=False)
+        if got is not None:
+            c0, c1 = st.columns(2)
+            for col, one in ((c0, seen), (c1, got)):
+                col.markdown(f"**{residual.LENSES.label(one.lens.lens)}**")
+                col.plotly_chart(F.lens_figure(one, "kl"), key=f"rs_fig_pair_{one.lens.lens}")
+
+
+def _held_out(page: Page) -> dict | None:
+    """The stored lens's held-out report (the first held-out set): per-state KL of both lenses."""
+    if not _has_tuned_lens(page):
+        return None
+    sets = translators.for_model(page.handle).meta.get("held_out_kl_nats") or {}
+    if not sets:
+        return None
+    label, m = next(iter(sets.items()))
+    return {"logit": m["logit"], "tuned": m["tuned"], "closer": m.get("tuned_closer_share"), "tokens": m["tokens"],
+            "where": f"on held-out text ({escape_markdown(label)}, {m['tokens']:,} tokens)"}
+
+
+def _far_warning(logit: list[float], where: str) -> None:
+    far = [i for i, v in enumerate(logit[:-1]) if v > FAR_NATS]
+    if not far:
+        return
+    low, high = min(logit[i] for i in far), max(logit[i] for i in far)
+    span = f"state {far[0]}" if len(far) == 1 else f"{len(far)} states between {far[0]} and {far[-1]}"
+    kl = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f}"
+    st.warning(f"The logit lens is far from the model's output at {span}: mean KL {kl} nats {where} "
+               f"(above {FAR_NATS:g}). There its top tokens say little about what the model will say; the tuned "
+               "lens reads those states through a translator trained to match the output.", icon=":material/warning:")
+
+
+def _offer_training(page: Page) -> None:
+    label = escape_markdown(page.handle.spec.label)
+    st.info(f"No tuned lens is trained for {label} yet. **Train a tuned lens** here: the tuned-lens recipe (Belrose "
+            "et al. 2023: an affine translator per layer from zero, SGD with Nesterov momentum, weight decay, gradient "
+            "clipping) on the model's own samples, with the step size picked for this model; it is stored under the "
+            "model's weights hash and offered as *Tuned lens* from then on.", icon=":material/model_training:")
+    trained = page.run("train_lens", residual.train_lens, residual.ResidualParams(), label="Training a tuned lens",
+                       on_demand=True, stop=False)
+    if trained is None:
+        return
+    st.success(f"Trained in {trained.seconds:.0f} s (step size {trained.lr:g}) and stored in "
+               f"{escape_markdown(trained.folder)}: pick *Tuned lens* above.", icon=":material/check_circle:")
+    table(F.held_out_rows({"logit": trained.logit_kl, "tuned": trained.tuned_kl, "closer": trained.closer}))
+    page.__dict__.pop("_rs_tuned", None)
+    page.__dict__.pop("_rs_refused", None)
 
 
 def show_graph(page: Page, seen: residual.Inspection) -> None:

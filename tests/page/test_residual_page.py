@@ -225,3 +225,48 @@ def test_patching_view_lists_what_attribution_and_atp_star_miss():
          ", ".join(f"{m} ({e:+.3f})" for m, e in zip(f.missed, f.effects)) or "none") for f in expected]
     assert len(rows) == 4
     assert any("every offered pair" in b.label for b in at.button)  # the sweep runs when asked
+
+
+def test_a_model_without_a_tuned_lens_is_offered_one_to_train(tiny_llama_dir, tmp_path, monkeypatch):
+    """The offer: an estimate on its button (the cost gate), the training on a tiny model, its held-out report,
+    the lens stored under the weights hash, and the Tuned lens choice offered on the next run."""
+    from analysis.residual import translators
+
+    monkeypatch.setattr(translators, "USER_LENS_ROOT", tmp_path / "lenses")
+    at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE)
+    _ok(at)
+    assert any("Train a tuned lens" in i.value for i in at.info)
+    offer = [b for b in at.button if "Training a tuned lens" in b.label]
+    assert len(offer) == 1 and "(about " in offer[0].label, [b.label for b in at.button]
+    offer[0].click().run()
+    _ok(at)
+    assert any(s.value.startswith("Trained in") for s in at.success), [s.value for s in at.success]
+    rows = table_with(at, "tuned lens").to_dict("records")
+    assert len(rows) == 3 and rows[-1]["tuned lens"] == 0.0 and rows[-1]["logit lens: mean KL (nats)"] == 0.0
+    stored = list((tmp_path / "lenses").iterdir())
+    assert len(stored) == 1 and (stored[0] / translators.META).is_file()
+    at.run()
+    _ok(at)
+    assert [o.content for o in at.get("button_group")[0].proto.options] == ["Logit lens", "Tuned lens"]
+    assert not any("Train a tuned lens" in i.value for i in at.info)
+
+
+@needs_zoo
+def test_lens_view_warns_where_the_logit_lens_is_far_and_shows_both_lenses():
+    """shapes-lm's stored held-out report: the logit lens is 5.40 nats from the output at state 0 (above 5), under
+    1.92 after; both lenses' grids side by side on request."""
+    import json
+
+    from analysis.residual.translators import META, folder_for
+
+    at = app_with_model(ModelSpec("zoo", "shapes-lm"), PAGE)
+    _ok(at)
+    logit = next(iter(json.loads((folder_for("shapes-lm") / META).read_text())["held_out_kl_nats"].values()))["logit"]
+    far = [w.value for w in at.warning if "far from the model's output" in w.value]
+    assert len(far) == 1 and f"at state 0: mean KL {logit[0]:.1f} nats on held-out text" in far[0], far
+    charts = len(at.get("plotly_chart"))
+    at.toggle(key="rs_lens_pair").set_value(True).run()
+    _ok(at)
+    assert len(at.get("plotly_chart")) == charts + 2
+    assert [m.value for m in at.markdown if m.value in ("**Logit lens**", "**Tuned lens**")] == ["**Logit lens**",
+                                                                                                 "**Tuned lens**"]

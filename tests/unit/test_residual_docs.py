@@ -31,19 +31,27 @@ def test_cost_numbers_come_from_the_benchmark():
 
 
 def test_tuned_lens_numbers_come_from_the_stored_measurements():
-    stored = _result("residual_tuned_lens.json")["stored"]
-    for key, m in stored.items():
-        assert m["layers where the tuned lens is not lower"] == []
-        for state in (0, 1, 2):
-            assert f"{m['logit'][state]:.2f} → {m['tuned'][state]:.2f}" in DOC, (key, state)
+    from analysis.residual.translators import META, available, folder_for
+
+    for name in available():
+        meta = json.loads((folder_for(name) / META).read_text())
+        for label, m in meta["held_out_kl_nats"].items():
+            assert all(t < g for t, g in zip(m["tuned"][:-1], m["logit"][:-1])), (name, label)
+            for state in (0, 1, 2):
+                assert f"{m['logit'][state]:.2f} → {m['tuned'][state]:.2f}" in DOC, (name, label, state)
 
 
-def test_the_step_size_comparison_on_the_real_model_comes_from_its_run():
-    real = _result("residual_tuned_lens.json")["smollm2_steps"]["kl_nats"]
-    logit, sgd, adam = real["logit lens"], real["repo: zero start, SGD lr 0.1"], real["stored: zero start, Adam lr 1e-3"]
-    assert all(sgd[i] > logit[i] for i in range(1, 30)) and all(adam[i] < logit[i] for i in range(30))
-    for state in (0, 1, 10, 20, 25, 28, 29):
-        assert f"| {state} | {logit[state]:.2f} | {sgd[state]:.2f} | {adam[state]:.2f} |" in DOC, state
+def test_shipped_lenses_against_the_reference_recipe_come_from_the_benchmark():
+    from analysis.residual.translators import META, folder_for
+
+    for name, r in _result("residual_tuned_lens.json")["models"].items():
+        recipe = json.loads((folder_for(name) / META).read_text())["recipe"]
+        assert (r["steps"], r["batch_tokens"], r["lr"]) == (recipe["steps"], recipe["batch_tokens"], recipe["lr"])
+        for label, m in r["held_out"].items():
+            assert f"worst ratio {m['worst_ratio']:.2f}" in DOC
+            for state in (0, 1, 2):
+                assert (f"| {state} | {m['logit'][state]:.2f} | {m['reference'][state]:.2f} | "
+                        f"{m['shipped'][state]:.2f} | {m['shipped_over_reference'][state]:.2f} |") in DOC, (name, state)
 
 
 def test_commitment_strip_numbers_come_from_the_benchmark():
