@@ -36,7 +36,10 @@ DISPATCH = ("browser", "service", "model", "page", "unit")
 
 
 def pytest_collection_modifyitems(config, items):
-    grouped = getattr(config.option, "dist", "no") == "loadgroup"
+    # pytest-xdist's workers see dist "no" and loadgroup True (xdist/remote.py: setup_config); the controller the
+    # reverse. Reading dist alone left every worker's tests ungrouped: each test its own unit, a file's module
+    # fixtures (servers, models, the one-visit browser battery) built again on the other worker.
+    grouped = getattr(config.option, "loadgroup", False) or getattr(config.option, "dist", "no") == "loadgroup"
     for item in items:
         tier = Path(str(item.path)).parent.name
         if tier not in TIERS:

@@ -25,8 +25,9 @@ pytestmark = [pytest.mark.skipif(not shutil.which(CHROMIUM), reason="Debian chro
 
 @pytest.fixture
 def browser_page(app_server, chromium):
-    """A 1024x768 window of the process's Chromium on the process's app server (tests/conftest.py)."""
-    context = chromium.new_context(viewport={"width": 1024, "height": 768})
+    """A 1280x768 window of the process's Chromium on the process's app server (tests/conftest.py): wide enough for
+    the sidebar, where the picker is, to start open (it folds below 1100 px: components/narrow_sidebar.py)."""
+    context = chromium.new_context(viewport={"width": 1280, "height": 768})
     try:
         yield app_server.base, context.new_page()
     finally:

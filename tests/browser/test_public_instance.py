@@ -183,7 +183,8 @@ def test_embeds_show_the_view_alone_in_a_browser(instance, chromium):
         title="Embedded KV run", panel="kv", model="zoo:shapes-lm",
         figures=[{"name": "fig", "figure": {"data": [{"type": "bar", "y": [3, 1, 2]}], "layout": {}}}],
         tables={"policies": [{"policy": "h2o", "acc": 0.5}]}))
-    context = chromium.new_context(viewport={"width": 1000, "height": 800})  # the process's Chromium
+    # the process's Chromium, wide enough for the sidebar to start open (it folds below 1100 px)
+    context = chromium.new_context(viewport={"width": 1200, "height": 800})
     try:
         page = context.new_page()
         page.goto(f"{base}/kv-cache")  # the same page, not embedded: sidebar and controls are there

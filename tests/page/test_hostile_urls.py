@@ -73,7 +73,11 @@ def small_sweeps():
 def _no_raw_script(at) -> None:
     for element in list(at.markdown) + list(at.caption):
         assert "<script>" not in element.value, element.value
+    from components.narrow_sidebar import FOLD_JS
+
     for element in at.get("html"):
+        if element.proto.body == FOLD_JS:
+            continue  # the app's own script (the sidebar folds in a narrow window), the same on every page
         assert "<script>" not in element.proto.body
 
 
