@@ -27,27 +27,22 @@ CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 TIERS = ("unit", "model", "page", "service", "browser")
 
 
-# In parallel (scripts/test.sh: `pytest -n 2 --dist loadgroup`, pytest-xdist) a test file is one unit of
-# work, run whole on one worker, so its module and session fixtures (servers, browsers, models) are built
-# once; files that share one process-wide server say so with a group of their own
-# (`pytestmark = pytest.mark.xdist_group("public-server")`). The heaviest tiers are handed out first, so
-# the many small unit files even out the end (a serial run keeps the folders' order).
+# In parallel (scripts/test.sh: `pytest -n 2 --dist loadfile`, pytest-xdist) a test file is one unit of work, run
+# whole on one worker, so its module and session fixtures (servers, browsers, models) are built once. The
+# heaviest tiers are handed out first, so the many small unit files even out the end (a serial run keeps the
+# folders' order). The workers collect, and their order is the one handed out: xdist gives them dist "no".
 DISPATCH = ("browser", "service", "model", "page", "unit")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # pytest-xdist's workers see dist "no" and loadgroup True (xdist/remote.py: setup_config); the controller the
-    # reverse. Reading dist alone left every worker's tests ungrouped: each test its own unit, a file's module
-    # fixtures (servers, models, the one-visit browser battery) built again on the other worker.
-    grouped = getattr(config.option, "loadgroup", False) or getattr(config.option, "dist", "no") == "loadgroup"
+    parallel = os.environ.get("PYTEST_XDIST_WORKER") is not None or getattr(config.option, "dist", "no") != "no"
     for item in items:
         tier = Path(str(item.path)).parent.name
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: a test file belongs in one of tests/{{{','.join(TIERS)}}}/")
         item.add_marker(getattr(pytest.mark, tier))
-        if grouped and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    if grouped:
+    if parallel:
         items.sort(key=lambda item: DISPATCH.index(Path(str(item.path)).parent.name))
 
 

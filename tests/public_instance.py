@@ -138,8 +138,9 @@ class PublicServer:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-# A test file that uses `shared()` carries this mark: in a parallel run (pytest-xdist, --dist loadgroup) those
-# files run on one worker, one after another, and share the one server as a serial run does.
+# A test file that uses `shared()` carries this mark, saying so. In a parallel run (scripts/test.sh, --dist loadfile)
+# each worker that runs such a file starts the server once for all of them (pytest-xdist 3.8's loadgroup, which
+# would put them on one worker, groups nothing under pytest 9).
 ON_SHARED_SERVER = pytest.mark.xdist_group("public-server")
 
 _SHARED: PublicServer | None = None

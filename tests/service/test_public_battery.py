@@ -98,7 +98,11 @@ def no_raw_script(at) -> None:
     for kind in ("markdown", "caption", "warning", "error", "info", "success", "subheader", "title"):
         for element in getattr(at, kind):
             assert "<script>" not in str(element.value), (kind, element.value)
+    from components.narrow_sidebar import FOLD_JS
+
     for element in at.get("html"):
+        if element.proto.body == FOLD_JS:
+            continue  # the app's own script (the sidebar folds in a narrow window), the same on every page
         assert "<script>" not in element.proto.body
 
 
