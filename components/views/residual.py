@@ -311,6 +311,9 @@ def _offer_training(page: Page) -> None:
             "et al. 2023: an affine translator per layer from zero, SGD with Nesterov momentum, weight decay, gradient "
             "clipping) on the model's own samples, with the step size picked for this model; it is stored under the "
             "model's weights hash and offered as *Tuned lens* from then on.", icon=":material/model_training:")
+    # behind a switch: a page that opens on this model shows no Run button (its first view is all precomputed)
+    if not st.toggle("Train a tuned lens for this model", key="rs_train_lens_on"):
+        return
     trained = page.run("train_lens", residual.train_lens, residual.ResidualParams(), label="Training a tuned lens",
                        on_demand=True, stop=False)
     if trained is None:

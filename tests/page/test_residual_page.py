@@ -236,6 +236,9 @@ def test_a_model_without_a_tuned_lens_is_offered_one_to_train(tiny_llama_dir, tm
     at = app_with_model(ModelSpec("local", str(tiny_llama_dir)), PAGE)
     _ok(at)
     assert any("Train a tuned lens" in i.value for i in at.info)
+    assert not [b for b in at.button if "Training a tuned lens" in b.label]  # no Run button until asked for
+    at.toggle(key="rs_train_lens_on").set_value(True).run()
+    _ok(at)
     offer = [b for b in at.button if "Training a tuned lens" in b.label]
     assert len(offer) == 1 and "(about " in offer[0].label, [b.label for b in at.button]
     offer[0].click().run()
