@@ -257,10 +257,9 @@ def _same_vocabulary(a: ModelHandle, b: ModelHandle) -> None:
 # Every offered pair
 
 
-def pair_sweep(handle: ModelHandle, params: ResidualParams, progress: Progress | None = None) -> PairSweep:
-    """Residual-stream patching (exact and attribution) over every pair offered for this model."""
-    _check(handle, params)
-    runs, skipped, cells_exact, cells_attr = [], [], [], []
+def _offered_problems(handle: ModelHandle, params: ResidualParams, progress: Progress | None, skipped: list[str]):
+    """Each pair offered for this model that can be patched, as (pair, its problem, its share of `progress`); the
+    names of the others go to `skipped`."""
     offered = pairs_for(handle)
     for k, pair in enumerate(offered):
         try:
@@ -268,7 +267,16 @@ def pair_sweep(handle: ModelHandle, params: ResidualParams, progress: Progress |
         except ResidualError:
             skipped.append(pair.name)
             continue
-        sub = (lambda f, msg, k=k: progress((k + f) / len(offered), f"{pair.name}: {msg}")) if progress else None
+        sub = (lambda f, msg, k=k, name=pair.name: progress((k + f) / len(offered), f"{name}: {msg}")) \
+            if progress else None
+        yield pair, problem, sub
+
+
+def pair_sweep(handle: ModelHandle, params: ResidualParams, progress: Progress | None = None) -> PairSweep:
+    """Residual-stream patching (exact and attribution) over every pair offered for this model."""
+    _check(handle, params)
+    runs, skipped, cells_exact, cells_attr = [], [], [], []
+    for pair, problem, sub in _offered_problems(handle, params, progress, skipped):
         m_c, m_x, shares, _ = patch_problem(handle, problem, ["residual"], ["exact", "attribution"], params.batch, sub)
         changed = (problem.clean[0] != problem.corrupt[0]).nonzero().flatten().tolist()
         exact, attr = shares[("residual", "exact")], shares[("residual", "attribution")]
@@ -294,14 +302,7 @@ def atp_sweep(handle: ModelHandle, params: ResidualParams, progress: Progress | 
     layout = anatomy.head_layout(lm)
     methods = ["exact", "attribution", "atp*"]
     runs, skipped = [], []
-    offered = pairs_for(handle)
-    for k, pair in enumerate(offered):
-        try:
-            problem = _problem(handle, dataclasses.replace(params, answer="", foil=""), pair)
-        except ResidualError:
-            skipped.append(pair.name)
-            continue
-        sub = (lambda f, msg, k=k: progress((k + f) / len(offered), f"{pair.name}: {msg}")) if progress else None
+    for pair, problem, sub in _offered_problems(handle, params, progress, skipped):
         m_c, m_x, shares, _ = patch_problem(handle, problem, params.components, methods, params.batch, sub)
         g = Geometry(anatomy.n_layers(lm), problem.clean.shape[1], layout.heads, layout.head_dim)
         rows = [f"L{i}" for i in range(g.layers)]
