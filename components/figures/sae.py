@@ -117,8 +117,11 @@ def feature_scatter(store: FeatureStore) -> go.Figure:
         ))
     fig.update_layout(
         title="Features: cross-modal weight ω vs how often they fire",
-        xaxis=dict(title="density (share of tokens where the feature is active, log scale)", type="log"),
-        yaxis_title="ω (mean cosine of top text vs top image residuals)",
+        # plain decimals (0.0001, not plotly's SI "100µ"); the y title on two lines, so a short chart (a talk's
+        # step) does not run it into the chart's title
+        xaxis=dict(title="density (share of tokens where the feature is active, log scale)", type="log",
+                   tickformat="~g"),
+        yaxis_title="ω: mean cosine of top text<br>vs top image residuals",
         height=420, margin=dict(l=10, r=10, t=60, b=50), legend_title="modality",
     )
     return fig
